@@ -1,0 +1,5 @@
+import sys
+
+from llamablock.cli import main
+
+sys.exit(main())

@@ -1,0 +1,58 @@
+"""The 2017 block and the 2024 block, side by side (module section 15.6).
+
+Both are built from the same parts; only the arrangement differs:
+
+    2017 (post-LN, Module 7)                2024 (pre-LN, LLaMA)
+    x = norm1(x + attn(x))                  x = x + attn(norm1(x))
+    x = norm2(x + ffn(x))                   x = x + ffn(norm2(x))
+
+With post-LN the residual stream is renormalized after every add; with pre-LN nothing on the
+main path is normalized, so each block's addition accumulates and the model ends with one
+final norm (`Decoder.final_norm`). Which attention, norm and feed-forward go in is the
+config's choice (`make_block`), so the single-change ablations are configs, not new classes.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from llamablock.attention import Attention
+from llamablock.config import ModelConfig
+from llamablock.ffn import make_ffn
+from llamablock.kv_cache import KVCache
+from llamablock.norm import make_norm
+
+
+class PostNormBlock(nn.Module):
+    """2017: sub-layer, residual add, then LayerNorm."""
+
+    def __init__(self, attn: nn.Module, ffn: nn.Module, norm1: nn.Module, norm2: nn.Module):
+        super().__init__()
+        self.attn, self.ffn, self.norm1, self.norm2 = attn, ffn, norm1, norm2
+
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        x = self.norm1(x + self.attn(x, position_ids, cache))
+        return self.norm2(x + self.ffn(x))
+
+
+class PreNormBlock(nn.Module):
+    """2024: RMSNorm, sub-layer, then residual add."""
+
+    def __init__(self, attn: nn.Module, ffn: nn.Module, norm1: nn.Module, norm2: nn.Module):
+        super().__init__()
+        self.attn, self.ffn, self.norm1, self.norm2 = attn, ffn, norm1, norm2
+
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x), position_ids, cache)
+        return x + self.ffn(self.norm2(x))
+
+
+def make_block(cfg: ModelConfig, layer: int) -> nn.Module:
+    block = PreNormBlock if cfg.norm_placement == "pre" else PostNormBlock
+    return block(
+        Attention(cfg, layer),
+        make_ffn(cfg),
+        make_norm(cfg.norm, cfg.d_model, cfg.norm_eps, cfg.norm_offset),
+        make_norm(cfg.norm, cfg.d_model, cfg.norm_eps, cfg.norm_offset),
+    )

@@ -1,0 +1,48 @@
+"""The `llamablock` command line. Thin: each subcommand lives in llamablock/commands/<name>.py
+with `add_arguments(parser)` and `run(args) -> int`, and is imported only when used.
+
+User mistakes (a ValueError or FileNotFoundError raised with a clear message) end the
+command with one line on stderr and exit status 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# name -> (module, one-line help). Add a line here when adding a command module.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "demo": ("llamablock.commands.demo", "build the 2017 and 2024 blocks, compare parameters, run a forward pass"),
+}
+
+
+class UsageError(Exception):
+    """A mistake in what the user asked for: reported as one line, exit status 2."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="llamablock", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (module, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        importlib.import_module(module).add_arguments(p)
+        p.set_defaults(_module=module)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(importlib.import_module(args._module).run(args) or 0)
+    except (UsageError, ValueError, FileNotFoundError, NotADirectoryError) as e:
+        print(f"llamablock {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"llamablock {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

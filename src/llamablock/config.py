@@ -1,0 +1,155 @@
+"""Model configuration: one dataclass for every model in scope, 2017 to 2024.
+
+Every choice the module discusses is a field, kept as a plain string or number so the
+config serializes to JSON (the convention of litgpt's `Config` and gpt-fast's `ModelArgs`):
+
+    position      "rope" | "alibi" | "learned" | "sinusoidal" | "none"     (15.1, 15.2)
+    norm          "rmsnorm" | "layernorm", placed "pre" or "post"          (15.3, 8.5)
+    ffn           "swiglu" | "geglu" | "relu" | "gelu"                      (15.4)
+    n_kv_heads    == n_heads is MHA, 1 is MQA, between is GQA             (15.5)
+
+`from_hf` / `to_hf` speak the field names of transformers' config.json (v4 `rope_scaling`
+and v5 `rope_parameters` both read). Invalid values raise ValueError naming the field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+POSITIONS = ("rope", "alibi", "learned", "sinusoidal", "none")
+NORMS = ("rmsnorm", "layernorm")
+PLACEMENTS = ("pre", "post")
+FFNS = ("swiglu", "geglu", "relu", "gelu")
+ROPE_LAYOUTS = ("half", "interleaved")
+FAMILIES = ("llama", "mistral", "qwen2", "gemma", "llamablock")
+
+
+@dataclass
+class ModelConfig:
+    vocab_size: int
+    d_model: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int | None = None  # None: as many as n_heads (MHA)
+    head_dim: int | None = None  # None: d_model // n_heads
+    d_ff: int | None = None  # None: 4 d for relu/gelu, 8/3 d rounded to 256 for gated
+    norm: str = "rmsnorm"
+    norm_placement: str = "pre"
+    norm_eps: float = 1e-5
+    norm_offset: float = 0.0  # Gemma stores RMSNorm scales as w with output x/rms * (1 + w)
+    ffn: str = "swiglu"
+    position: str = "rope"
+    max_seq_len: int = 2048
+    rope_theta: float = 10000.0
+    rope_layout: str = "half"  # "half": rotate_half as transformers; "interleaved": Meta, the module
+    partial_rotary_factor: float = 1.0
+    rope_scaling: dict[str, Any] | None = None  # transformers' dict; None = default RoPE
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
+    tie_embeddings: bool = False
+    embed_scale: float | None = None  # Gemma: sqrt(d_model)
+    sliding_window: int | None = None
+    family: str = "llamablock"
+    extra: dict[str, Any] = field(default_factory=dict)  # hf keys we keep for to_hf round trips
+
+    def __post_init__(self):
+        if self.n_kv_heads is None:
+            self.n_kv_heads = self.n_heads
+        if self.head_dim is None and self.n_heads > 0:
+            self.head_dim = self.d_model // self.n_heads
+        if self.d_ff is None and self.d_model > 0:
+            from llamablock.ffn import default_ffn_width
+
+            self.d_ff = default_ffn_width(self.d_model, self.ffn)
+        self.validate()
+
+    def validate(self) -> None:
+        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "d_ff", "max_seq_len"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(
+                f"n_heads ({self.n_heads}) must be divisible by n_kv_heads ({self.n_kv_heads}): "
+                "each key-value head serves a whole group of query heads"
+            )
+        for name, allowed in (
+            ("position", POSITIONS), ("norm", NORMS), ("norm_placement", PLACEMENTS),
+            ("ffn", FFNS), ("rope_layout", ROPE_LAYOUTS), ("family", FAMILIES),
+        ):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
+        if not self.norm_eps > 0:
+            raise ValueError(f"norm_eps must be positive, got {self.norm_eps!r}")
+        if not 0 < self.partial_rotary_factor <= 1:
+            raise ValueError(f"partial_rotary_factor must be in (0, 1], got {self.partial_rotary_factor!r}")
+        if self.position == "rope":
+            if not self.rope_theta > 0:
+                raise ValueError(f"rope_theta must be positive, got {self.rope_theta!r}")
+            if self.rotary_dim % 2 or self.rotary_dim == 0:
+                raise ValueError(
+                    f"rotary width must be even and positive (head_dim {self.head_dim} x partial_rotary_factor "
+                    f"{self.partial_rotary_factor} = {self.rotary_dim}): RoPE rotates pairs"
+                )
+        if self.sliding_window is not None and (not isinstance(self.sliding_window, int) or self.sliding_window <= 0):
+            raise ValueError(f"sliding_window must be a positive integer or None, got {self.sliding_window!r}")
+        if self.rope_scaling is not None:
+            from llamablock.rope_scaling import validate_rope_scaling
+
+            validate_rope_scaling(self)
+
+    # Derived sizes ---------------------------------------------------------------------
+    @property
+    def rotary_dim(self) -> int:
+        return int(self.head_dim * self.partial_rotary_factor)
+
+    @property
+    def group_size(self) -> int:
+        """Query heads per key-value head (1 = MHA, n_heads = MQA)."""
+        return self.n_heads // self.n_kv_heads
+
+    def kv_bytes_per_token(self, bytes_per_element: int = 2) -> int:
+        """Cache bytes for one token over all layers: 2 (K and V) x layers x kv heads x head_dim x bytes."""
+        return 2 * self.n_layers * self.n_kv_heads * self.head_dim * bytes_per_element
+
+    def replace(self, **changes) -> "ModelConfig":
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "ModelConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"unknown config field(s) {unknown}; known fields are {sorted(known)}")
+        return cls(**d)
+
+    # transformers config.json ----------------------------------------------------------
+    @classmethod
+    def from_hf(cls, hf: dict[str, Any]) -> "ModelConfig":
+        from llamablock.hf_config import config_from_hf
+
+        return config_from_hf(hf)
+
+    def to_hf(self) -> dict[str, Any]:
+        from llamablock.hf_config import config_to_hf
+
+        return config_to_hf(self)
+
+    @classmethod
+    def from_json_file(cls, path: str | Path) -> "ModelConfig":
+        """A transformers config.json, or one of ours (written by `save_pretrained` or training)."""
+        try:
+            d = json.loads(Path(path).read_text())
+        except FileNotFoundError:
+            raise FileNotFoundError(f"config file not found: {path}") from None
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path} is not valid JSON: {e}") from None
+        return cls.from_hf(d) if "model_type" in d else cls.from_dict(d)

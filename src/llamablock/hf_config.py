@@ -1,0 +1,130 @@
+"""Translate between `ModelConfig` and transformers' config.json, for the families in scope.
+
+Family differences that live in the config rather than in code (transformers 5.x modeling files):
+    llama    attention_bias puts a bias on q, k, v *and* o; mlp_bias on all three MLP matrices
+    mistral  as llama without biases, plus sliding_window
+    qwen2    bias on q, k, v only (hard-coded in Qwen2Attention), none on o
+    gemma    GeGLU with tanh GELU, RMSNorm scale (1 + w), embeddings times sqrt(d_model), tied
+RoPE settings are read from v5 `rope_parameters` or v4 `rope_theta` + `rope_scaling`, and
+written back in the v5 form.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from llamablock.config import ModelConfig
+
+SUPPORTED = ("llama", "mistral", "qwen2", "gemma")
+_GATED_ACTS = {"silu": "swiglu", "swish": "swiglu", "gelu_pytorch_tanh": "geglu", "gelu_new": "geglu"}
+
+
+def _rope_settings(hf: dict[str, Any]) -> tuple[float, dict | None, float]:
+    """(theta, scaling dict or None, partial rotary factor) from either transformers form."""
+    params = hf.get("rope_parameters")
+    legacy = hf.get("rope_scaling")
+    if isinstance(params, dict) and params:
+        scaling = dict(params)
+    elif isinstance(legacy, dict) and legacy:
+        scaling = dict(legacy)
+    else:
+        scaling = {}
+    theta = scaling.pop("rope_theta", hf.get("rope_theta", 10000.0))
+    partial = scaling.pop("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))
+    if "type" in scaling and "rope_type" not in scaling:  # v4 before 4.45 said "type"
+        scaling["rope_type"] = scaling.pop("type")
+    else:
+        scaling.pop("type", None)
+    if scaling.get("rope_type", "default") == "default":
+        scaling = None
+    return float(theta), scaling, float(partial)
+
+
+def config_from_hf(hf: dict[str, Any]) -> ModelConfig:
+    family = hf.get("model_type")
+    if family not in SUPPORTED:
+        raise ValueError(
+            f"model_type {family!r} is not supported; llamablock implements {list(SUPPORTED)}. "
+            "A different architecture would load but compute something else, so it is refused."
+        )
+    act = hf.get("hidden_activation") or hf.get("hidden_act") or "silu"
+    if act not in _GATED_ACTS:
+        raise ValueError(f"hidden_act {act!r} is not supported for {family}; expected one of {sorted(_GATED_ACTS)}")
+    if family == "qwen2" and hf.get("use_sliding_window"):
+        raise ValueError("qwen2 with use_sliding_window=true (window on some layers only) is not supported")
+    theta, scaling, partial = _rope_settings(hf)
+    n_heads = hf["num_attention_heads"]
+    d_model = hf["hidden_size"]
+    attention_bias = bool(hf.get("attention_bias", False))
+    known = dict(
+        vocab_size=hf["vocab_size"],
+        d_model=d_model,
+        n_layers=hf["num_hidden_layers"],
+        n_heads=n_heads,
+        n_kv_heads=hf.get("num_key_value_heads") or n_heads,
+        head_dim=hf.get("head_dim") or d_model // n_heads,
+        d_ff=hf["intermediate_size"],
+        norm="rmsnorm",
+        norm_placement="pre",
+        norm_eps=hf.get("rms_norm_eps", 1e-6),
+        norm_offset=1.0 if family == "gemma" else 0.0,
+        ffn=_GATED_ACTS[act],
+        position="rope",
+        max_seq_len=hf.get("max_position_embeddings", 2048),
+        rope_theta=theta,
+        rope_layout="half",  # transformers checkpoints store q/k rows for rotate_half
+        partial_rotary_factor=partial,
+        rope_scaling=scaling,
+        qkv_bias=family == "qwen2" or attention_bias,
+        o_bias=attention_bias if family == "llama" else False,
+        mlp_bias=bool(hf.get("mlp_bias", False)) if family == "llama" else False,
+        tie_embeddings=bool(hf.get("tie_word_embeddings", family == "gemma")),
+        embed_scale=math.sqrt(d_model) if family == "gemma" else None,
+        sliding_window=hf.get("sliding_window") if family == "mistral" else None,
+        family=family,
+    )
+    extra = {k: hf[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id", "hidden_act") if k in hf}
+    return ModelConfig(**known, extra=extra)
+
+
+def config_to_hf(cfg: ModelConfig) -> dict[str, Any]:
+    if cfg.family not in SUPPORTED:
+        raise ValueError(
+            f"family {cfg.family!r} has no transformers equivalent; only {list(SUPPORTED)} export to config.json"
+        )
+    if cfg.rope_layout != "half":
+        raise ValueError("transformers expects rope_layout='half'; convert with llamablock.rope.permute_qk first")
+    rope = {"rope_theta": cfg.rope_theta, "rope_type": "default"}
+    if cfg.rope_scaling:
+        rope.update(cfg.rope_scaling)
+    if cfg.partial_rotary_factor != 1.0:
+        rope["partial_rotary_factor"] = cfg.partial_rotary_factor
+    act = {"swiglu": "silu", "geglu": "gelu_pytorch_tanh"}[cfg.ffn]
+    hf = {
+        "model_type": cfg.family,
+        "architectures": [{"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
+                           "qwen2": "Qwen2ForCausalLM", "gemma": "GemmaForCausalLM"}[cfg.family]],
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.d_model,
+        "num_hidden_layers": cfg.n_layers,
+        "num_attention_heads": cfg.n_heads,
+        "num_key_value_heads": cfg.n_kv_heads,
+        "head_dim": cfg.head_dim,
+        "intermediate_size": cfg.d_ff,
+        "rms_norm_eps": cfg.norm_eps,
+        "hidden_act": act,
+        "max_position_embeddings": cfg.max_seq_len,
+        "rope_parameters": rope,
+        "tie_word_embeddings": cfg.tie_embeddings,
+    }
+    if cfg.family == "llama":
+        hf["attention_bias"] = cfg.qkv_bias
+        hf["mlp_bias"] = cfg.mlp_bias
+    if cfg.family == "mistral":
+        hf["sliding_window"] = cfg.sliding_window
+    if cfg.family == "gemma":
+        hf["hidden_activation"] = act
+    for k, v in cfg.extra.items():
+        hf.setdefault(k, v)
+    return hf

@@ -1,0 +1,1 @@
+"""Checkpoint and tokenizer formats. They build models; models never know about files."""

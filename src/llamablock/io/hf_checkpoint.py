@@ -1,0 +1,109 @@
+"""transformers-format checkpoints: config.json + model.safetensors (or sharded with an index).
+
+Our parameter names are short (`layers.3.attn.wq.weight`); `hf_name` maps them to
+transformers' (`model.layers.3.self_attn.q_proj.weight`). Loading is strict both ways: a
+tensor the model needs and the file lacks, one the file has and the model does not use, or
+one of the wrong shape is an error naming it. Never a silently half-loaded model.
+Files are written to a temporary name and renamed, so an interrupted save leaves no torn file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
+
+from llamablock.config import ModelConfig
+from llamablock.model import Decoder
+
+_LAYER = {
+    "attn.wq": "self_attn.q_proj", "attn.wk": "self_attn.k_proj", "attn.wv": "self_attn.v_proj",
+    "attn.wo": "self_attn.o_proj", "ffn.w_gate": "mlp.gate_proj", "ffn.w_up": "mlp.up_proj",
+    "ffn.w_down": "mlp.down_proj", "norm1": "input_layernorm", "norm2": "post_attention_layernorm",
+}
+_TOP = {"embed.weight": "model.embed_tokens.weight", "final_norm.weight": "model.norm.weight",
+        "head.weight": "lm_head.weight"}
+
+
+def hf_name(name: str) -> str:
+    if name in _TOP:
+        return _TOP[name]
+    m = re.fullmatch(r"layers\.(\d+)\.(\w+\.\w+|norm\d)\.(weight|bias)", name)
+    if not m or m.group(2) not in _LAYER:
+        raise ValueError(f"parameter {name!r} has no transformers name (only pre-LN RMSNorm families export)")
+    return f"model.layers.{m.group(1)}.{_LAYER[m.group(2)]}.{m.group(3)}"
+
+
+def _tensor_files(path: Path) -> list[Path]:
+    index = path / "model.safetensors.index.json"
+    if index.exists():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        return [path / f for f in sorted(set(weight_map.values()))]
+    single = path / "model.safetensors"
+    if single.exists():
+        return [single]
+    raise FileNotFoundError(f"{path} has neither model.safetensors nor model.safetensors.index.json")
+
+
+def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    tensors: dict[str, torch.Tensor] = {}
+    for f in _tensor_files(path):
+        try:
+            with safe_open(str(f), framework="pt") as fh:
+                for k in fh.keys():
+                    tensors[k] = fh.get_tensor(k)
+        except (SafetensorError, OSError) as e:
+            raise ValueError(f"{f} is not a readable safetensors file (truncated or corrupt?): {e}") from None
+    return tensors
+
+
+def load_hf_dir(path: str | Path, dtype: torch.dtype | None = None) -> Decoder:
+    path = Path(path)
+    cfg_file = path / "config.json"
+    if not cfg_file.exists():
+        raise FileNotFoundError(f"{path} has no config.json; expected a transformers checkpoint directory")
+    cfg = ModelConfig.from_hf(json.loads(cfg_file.read_text()))
+    tensors = read_safetensors(path)
+    with torch.device("meta"):
+        model = Decoder(cfg)
+    state = {}
+    for name, p in model.state_dict(keep_vars=True).items():
+        if cfg.tie_embeddings and name == "head.weight":
+            continue
+        key = hf_name(name)
+        if key not in tensors:
+            raise ValueError(f"checkpoint {path} lacks tensor {key!r} (needed for {name})")
+        t = tensors.pop(key)
+        if tuple(t.shape) != tuple(p.shape):
+            raise ValueError(f"tensor {key!r} has shape {tuple(t.shape)}, the config implies {tuple(p.shape)}")
+        state[name] = t.to(dtype) if dtype is not None else t
+    if cfg.tie_embeddings:
+        tensors.pop("lm_head.weight", None)  # some tied checkpoints store the copy anyway
+    if tensors:
+        raise ValueError(f"checkpoint {path} has tensors the model does not use: {sorted(tensors)[:5]}")
+    model.load_state_dict(state, strict=False, assign=True)
+    if cfg.tie_embeddings:
+        model.head.weight = model.embed.weight
+    return model.eval()
+
+
+def atomic_write(path: Path, write) -> None:
+    """Call write(tmp_path), then rename over `path`: readers see the old file or the new one."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    write(tmp)
+    os.replace(tmp, path)
+
+
+def save_pretrained(model: Decoder, path: str | Path) -> None:
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    hf_cfg = model.cfg.to_hf()
+    tensors = {hf_name(n): t.detach().contiguous() for n, t in model.state_dict().items()
+               if not (model.cfg.tie_embeddings and n == "head.weight")}
+    atomic_write(path / "model.safetensors", lambda p: save_file(tensors, str(p), metadata={"format": "pt"}))
+    atomic_write(path / "config.json", lambda p: p.write_text(json.dumps(hf_cfg, indent=2)))

@@ -1,0 +1,73 @@
+"""The decoder: embeddings, a stack of blocks, a final norm where pre-LN, the output head.
+
+    logits = head(final_norm(blocks(embed(ids) * embed_scale + absolute_positions)))
+
+`forward(input_ids (b, t), position_ids (b, t) or None, cache or None) -> logits (b, t, vocab)`.
+Without a cache, positions default to 0..t-1; with one, they continue from the tokens already
+stored. The head shares the embedding matrix when `tie_embeddings` is set.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from llamablock.blocks import make_block
+from llamablock.config import ModelConfig
+from llamablock.kv_cache import KVCache
+from llamablock.norm import make_norm
+from llamablock.positions import LearnedPositions, SinusoidalPositions
+
+
+class Decoder(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.positions = {"learned": lambda: LearnedPositions(cfg.max_seq_len, cfg.d_model),
+                          "sinusoidal": lambda: SinusoidalPositions(cfg.d_model)}.get(cfg.position, lambda: None)()
+        self.layers = nn.ModuleList(make_block(cfg, i) for i in range(cfg.n_layers))
+        # Post-LN already ends every block with a norm; pre-LN needs one before the head.
+        pre = cfg.norm_placement == "pre"
+        self.final_norm = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps, cfg.norm_offset) if pre else nn.Identity()
+        self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        if cfg.tie_embeddings:
+            self.head.weight = self.embed.weight
+
+    def embed_tokens(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+        if input_ids.numel() and (int(input_ids.min()) < 0 or int(input_ids.max()) >= self.cfg.vocab_size):
+            bad = int(input_ids.max()) if int(input_ids.max()) >= self.cfg.vocab_size else int(input_ids.min())
+            raise ValueError(f"token id {bad} is out of range for a vocabulary of {self.cfg.vocab_size} (0..{self.cfg.vocab_size - 1})")
+        x = self.embed(input_ids)  # (b, t, d)
+        if self.cfg.embed_scale is not None:
+            # Gemma rounds the scale to the activation dtype first (GemmaModel's `normalizer`).
+            x = x * torch.tensor(self.cfg.embed_scale, dtype=x.dtype)
+        if self.positions is not None:
+            x = x + self.positions(position_ids).to(x.dtype)
+        return x
+
+    def default_positions(self, input_ids: torch.Tensor, cache: KVCache | None) -> torch.Tensor:
+        start = cache.length if cache is not None else 0
+        t = input_ids.shape[1]
+        return torch.arange(start, start + t, device=input_ids.device).expand(input_ids.shape[0], t)
+
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
+                cache: KVCache | None = None) -> torch.Tensor:
+        if input_ids.dim() != 2:
+            raise ValueError(f"input_ids must have shape (batch, tokens), got {tuple(input_ids.shape)}")
+        if input_ids.shape[1] == 0:
+            raise ValueError("input_ids is empty: give at least one token")
+        if position_ids is None:
+            position_ids = self.default_positions(input_ids, cache)
+        elif position_ids.shape != input_ids.shape:
+            raise ValueError(f"position_ids shape {tuple(position_ids.shape)} must equal input_ids shape {tuple(input_ids.shape)}")
+        x = self.embed_tokens(input_ids, position_ids)
+        for layer in self.layers:
+            x = layer(x, position_ids, cache)
+        if cache is not None:
+            cache.advance(input_ids.shape[1])
+        return self.head(self.final_norm(x))
+
+    def num_parameters(self) -> int:
+        """Distinct parameters (a tied head is counted once)."""
+        return sum(p.numel() for p in self.parameters())

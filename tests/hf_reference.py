@@ -1,0 +1,47 @@
+"""Tiny random transformers models, the independent reference for parity tests.
+
+Weights are redrawn at a larger scale than transformers' init (std 0.02 makes every logit
+nearly zero and a parity test nearly vacuous): matrices N(0, 0.15^2), biases N(0, 0.1^2),
+norm scales 1 + N(0, 0.1^2) (Gemma's stored w: N(0, 0.1^2)).
+"""
+
+from __future__ import annotations
+
+import torch
+import transformers
+
+FAMILIES = {
+    "llama": transformers.LlamaConfig,
+    "mistral": transformers.MistralConfig,
+    "qwen2": transformers.Qwen2Config,
+    "gemma": transformers.GemmaConfig,
+}
+
+
+def tiny_hf_config(family: str, n_heads: int = 4, n_kv: int = 2, tied: bool = False, **extra):
+    kw = dict(vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+              num_attention_heads=n_heads, num_key_value_heads=n_kv, head_dim=8,
+              max_position_embeddings=4096, tie_word_embeddings=tied, rms_norm_eps=1e-6,
+              attn_implementation="eager")
+    if family == "mistral":
+        kw["sliding_window"] = 8
+    if family == "gemma":
+        kw["head_dim"] = 16  # Gemma's head width is independent of hidden_size / heads
+    kw.update(extra)
+    return FAMILIES[family](**kw)
+
+
+def tiny_hf_model(family: str, seed: int = 0, **kw):
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(tiny_hf_config(family, **kw))
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                base = 0.0 if family == "gemma" else 1.0
+                p.copy_(base + 0.1 * torch.randn(p.shape, generator=g))
+            elif name.endswith("bias"):
+                p.copy_(0.1 * torch.randn(p.shape, generator=g))
+            else:
+                p.copy_(0.15 * torch.randn(p.shape, generator=g))
+    return model.eval()
