@@ -21,13 +21,18 @@ _GATED_ACTS = {"silu": "swiglu", "swish": "swiglu", "gelu_pytorch_tanh": "geglu"
 
 
 def _rope_settings(hf: dict[str, Any]) -> tuple[float, dict | None, float]:
-    """(theta, scaling dict or None, partial rotary factor) from either transformers form."""
+    """(theta, scaling dict or None, partial rotary factor) from either transformers form.
+
+    When a config.json holds both, transformers 5 takes a non-empty v4 `rope_scaling` and
+    ignores `rope_parameters` entirely (its rope_theta included), so we do the same;
+    `llamablock rope lint` warns when the two disagree.
+    """
     params = hf.get("rope_parameters")
     legacy = hf.get("rope_scaling")
-    if isinstance(params, dict) and params:
-        scaling = dict(params)
-    elif isinstance(legacy, dict) and legacy:
+    if isinstance(legacy, dict) and legacy:
         scaling = dict(legacy)
+    elif isinstance(params, dict) and params:
+        scaling = dict(params)
     else:
         scaling = {}
     theta = scaling.pop("rope_theta", hf.get("rope_theta", 10000.0))
