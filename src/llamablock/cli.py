@@ -14,6 +14,7 @@ import sys
 # name -> (module, one-line help). Add a line here when adding a command module.
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("llamablock.commands.demo", "build the 2017 and 2024 blocks, compare parameters, run a forward pass"),
+    "serve": ("llamablock.commands.serve", "the interactive page of the five figures, computed by the library"),
 }
 
 

@@ -1,0 +1,107 @@
+"""Figure of module section 15.5 (`gqa`): query heads joined to the KV heads they read, and the
+KV cache size.
+
+The size is what `KVCache(...).nbytes()` allocates for one sequence, built on torch's "meta"
+device so that 4 GiB is counted, not allocated; `ModelConfig.kv_bytes_per_token` x tokens is
+returned beside it (two routes through the library to the same number). Query head h reads KV
+head h // group_size: attention.py stacks each group's query heads contiguously
+(`q.reshape(b, n_kv, g * t, d)`), as transformers' `repeat_kv` does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+from fastapi import APIRouter, Query
+
+from llamablock.config import ModelConfig
+from llamablock.kv_cache import KVCache
+from llamablock.presets import PRESETS, preset
+from llamablock.web.errors import APIError
+
+router = APIRouter()
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "int8": torch.int8}
+MAX_TOKENS = 1 << 20  # 1,048,576: past the longest context of any preset
+UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
+
+
+def human_bytes(n: int) -> str:
+    """Binary units, at most three significant figures, no trailing zeros: 4 GiB, 128 MiB, 1.5 GiB."""
+    value, unit = float(n), 0
+    while value >= 1024 and unit < len(UNITS) - 1:
+        value, unit = value / 1024, unit + 1
+    text = f"{value:.3g}" if value < 1000 else f"{value:.0f}"
+    return f"{text} {UNITS[unit]}"
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _preset_fields(cfg: ModelConfig) -> dict:
+    return {"n_heads": cfg.n_heads, "n_kv_heads": cfg.n_kv_heads, "n_layers": cfg.n_layers,
+            "head_dim": cfg.head_dim, "max_seq_len": cfg.max_seq_len}
+
+
+def _measured_decode() -> dict | None:
+    """Decode timings by KV heads from the speed benchmark, when one has been run and left
+    its results as JSON (LLAMABLOCK_BENCH_JSON, or benchmarks/results.json under the current
+    directory). None when there is none: the page then says so rather than guessing."""
+    path = Path(os.environ.get("LLAMABLOCK_BENCH_JSON", "benchmarks/results.json"))
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    rows = data.get("decode_attention_by_kv_heads") if isinstance(data, dict) else None
+    return {"source": str(path), "rows": rows} if isinstance(rows, list) else None
+
+
+@router.get("/api/presets")
+def presets() -> dict:
+    return {"default": "llama-3-8b", "presets": {name: _preset_fields(preset(name)) for name in PRESETS}}
+
+
+@router.get("/api/gqa")
+def gqa(
+    preset_name: str = Query("llama-3-8b", alias="preset", max_length=40, description="a preset name"),
+    n_heads: int | None = Query(None, ge=1, le=256, description="query heads (default: the preset's)"),
+    n_kv_heads: int | None = Query(None, ge=1, le=256, description="key-value heads, a divisor of n_heads"),
+    n_layers: int | None = Query(None, ge=1, le=256, description="layers"),
+    head_dim: int | None = Query(None, ge=1, le=1024, description="head width"),
+    tokens: int = Query(8192, ge=1, le=MAX_TOKENS, description="tokens in the cache"),
+    dtype: str = Query("float16", max_length=16, description=f"one of {list(DTYPES)}"),
+) -> dict:
+    if preset_name not in PRESETS:
+        raise APIError("preset", f"unknown preset {preset_name!r}; known presets: {', '.join(sorted(PRESETS))}")
+    if dtype not in DTYPES:
+        raise APIError("dtype", f"dtype must be one of {list(DTYPES)}, got {dtype!r}")
+    base = preset(preset_name)
+    heads = n_heads or base.n_heads
+    kv = n_kv_heads or (base.n_kv_heads if heads == base.n_heads else heads)
+    if heads % kv:
+        raise APIError("n_kv_heads", f"n_kv_heads must divide n_heads ({heads}); choose one of {_divisors(heads)}, got {kv}")
+    try:
+        cfg = base.replace(n_heads=heads, n_kv_heads=kv, n_layers=n_layers or base.n_layers,
+                           head_dim=head_dim or base.head_dim)
+    except ValueError as e:  # ModelConfig names the field, which is our parameter's name
+        raise APIError(str(e).split(" ")[0], str(e)) from None
+    torch_dtype = DTYPES[dtype]
+    cache = KVCache(cfg, batch_size=1, max_len=tokens, dtype=torch_dtype, device="meta")
+    nbytes = cache.nbytes()
+    mha = KVCache(cfg.replace(n_kv_heads=cfg.n_heads), 1, tokens, torch_dtype, "meta").nbytes()
+    element = torch.empty((), dtype=torch_dtype).element_size()
+    return {
+        "preset": preset_name, "n_heads": cfg.n_heads, "n_kv_heads": cfg.n_kv_heads, "n_layers": cfg.n_layers,
+        "head_dim": cfg.head_dim, "tokens": tokens, "dtype": dtype, "bytes_per_element": element,
+        "group_size": cfg.group_size, "kv_divisors": _divisors(cfg.n_heads),
+        "kv_head_of_query": [h // cfg.group_size for h in range(cfg.n_heads)],
+        "cache_bytes": nbytes, "cache_text": human_bytes(nbytes),
+        "bytes_per_token": cfg.kv_bytes_per_token(element),
+        "cache_bytes_from_per_token": cfg.kv_bytes_per_token(element) * tokens,
+        "mha_bytes": mha, "mha_text": human_bytes(mha), "fraction_of_mha": nbytes / mha,
+        "measured_decode": _measured_decode(),
+    }

@@ -1,0 +1,50 @@
+"""The FastAPI application behind `llamablock serve`: one page, its static files, a JSON API.
+
+    GET /                       the page (static/index.html)
+    GET /static/<file>          its scripts and style, from static/ only (no CDN: works offline)
+    GET /api/rope-visualizer    15.1   api_rope.py
+    GET /api/rope-scaling       15.2   api_rope.py (from llamablock.rope_table)
+    GET /api/swiglu-gate        15.4   api_ffn.py
+    GET /api/presets, /api/gqa  15.5   api_gqa.py
+    GET /api/token-tracer       15.6   api_trace.py (from llamablock.trace)
+
+Static files go through Starlette's StaticFiles, which resolves each path and refuses any that
+lands outside its directory, so `..` and encoded variants cannot read the rest of the disk.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, JSONResponse
+from fastapi.staticfiles import StaticFiles
+
+from llamablock.web import api_ffn, api_gqa, api_rope, api_trace
+from llamablock.web.errors import APIError, body, on_api_error, on_validation_error
+
+STATIC = Path(__file__).parent / "static"
+
+
+def create_app(trace_cache_dir: str | None = None) -> FastAPI:
+    """`trace_cache_dir`: where the token tracer keeps its trained pair (None: the tracer's default)."""
+    # No Swagger page: it loads its scripts from a CDN, and this application works offline.
+    app = FastAPI(title="llamablock: the LLaMA block, interactive",
+                  openapi_url="/api/openapi.json", docs_url=None, redoc_url=None)
+    app.state.trace_cache_dir = trace_cache_dir
+    app.add_exception_handler(APIError, on_api_error)
+    app.add_exception_handler(RequestValidationError, on_validation_error)
+    for module in (api_rope, api_ffn, api_gqa, api_trace):
+        app.include_router(module.router)
+    app.mount("/static", StaticFiles(directory=STATIC), name="static")
+
+    @app.get("/", include_in_schema=False)
+    def index() -> FileResponse:
+        return FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-cache"})
+
+    @app.get("/api/{rest:path}", include_in_schema=False)
+    def unknown_api(rest: str) -> JSONResponse:
+        return JSONResponse(body(None, f"no such endpoint: /api/{rest[:60]}", "not found"), status_code=404)
+
+    return app

@@ -1,0 +1,2 @@
+// token-tracer-compare (15.6): placeholder until llamablock.trace lands.
+export function setup() {}
