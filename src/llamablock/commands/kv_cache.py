@@ -1,0 +1,46 @@
+"""`llamablock kv-cache`: KV-cache bytes per token, per layer and in total, for MHA, GQA and MQA."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from llamablock.config import ModelConfig
+from llamablock.kv_calculator import DTYPE_BYTES, human_bytes, layouts
+from llamablock.presets import PRESETS, preset
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--config", required=True,
+                   help=f"a preset name ({', '.join(sorted(PRESETS))}) or a transformers config.json path")
+    p.add_argument("--tokens", type=int, required=True, help="context length L in tokens")
+    p.add_argument("--batch", type=int, default=1, help="sequences in the batch (default: %(default)s)")
+    p.add_argument("--dtype", default="float16", choices=sorted(DTYPE_BYTES),
+                   help="element type of the cache (default: %(default)s)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+def load_config(name_or_path: str) -> ModelConfig:
+    if name_or_path in PRESETS:
+        return preset(name_or_path)
+    if Path(name_or_path).exists():
+        return ModelConfig.from_json_file(name_or_path)
+    raise ValueError(f"--config {name_or_path!r} is neither a preset ({', '.join(sorted(PRESETS))}) nor a file")
+
+
+def run(args) -> int:
+    cfg = load_config(args.config)
+    rows = layouts(cfg, args.tokens, args.batch, args.dtype)
+    if args.json:
+        print(json.dumps({"config": args.config, "tokens": args.tokens, "batch": args.batch, "dtype": args.dtype,
+                          "configured_kv_heads": cfg.n_kv_heads, "layouts": [r.to_dict() for r in rows]}, indent=2))
+        return 0
+    window = f", sliding window {cfg.sliding_window}" if cfg.sliding_window else ""
+    print(f"{args.config}: {cfg.n_layers} layers, {cfg.n_heads} query heads, head_dim {cfg.head_dim}{window}; "
+          f"{args.tokens} tokens x batch {args.batch}, {args.dtype}")
+    print(f"{'layout':<6}{'kv heads':>9}{'per token':>14}{'per layer':>14}{'total':>14}")
+    for r in rows:
+        mark = "  <- this model" if r.kv_heads == cfg.n_kv_heads else ""
+        print(f"{r.layout:<6}{r.kv_heads:>9}{human_bytes(r.bytes_per_token):>14}{human_bytes(r.bytes_per_layer):>14}"
+              f"{human_bytes(r.total_bytes):>14}{mark}")
+    return 0

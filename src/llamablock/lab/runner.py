@@ -1,0 +1,106 @@
+"""Run the lab's experiments, print the table, write report.md, results.json and the plots.
+
+Each experiment module has `run(quick, out_dir) -> list[Claim]`. One that crashes is recorded
+as not measurable with its error, so the rest of the report still appears, and the exit status
+stays 0: the lab reports what it found, whatever the verdicts.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import platform
+import time
+import traceback
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from llamablock.io.hf_checkpoint import atomic_write
+from llamablock.lab.record import NOT_MEASURABLE, Claim
+
+# (module, section, title, what it does) in the module's order.
+EXPERIMENTS = [
+    ("llamablock.lab.exp_rope", "15.1", "Rotary position embedding", "RoPE identity, invariance, learned table"),
+    ("llamablock.lab.exp_norm", "15.3", "RMSNorm", "parameters, output agreement, speed"),
+    ("llamablock.lab.exp_ffn", "15.4", "SwiGLU", "Swish values, the gate, the 8/3 rule"),
+    ("llamablock.lab.exp_gqa", "15.5", "Grouped-query attention", "cache bytes, GQA = MHA, decode speed"),
+    ("llamablock.lab.exp_blocks", "15.6", "The two blocks side by side, and the exercises", "counts, exercises"),
+]
+
+
+def parse_only(only: list[str] | None) -> tuple[list[tuple], list[str] | None]:
+    """`--only` takes sections ("15.3") or claim ids and their prefixes ("15.5.cache", "ex.").
+    Returns the experiments to run and the id prefixes to keep (None: keep all)."""
+    if not only:
+        return EXPERIMENTS, None
+    sections = {e[1]: e for e in EXPERIMENTS}
+    runs, ids = {}, []
+    for o in only:
+        section = "15.6" if o.startswith("ex") else ".".join(o.split(".")[:2])
+        if section not in sections:
+            raise ValueError(f"--only {o!r} matches no experiment; give a section ({', '.join(sections)}) "
+                             "or a claim id such as 15.5.cache-bytes")
+        runs[section] = sections[section]
+        if o != section:
+            ids.append(o)
+    keep = None if any(o in sections for o in only) and not ids else ids + [o for o in only if o in sections]
+    return [e for e in EXPERIMENTS if e[1] in runs], keep
+
+
+def run_lab(out: Path, quick: bool = True, only: list[str] | None = None, progress: bool = True) -> list[Claim]:
+    experiments, keep = parse_only(only)
+    out.mkdir(parents=True, exist_ok=True)
+    claims: list[Claim] = []
+    bar = tqdm(experiments, desc="lab", unit="section", disable=not progress)
+    for module, section, title, _ in bar:
+        bar.set_postfix_str(f"{section} {title}")
+        started = time.perf_counter()
+        try:
+            found = importlib.import_module(module).run(quick, out)
+        except Exception as e:  # an experiment's bug must not hide the others' results
+            found = [Claim(f"{section}.experiment-error", section, f"{title}: the experiment failed", None,
+                           verdict=NOT_MEASURABLE,
+                           details=f"{type(e).__name__}: {e}; {traceback.format_exc(limit=2)}")]
+        found[-1].details += f" [section {section} ran in {time.perf_counter() - started:.1f} s]"
+        claims += found
+    if keep:
+        claims = [c for c in claims if any(c.id.startswith(k) or c.section == k for k in keep)]
+    write_results(out, claims, quick)
+    return claims
+
+
+def environment() -> dict:
+    return {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "python": platform.python_version(),
+            "torch": torch.__version__, "machine": platform.machine(), "processor": platform.processor() or "",
+            "threads": torch.get_num_threads()}
+
+
+def write_results(out: Path, claims: list[Claim], quick: bool) -> None:
+    from llamablock.lab.report import render_report
+
+    env = environment()
+    doc = {"environment": env, "quick": quick, "claims": [c.to_dict() for c in claims]}
+    atomic_write(out / "results.json", lambda p: p.write_text(json.dumps(doc, indent=2, default=str)))
+    atomic_write(out / "report.md", lambda p: p.write_text(render_report(claims, env, quick)))
+
+
+def _short(value, width: int) -> str:
+    if isinstance(value, float):
+        text = f"{value:.4g}"
+    elif isinstance(value, list):
+        text = ", ".join(_short(v, width) for v in value)
+    else:
+        text = str(value)
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def table(claims: list[Claim]) -> str:
+    head = f"{'id':<30} {'claim':<44} {'module':<22} {'measured':<22} verdict"
+    rows = [head, "-" * len(head)]
+    for c in claims:
+        rows.append(f"{c.id:<30} {_short(c.claim, 44):<44} {_short(c.source_value, 22):<22} "
+                    f"{_short(c.measured, 22):<22} {c.verdict}")
+    return "\n".join(rows)
