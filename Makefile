@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 run: $(STAMP)
-	$(BIN)/llamablock demo
+	$(BIN)/llamablock lab --quick --out lab-out
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

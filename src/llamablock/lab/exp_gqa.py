@@ -137,5 +137,24 @@ def claim_decode_speed(quick: bool) -> Claim:
                    f"(32->8: {med['sdpa-32'] / med['sdpa-8']:.2f}x)")
 
 
+def plot_cache(out) -> list[str]:
+    """The gqa figure: LLaMA 3 8B's fp16 cache against context length for 32, 8 and 1 KV heads."""
+    from llamablock.lab.plots import new_figure, save
+
+    cfg = preset("llama-3-8b")
+    tokens = [1024 * 2**i for i in range(8)]
+    fig, ax = new_figure()
+    for kv in (32, 8, 1):
+        ax.plot(tokens, [kv_cache_size(cfg, t, kv_heads=kv).total_bytes / GiB for t in tokens], marker="o",
+                label=f"{kv} KV heads" + (" (MHA)" if kv == 32 else " (LLaMA 3 8B)" if kv == 8 else " (MQA)"))
+    ax.axvline(8192, color="grey", linestyle=":")
+    ax.set(xscale="log", yscale="log", xlabel="tokens", ylabel="KV cache, GiB (fp16, batch 1)",
+           title="LLaMA 3 8B: the cache is proportional to the KV heads")
+    ax.legend()
+    return save(fig, out, "kv-cache.png")
+
+
 def run(quick: bool, out) -> list[Claim]:
-    return [claim_cache_sizes(), claim_exercise(), claim_gqa_is_mha(), claim_param_counts(), claim_decode_speed(quick)]
+    sizes = claim_cache_sizes()
+    sizes.plots = plot_cache(out)
+    return [sizes, claim_exercise(), claim_gqa_is_mha(), claim_param_counts(), claim_decode_speed(quick)]

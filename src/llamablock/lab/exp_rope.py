@@ -171,7 +171,30 @@ def claim_shift_both() -> Claim:
     return c.judge(worst < 1e-5, "one pair, theta = 1, every (m, n) on a grid in 0..39")
 
 
+def plot_scores(out) -> list[str]:
+    """Score of one (q, k) pair at offset 7 as the pair slides: flat for RoPE, not for a learned table."""
+    from llamablock.lab.plots import new_figure, save
+
+    torch.manual_seed(0)
+    d, off, starts = 32, 7, list(range(0, 500, 5))
+    q, k = torch.randn(d), torch.randn(d)
+    rope = [rotated_score(_head(d), q, k, n + off, n) for n in starts]
+    table = LearnedPositions(512, d)
+    wq, wk = torch.nn.Linear(d, d, bias=False), torch.nn.Linear(d, d, bias=False)
+    with torch.no_grad():
+        learned = [float(wq(q + table(torch.tensor(n + off))) @ wk(k + table(torch.tensor(n)))) for n in starts]
+    fig, ax = new_figure()
+    ax.plot(starts, rope, label="RoPE (llamablock.rope)")
+    ax.plot(starts, learned, label="learned absolute table", alpha=0.8)
+    ax.set(xlabel="position n of the key (query at n + 7)", ylabel="score q . k",
+           title="Same two tokens, same distance, moved along the sequence")
+    ax.legend()
+    return save(fig, out, "rope-invariance.png")
+
+
 def run(quick: bool, out) -> list[Claim]:
     head = claim_head(quick)
-    return [claim_identity(), claim_2d_pair(quick), head, claim_learned_table(quick, head.measured),
+    learned = claim_learned_table(quick, head.measured)
+    learned.plots = plot_scores(out)
+    return [claim_identity(), claim_2d_pair(quick), head, learned,
             claim_no_entry(), claim_frequency_ratio(), claim_shift_both()]
