@@ -41,7 +41,8 @@ class Attention(nn.Module):
         if cfg.position == "alibi":
             self.register_buffer("alibi_slopes", alibi_slopes(self.n_heads), persistent=False)
 
-    def forward(self, x: torch.Tensor, position_ids: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor, cache: KVCache | None = None,
+                pad_mask: torch.Tensor | None = None) -> torch.Tensor:
         b, t, _ = x.shape
         q = self.wq(x).view(b, t, self.n_heads, self.d).transpose(1, 2)  # (b, h, t, d)
         k = self.wk(x).view(b, t, self.n_kv, self.d).transpose(1, 2)  # (b, n_kv, t, d)
@@ -58,13 +59,15 @@ class Attention(nn.Module):
             k, v = cache.update(self.layer, k, v)  # (b, n_kv, s, d), s = start + t
         if late_keys:
             k = self._rotate_all_keys(k, position_ids, start)
-        out = self._attend(q, k, v, start)  # (b, h, t, d)
+        out = self._attend(q, k, v, start, pad_mask)  # (b, h, t, d)
         return self.wo(out.transpose(1, 2).reshape(b, t, self.n_heads * self.d))
 
     def _rotate_all_keys(self, k: torch.Tensor, position_ids: torch.Tensor, start: int) -> torch.Tensor:
-        # Key positions: the cached ones continue the new ones' numbering backwards.
+        # Key positions: the new tokens' own ids, after the cached ones, which continue the
+        # new ones' numbering backwards (the cache keeps no positions).
         s = k.shape[2]
-        key_pos = position_ids[:, :1] - start + torch.arange(s, device=k.device)  # (b, s)
+        before = position_ids[:, :1] - start + torch.arange(start, device=k.device)  # (b, start)
+        key_pos = torch.cat((before, position_ids), dim=1)  # (b, s)
         cos, sin = rope_cos_sin(self.cfg, key_pos, k.dtype, seq_len=s)
         return apply_rope(k, cos, sin, self.cfg.rope_layout)
 
@@ -86,12 +89,13 @@ class Attention(nn.Module):
             bias = bias + alibi_bias(self.alibi_slopes, q_slot, k_slot)  # (h, t, s)
         return bias
 
-    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int) -> torch.Tensor:
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int,
+                pad_mask: torch.Tensor | None = None) -> torch.Tensor:
         b, h, t, d = q.shape
         s = k.shape[2]
         bias = self._mask(t, s, start, q.device)
         window_bites = self.cfg.sliding_window is not None and s > self.cfg.sliding_window
-        if t > 1 and start == 0 and self.cfg.position != "alibi" and not window_bites:
+        if t > 1 and start == 0 and self.cfg.position != "alibi" and not window_bites and pad_mask is None:
             # Plain causal prefill: one fused call; enable_gqa shares each kv head with its group.
             return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_kv != h)
         g = h // self.n_kv
@@ -100,5 +104,21 @@ class Attention(nn.Module):
         if bias is not None:
             bias = bias.to(scores.dtype).expand(h, t, s).reshape(self.n_kv, g * t, s)
             scores = scores + bias
+        if pad_mask is not None:
+            scores = scores + self._pad_bias(pad_mask, g, t, s, start)
         probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
         return (probs @ v).view(b, h, t, d)  # (b, n_kv, g*t, d) -> (b, h, t, d)
+
+    @staticmethod
+    def _pad_bias(pad_mask: torch.Tensor, g: int, t: int, s: int, start: int) -> torch.Tensor:
+        """-inf on padding keys, (b, 1, g*t, s), for batches of left-padded prompts.
+
+        pad_mask (b, >= s) is True on real tokens, by cache slot. A query may always see its own
+        slot, so a padding query's row is never all -inf (a NaN there would reach real rows
+        through 0 * NaN in probs @ v); what padding rows compute is never read.
+        """
+        q_slot = torch.arange(start, start + t, device=pad_mask.device)  # (t,)
+        k_slot = torch.arange(s, device=pad_mask.device)  # (s,)
+        allowed = pad_mask[:, None, :s] | (k_slot[None, None, :] == q_slot[None, :, None])  # (b, t, s)
+        bias = torch.zeros(allowed.shape, dtype=torch.float32, device=pad_mask.device).masked_fill(~allowed, float("-inf"))
+        return bias[:, None].repeat(1, 1, g, 1)  # (b, 1, g*t, s): rows ordered (group member, token)

@@ -225,10 +225,15 @@ def rope_frequencies(cfg, seq_len: int | None = None) -> tuple[torch.Tensor, flo
 
 def rotates_cached_keys(cfg) -> bool:
     """True when the frequencies depend on the current length (dynamic NTK, and longrope which
-    switches factor sets at the original length). Then the cache holds keys before rotation
-    and attention rotates all keys with the current frequencies at every step, so no key
-    stays rotated with a stale base. (transformers caches rotated keys, so its cached
-    generation differs from its own full forward once the base changes; we match the latter.)"""
+    switches factor sets past the original length). Then the cache holds keys BEFORE rotation
+    and attention rotates all keys with the current frequencies at every step (attention.py
+    `_rotate_all_keys`), so no key stays rotated with a stale base. transformers caches rotated
+    keys, so its cached generation drifts from its own full forward once the base changes.
+
+    Limit, true of any cache: in layers above the first, the cached keys and values at earlier
+    positions were computed from attention outputs under the earlier base, so only a one-layer
+    model (or re-running the prefix) reproduces the full forward exactly; the test checks that.
+    """
     return rope_type(cfg) in ("dynamic", "longrope")
 
 
