@@ -85,3 +85,14 @@ def test_kv_cache_command(capsys):
     assert {r["tokens_kept"] for r in mistral} == {4096}
     assert main(["kv-cache", "--config", "llama-3-8b", "--tokens", "0"]) == 2
     assert "tokens and batch must be positive" in capsys.readouterr().err
+
+
+def test_scaling_claims_closed_forms():
+    from llamablock.lab import exp_scaling
+
+    got = _by_id(exp_scaling.run(quick=True, out=None))
+    assert got["15.2.interpolation-crowds"].measured == pytest.approx(8.0, rel=1e-6)  # 32768 / 4096
+    assert got["15.2.ntk-exponent"].measured == pytest.approx([8.0, 1.0], rel=1e-5)
+    assert got["15.2.raise-base"].measured == 1.0
+    assert got["15.2.alibi-slopes"].measured == [f"1/{2**h}" for h in range(1, 9)]
+    assert all(c.verdict == REPRODUCED for c in got.values())

@@ -24,6 +24,7 @@ from llamablock.lab.record import NOT_MEASURABLE, Claim
 # (module, section, title, what it does) in the module's order.
 EXPERIMENTS = [
     ("llamablock.lab.exp_rope", "15.1", "Rotary position embedding", "RoPE identity, invariance, learned table"),
+    ("llamablock.lab.exp_scaling", "15.2", "Stretching RoPE, and ALiBi", "per-pair effect of each method"),
     ("llamablock.lab.exp_norm", "15.3", "RMSNorm", "parameters, output agreement, speed"),
     ("llamablock.lab.exp_ffn", "15.4", "SwiGLU", "Swish values, the gate, the 8/3 rule"),
     ("llamablock.lab.exp_gqa", "15.5", "Grouped-query attention", "cache bytes, GQA = MHA, decode speed"),
