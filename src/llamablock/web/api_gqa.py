@@ -30,11 +30,13 @@ UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
 
 
 def human_bytes(n: int) -> str:
-    """Binary units, at most three significant figures, no trailing zeros: 4 GiB, 128 MiB, 1.5 GiB."""
+    """Binary units, about three significant figures, no trailing zeros: 4 GiB, 128 MiB, 1.5 GiB."""
     value, unit = float(n), 0
     while value >= 1024 and unit < len(UNITS) - 1:
         value, unit = value / 1024, unit + 1
-    text = f"{value:.3g}" if value < 1000 else f"{value:.0f}"
+    digits = 0 if value >= 100 else 1 if value >= 10 else 2
+    text = f"{value:.{digits}f}"
+    text = text.rstrip("0").rstrip(".") if "." in text else text
     return f"{text} {UNITS[unit]}"
 
 

@@ -12,6 +12,7 @@ rope-scaling: the per-pair table of `llamablock.rope_table`, the code behind `ll
 
 from __future__ import annotations
 
+import importlib
 import math
 
 import torch
@@ -80,3 +81,26 @@ def rope_visualizer(
         "dot_from_gap": float(torch.tensor(q_same) @ torch.tensor(k_gap)),
         "dot_unrotated": float(torch.tensor(q) @ torch.tensor(k)),
     }
+
+
+def _rope_table():
+    """llamablock.rope_table, or a 503 naming why the figure cannot be computed."""
+    try:
+        rope_table = importlib.import_module("llamablock.rope_table")
+    except ImportError as e:
+        raise APIError(None, f"rope-scaling is not available: llamablock.rope_table cannot be imported ({e})", 503) from None
+    return rope_table
+
+
+def scaling_status() -> dict:
+    try:
+        _rope_table()
+    except APIError as e:
+        return {"available": False, "reason": e.message}
+    return {"available": True, "reason": None}
+
+
+@router.get("/api/rope-scaling")
+def rope_scaling() -> dict:
+    _rope_table()
+    raise APIError(None, "rope-scaling is not available yet", 503)

@@ -1,0 +1,159 @@
+"""The page in a real browser: Debian's chromium, headless, driven by Playwright's Python package.
+
+Skipped, with the reason, where chromium or playwright is missing (CI installs chromium with
+apt-get where it can: see .ci/run). Screenshots of each figure go to artifacts/web/ (ignored
+by git); docs/screenshots/ holds copies of them for the README.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+if not os.access(CHROMIUM, os.X_OK):
+    pytest.skip("Debian's chromium is not installed (apt-get install -y chromium); browser tests skipped",
+                allow_module_level=True)
+sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install -e '.[test]')")
+uvicorn = pytest.importorskip("uvicorn", reason="uvicorn is not installed")
+
+from llamablock.web.app import create_app  # noqa: E402
+
+ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts" / "web"
+FIGURES = ("rope-visualizer", "rope-scaling", "swiglu-gate", "gqa", "token-tracer-compare")
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync"]
+TIMEOUT_MS = 20_000
+
+
+@pytest.fixture(scope="module")
+def server():
+    sock = socket.create_server(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    srv = uvicorn.Server(uvicorn.Config(create_app(), log_level="warning"))
+    thread = threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not srv.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            pytest.fail("the test server did not start")
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}"
+    srv.should_exit = True
+    thread.join(10)
+    sock.close()
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    with sync_api.sync_playwright() as p:
+        context = p.chromium.launch_persistent_context(
+            str(tmp_path_factory.mktemp("chromium-profile")), executable_path=CHROMIUM, headless=True, args=ARGS,
+            viewport={"width": 1100, "height": 900}, device_scale_factor=1)
+        context.set_default_timeout(TIMEOUT_MS)
+        yield context
+        context.close()
+
+
+@pytest.fixture
+def page(browser, server):
+    """The page, loaded, every figure started; console errors collected in page.errors."""
+    pg = browser.new_page()
+    pg.errors = []
+    pg.on("console", lambda m: pg.errors.append(f"console {m.type}: {m.text}") if m.type == "error" else None)
+    pg.on("pageerror", lambda e: pg.errors.append(f"page error: {e}"))
+    pg.on("requestfailed", lambda r: pg.errors.append(f"request failed: {r.url}"))
+    pg.goto(server + "/")
+    for name in FIGURES:
+        pg.wait_for_function(f"document.getElementById('figure-{name}').dataset.state !== 'loading'")
+    yield pg
+    pg.close()
+
+
+def state(page, name):
+    return page.get_attribute(f"#figure-{name}", "data-state")
+
+
+def drawing(page, name) -> str:
+    return page.inner_html(f"#figure-{name} .plot") + page.inner_text(f"#figure-{name} .readout")
+
+
+def wait_changed(page, name, before: str) -> None:
+    page.wait_for_function(
+        """([id, before]) => {
+             const s = document.getElementById(id);
+             return s.dataset.state === 'ready'
+               && s.querySelector('.plot').innerHTML + s.querySelector('.readout').innerText !== before; }""",
+        arg=[f"figure-{name}", before])
+
+
+def test_page_loads_without_console_errors_and_screenshots(page):
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    for name in FIGURES:
+        assert state(page, name) in ("ready", "unavailable"), (name, page.inner_text(f"#figure-{name} .error"))
+        if state(page, name) == "unavailable":  # a missing part of the library says so in the figure
+            assert "not available" in page.inner_text(f"#figure-{name} .unavailable")
+        page.locator(f"#figure-{name}").screenshot(path=str(ARTIFACTS / f"{name}.png"))
+        assert (ARTIFACTS / f"{name}.png").stat().st_size > 5000
+    assert page.errors == []
+
+
+SLIDERS = {"rope-visualizer": 3, "rope-scaling": 1, "swiglu-gate": 2, "gqa": 3}
+
+
+def test_every_slider_changes_its_figure(page):
+    for name, count in SLIDERS.items():
+        if state(page, name) == "unavailable":
+            continue
+        sliders = page.locator(f"#figure-{name} input[type=range]").all()
+        assert len(sliders) == count, name
+        for slider in sliders:
+            before = drawing(page, name)
+            at_max = slider.evaluate("s => Number(s.value) >= Number(s.max)")
+            slider.press("ArrowLeft" if at_max else "ArrowRight")
+            wait_changed(page, name, before)
+    assert page.errors == []
+
+
+def test_rope_shift_both_leaves_the_dot_product_unchanged(page):
+    dot = page.locator("#figure-rope-visualizer [data-value=dot]")
+    for m, n in ((3, 1), (20, 33)):
+        page.eval_on_selector("#figure-rope-visualizer form", f"""f => {{ f.m.value = {m}; f.n.value = {n};
+            f.dispatchEvent(new Event('input')); }}""")
+        page.wait_for_function(f"""() => {{ const s = document.getElementById('figure-rope-visualizer');
+            return s.dataset.state === 'ready' && s.querySelector('output[data-for=m]').textContent === '{m}'; }}""")
+        before, arrows = dot.inner_text(), drawing(page, "rope-visualizer")
+        page.click("#figure-rope-visualizer button[data-shift='1']")
+        page.wait_for_function(f"""() => {{ const s = document.getElementById('figure-rope-visualizer');
+            return s.dataset.state === 'ready' && s.querySelector('output[data-for=m]').textContent === '{m + 5}'
+              && s.querySelector('output[data-for=n]').textContent === '{n + 5}'; }}""")
+        assert drawing(page, "rope-visualizer") != arrows  # both arrows turned
+        assert dot.inner_text() == before  # the score did not
+    assert page.errors == []
+
+
+def test_gqa_llama3_8b_cache_sizes(page):
+    fig = "#figure-gqa"
+    assert page.input_value(f"{fig} select[name=preset]") == "llama-3-8b"
+    assert page.inner_text(f"{fig} output[data-for=tokens]") == "8,192"
+    for kv, text in (("32", "4 GiB"), ("8", "1 GiB"), ("1", "128 MiB")):  # module 15.5
+        page.select_option(f"{fig} select[name=n_kv_heads]", kv)
+        page.wait_for_function(f"""() => {{ const s = document.getElementById('figure-gqa');
+            return s.dataset.state === 'ready' && s.querySelector('[data-value=cache]').textContent === '{text}'; }}""")
+        assert page.locator(f"{fig} .kv-head").count() == int(kv)
+        assert page.locator(f"{fig} .q-head").count() == 32
+    assert page.errors == []
+
+
+def test_what_happens_is_revealed_on_request(page):
+    for name in FIGURES:
+        answer = page.locator(f"#figure-{name} details p")
+        assert not answer.is_visible()
+        page.click(f"#figure-{name} details summary")
+        assert answer.is_visible() and len(answer.inner_text()) > 80
