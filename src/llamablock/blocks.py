@@ -31,8 +31,9 @@ class PostNormBlock(nn.Module):
         super().__init__()
         self.attn, self.ffn, self.norm1, self.norm2 = attn, ffn, norm1, norm2
 
-    def forward(self, x: torch.Tensor, position_ids: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
-        x = self.norm1(x + self.attn(x, position_ids, cache))
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor, cache: KVCache | None = None,
+                pad_mask: torch.Tensor | None = None) -> torch.Tensor:
+        x = self.norm1(x + self.attn(x, position_ids, cache, pad_mask))
         return self.norm2(x + self.ffn(x))
 
 
@@ -43,8 +44,9 @@ class PreNormBlock(nn.Module):
         super().__init__()
         self.attn, self.ffn, self.norm1, self.norm2 = attn, ffn, norm1, norm2
 
-    def forward(self, x: torch.Tensor, position_ids: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
-        x = x + self.attn(self.norm1(x), position_ids, cache)
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor, cache: KVCache | None = None,
+                pad_mask: torch.Tensor | None = None) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x), position_ids, cache, pad_mask)
         return x + self.ffn(self.norm2(x))
 
 

@@ -2,7 +2,9 @@
 
     logits = head(final_norm(blocks(embed(ids) * embed_scale + absolute_positions)))
 
-`forward(input_ids (b, t), position_ids (b, t) or None, cache or None) -> logits (b, t, vocab)`.
+`forward(input_ids (b, t), position_ids (b, t) or None, cache or None, pad_mask or None)
+-> logits (b, t, vocab)`. pad_mask (b, cached + t) bool, True on real tokens, lets a batch of
+left-padded prompts run together: padding keys are masked out of attention (llamablock.generate).
 Without a cache, positions default to 0..t-1; with one, they continue from the tokens already
 stored. The head shares the embedding matrix when `tie_embeddings` is set.
 """
@@ -52,7 +54,7 @@ class Decoder(nn.Module):
         return torch.arange(start, start + t, device=input_ids.device).expand(input_ids.shape[0], t)
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
-                cache: KVCache | None = None) -> torch.Tensor:
+                cache: KVCache | None = None, pad_mask: torch.Tensor | None = None) -> torch.Tensor:
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must have shape (batch, tokens), got {tuple(input_ids.shape)}")
         if input_ids.shape[1] == 0:
@@ -63,7 +65,7 @@ class Decoder(nn.Module):
             raise ValueError(f"position_ids shape {tuple(position_ids.shape)} must equal input_ids shape {tuple(input_ids.shape)}")
         x = self.embed_tokens(input_ids, position_ids)
         for layer in self.layers:
-            x = layer(x, position_ids, cache)
+            x = layer(x, position_ids, cache, pad_mask)
         if cache is not None:
             cache.advance(input_ids.shape[1])
         return self.head(self.final_norm(x))

@@ -1,0 +1,213 @@
+"""GGUF checkpoints (llama.cpp's single-file format), read with the `gguf` package.
+
+A GGUF file holds metadata (architecture, sizes, tokenizer, chat template) and tensors, many
+block-quantized. Loading here:
+  1. opens the file with `gguf.GGUFReader` (errors: not GGUF, truncated, wrong version);
+  2. builds a `ModelConfig` from the `<arch>.*` keys; an architecture that is not implemented
+     is refused by name, never loaded into a model that would compute something else;
+  3. dequantizes each tensor with `gguf.quants.dequantize` (the package's reference numpy
+     kernels, the same ones transformers' GGUF loader calls) into float32, then casts to the
+     requested dtype;
+  4. renames llama.cpp's tensors (`blk.3.attn_q.weight`) to ours (`layers.3.attn.wq.weight`);
+  5. for the llama architecture, undoes the q/k row permutation of llama.cpp's converter.
+
+The q/k permutation. transformers stores W_q, W_k for the "half" RoPE layout (rotate_half).
+llama.cpp's convert_hf_to_gguf.py (`LlamaModel.permute`) reorders the rows of each head back to
+Meta's neighbouring pairs, because llama.cpp's llama rope ("NORM" mode) rotates (x0, x1), (x2, x3):
+
+    w.reshape(n_head, 2, head_dim // 2, d_in).swapaxes(1, 2).reshape(w.shape)     # half -> GGUF
+
+So a llama GGUF declares the interleaved layout. By default we undo that permutation and run
+the model in the "half" layout (as transformers does, whose RoPE code ours matches bit for bit);
+`rope_layout="interleaved"` keeps the file's rows and rotates neighbouring pairs instead. Both
+compute the same function (tested). qwen2 files are not permuted: llama.cpp rotates them in
+"NEOX" mode, which is the half layout.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from llamablock.config import ModelConfig
+from llamablock.model import Decoder
+from llamablock.rope import permute_qk
+
+# The quantization types this loader accepts: each is tested (tests/test_gguf.py).
+SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
+# Architectures implemented, with the family name our config uses and whether the file's q/k rows
+# are in llama.cpp's interleaved ("NORM") rope order.
+ARCHITECTURES = {"llama": ("llama", True), "qwen2": ("qwen2", False)}
+
+_LAYER_NAMES = {
+    "attn_norm": "norm1", "ffn_norm": "norm2", "attn_q": "attn.wq", "attn_k": "attn.wk", "attn_v": "attn.wv",
+    "attn_output": "attn.wo", "ffn_gate": "ffn.w_gate", "ffn_up": "ffn.w_up", "ffn_down": "ffn.w_down",
+}
+_TOP_NAMES = {"token_embd.weight": "embed.weight", "output_norm.weight": "final_norm.weight", "output.weight": "head.weight"}
+
+
+def our_name(gguf_name: str) -> str:
+    """llama.cpp tensor name -> ours, e.g. blk.3.attn_q.weight -> layers.3.attn.wq.weight."""
+    if gguf_name in _TOP_NAMES:
+        return _TOP_NAMES[gguf_name]
+    parts = gguf_name.split(".")
+    if len(parts) == 4 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in _LAYER_NAMES:
+        return f"layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}.{parts[3]}"
+    raise ValueError(f"GGUF tensor {gguf_name!r} has no counterpart in llamablock's model")
+
+
+def open_gguf(path: str | Path):
+    """A `gguf.GGUFReader`, with clear errors for a missing, non-GGUF or truncated file."""
+    import gguf
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"GGUF file not found: {path}")
+    with open(path, "rb") as fh:
+        magic = fh.read(4)
+    if magic != b"GGUF":
+        raise ValueError(f"{path} is not a GGUF file (it starts with {magic!r}, a GGUF file starts with b'GGUF')")
+    try:
+        reader = gguf.GGUFReader(path)
+    except Exception as e:  # the reader raises ValueError, IndexError, struct errors... on a torn header
+        raise ValueError(f"{path} is not a readable GGUF file (truncated or corrupt?): {type(e).__name__}: {e}") from None
+    size = os.path.getsize(path)
+    for t in reader.tensors:
+        if t.data_offset + t.n_bytes > size:
+            raise ValueError(
+                f"{path} is truncated: tensor {t.name!r} needs bytes up to {t.data_offset + t.n_bytes:,}, "
+                f"the file has {size:,}; download or copy it again")
+    return reader
+
+
+def metadata(reader) -> dict:
+    """All scalar and string metadata; arrays (the tokenizer's vocabulary...) are left out."""
+    import gguf
+
+    out = {}
+    for key, field in reader.fields.items():
+        if not field.types or field.types[0] == gguf.GGUFValueType.ARRAY:
+            continue
+        out[key] = field.contents()
+    return out
+
+
+def field_array(reader, key: str) -> list | None:
+    """An array metadata field as a Python list, or None when the file lacks it."""
+    field = reader.get_field(key)
+    return None if field is None else field.contents()
+
+
+def _tensor_names(reader) -> set[str]:
+    return {t.name for t in reader.tensors}
+
+
+def config_from_gguf(reader) -> ModelConfig:
+    meta = metadata(reader)
+    arch = meta.get("general.architecture")
+    if arch not in ARCHITECTURES:
+        raise ValueError(
+            f"GGUF architecture {arch!r} is not supported; llamablock implements {sorted(ARCHITECTURES)}. "
+            "A different architecture would load but compute something else, so it is refused.")
+    family, _ = ARCHITECTURES[arch]
+    names = _tensor_names(reader)
+    if "rope_freqs.weight" in names or f"{arch}.rope.scaling.type" in meta:
+        raise ValueError(f"this {arch} GGUF uses RoPE frequency scaling (rope_freqs / rope.scaling), "
+                         "which the GGUF loader does not map yet; load the transformers checkpoint instead")
+
+    def get(key, default=None):
+        value = meta.get(f"{arch}.{key}", default)
+        if value is None:
+            raise ValueError(f"GGUF metadata lacks {arch}.{key}, needed to build the model")
+        return value
+
+    d_model, n_heads = int(get("embedding_length")), int(get("attention.head_count"))
+    head_dim = int(meta.get(f"{arch}.attention.key_length", d_model // n_heads))
+    tokens = reader.get_field("tokenizer.ggml.tokens")
+    vocab = meta.get(f"{arch}.vocab_size") or (len(tokens.data) if tokens is not None else None)
+    if vocab is None:
+        vocab = next(t for t in reader.tensors if t.name == "token_embd.weight").shape[-1]
+    rot = int(meta.get(f"{arch}.rope.dimension_count", head_dim))
+    return ModelConfig(
+        vocab_size=int(vocab), d_model=d_model, n_layers=int(get("block_count")), n_heads=n_heads,
+        n_kv_heads=int(meta.get(f"{arch}.attention.head_count_kv", n_heads)), head_dim=head_dim,
+        d_ff=int(get("feed_forward_length")), norm="rmsnorm", norm_placement="pre",
+        norm_eps=float(get("attention.layer_norm_rms_epsilon")), ffn="swiglu", position="rope",
+        max_seq_len=int(get("context_length", 2048)), rope_theta=float(meta.get(f"{arch}.rope.freq_base", 10000.0)),
+        rope_layout="half", partial_rotary_factor=rot / head_dim,
+        qkv_bias="blk.0.attn_q.bias" in names, o_bias="blk.0.attn_output.bias" in names,
+        tie_embeddings="output.weight" not in names, family=family,
+    )
+
+
+def dequantize(tensor) -> np.ndarray:
+    """One `ReaderTensor` as float32 in PyTorch's (out, in) order.
+
+    GGUF lists dimensions innermost first (`shape` [576, 192] is 192 rows of 576); the reader's
+    `data` array is already in row-major (192, ...) order, so only the block bytes need expanding.
+    """
+    import gguf
+
+    kind = tensor.tensor_type.name
+    if kind not in SUPPORTED_TYPES:
+        raise ValueError(f"tensor {tensor.name!r} has quantization type {kind}, which llamablock does not load; "
+                         f"supported: {', '.join(SUPPORTED_TYPES)}")
+    shape = tuple(int(n) for n in reversed(tensor.shape.tolist()))
+    if kind in ("F32", "F16"):  # the reader already typed these; copy out of the read-only memory map
+        return np.array(tensor.data, dtype=np.float32).reshape(shape)
+    out = gguf.quants.dequantize(tensor.data, tensor.tensor_type)  # uint8 blocks -> float32
+    return np.ascontiguousarray(out, dtype=np.float32).reshape(shape)
+
+
+def load_gguf(path_or_reader, dtype: torch.dtype = torch.float32, rope_layout: str = "half") -> Decoder:
+    """A `Decoder` with the file's weights dequantized to `dtype`, running in `rope_layout`."""
+    reader = path_or_reader if hasattr(path_or_reader, "tensors") else open_gguf(path_or_reader)
+    cfg = config_from_gguf(reader)
+    arch = metadata(reader)["general.architecture"]
+    file_interleaved = ARCHITECTURES[arch][1]
+    if rope_layout not in ("half", "interleaved"):
+        raise ValueError(f"rope_layout must be 'half' or 'interleaved', got {rope_layout!r}")
+    if file_interleaved and cfg.rotary_dim != cfg.head_dim:
+        raise ValueError("a llama GGUF with partial rotary is not supported (llama.cpp permutes whole heads)")
+    # A file in half order can only run in half order unless we permute it the other way.
+    cfg = cfg.replace(rope_layout=rope_layout)
+    with torch.device("meta"):
+        model = Decoder(cfg)
+    expected = dict(model.state_dict(keep_vars=True))
+    state = {}
+    for t in reader.tensors:
+        name = our_name(t.name)
+        if name not in expected:
+            raise ValueError(f"GGUF tensor {t.name!r} ({name}) is not used by the configured model")
+        w = torch.from_numpy(dequantize(t))
+        if tuple(w.shape) != tuple(expected[name].shape):
+            raise ValueError(f"GGUF tensor {t.name!r} has shape {tuple(w.shape)}, the metadata implies "
+                             f"{tuple(expected[name].shape)}")
+        kind = name.split(".")[-2]
+        if kind in ("wq", "wk"):
+            heads = cfg.n_heads if kind == "wq" else cfg.n_kv_heads
+            if file_interleaved and rope_layout == "half":
+                w = permute_qk(w, heads, cfg.head_dim, cfg.rotary_dim, to="half")
+            elif not file_interleaved and rope_layout == "interleaved":
+                w = permute_qk(w, heads, cfg.head_dim, cfg.rotary_dim, to="interleaved")
+        state[name] = w.to(dtype)
+    missing = sorted(set(expected) - set(state) - ({"head.weight"} if cfg.tie_embeddings else set()))
+    if missing:
+        raise ValueError(f"GGUF file lacks tensors the model needs: {missing[:5]}")
+    model.load_state_dict(state, strict=False, assign=True)
+    if cfg.tie_embeddings:
+        model.head.weight = model.embed.weight
+    return model.eval()
+
+
+def llamacpp_permute(w: torch.Tensor, n_head: int) -> torch.Tensor:
+    """The permutation llama.cpp's converter applies to W_q/W_k (half -> interleaved rows).
+
+    Restated from convert_hf_to_gguf.py `LlamaModel.permute` (for W_k it is called with the
+    kv head count): reshape(n_head, 2, rows // n_head // 2, ...).swapaxes(1, 2).
+    """
+    rows = w.shape[0]
+    return w.reshape(n_head, 2, rows // n_head // 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)

@@ -1,0 +1,218 @@
+"""Tokenizers for real checkpoints, built on the `tokenizers` library, with jinja2 chat templates.
+
+Two sources:
+  * GGUF metadata (`tokenizer.ggml.*`). llama.cpp stores the vocabulary, merges, token types and
+    the name of the pre-tokenizer, not a tokenizer.json, so the pipeline is rebuilt here:
+      - "gpt2" (byte-level BPE: SmolLM2, Qwen, Llama 3): BPE over bytes spelled with GPT-2's
+        byte-to-unicode table; the text is first split by the regex that `tokenizer.ggml.pre`
+        names (the table below restates llama.cpp's `llama-vocab.cpp` per pre-tokenizer type);
+      - "llama" (SentencePiece BPE: Llama 2, Mistral, Gemma): spaces become U+2581 and a prefix
+        U+2581 is added; merges come from the file or, when it has none, are rebuilt from the
+        vocabulary ranked by score; unknown bytes fall back to <0xXX> tokens.
+    Tokens typed CONTROL (3) are special tokens and USER_DEFINED (4) added tokens, matched whole.
+  * A transformers directory: tokenizer.json plus tokenizer_config.json (chat template, specials).
+The chat template is rendered as transformers renders it: a sandboxed jinja2 environment with
+trim_blocks and lstrip_blocks, `raise_exception` and a `tojson` filter.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
+from tokenizers import Tokenizer as Backend
+
+# llama.cpp llama-vocab.cpp, LLAMA_VOCAB_PRE_TYPE_*: how text is split before byte-level BPE.
+_GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
+_LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+# pre name -> list of split regexes applied in turn ("\p{N}" first = every digit its own piece)
+PRE_SPLITS = {
+    "default": [_GPT2_SPLIT], "gpt2": [_GPT2_SPLIT],
+    "smollm": [r"\p{N}", _GPT2_SPLIT], "starcoder": [r"\p{N}", _GPT2_SPLIT], "refact": [r"\p{N}", _GPT2_SPLIT],
+    "llama3": [_LLAMA3_SPLIT], "llama-bpe": [_LLAMA3_SPLIT], "smaug-bpe": [_LLAMA3_SPLIT],
+    "qwen2": [_QWEN2_SPLIT], "deepseek-r1-qwen": [_QWEN2_SPLIT],
+}
+CONTROL, USER_DEFINED = 3, 4
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible byte -> printable character table (openai/gpt-2 encoder.py)."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    chars, n = {}, 0
+    for b in range(256):
+        if b in keep:
+            chars[b] = chr(b)
+        else:
+            chars[b] = chr(256 + n)
+            n += 1
+    return chars
+
+
+class Tokenizer:
+    """encode / decode / apply_chat_template over a `tokenizers.Tokenizer`."""
+
+    def __init__(self, backend: Backend, bos_id: int | None, eos_ids: list[int], pad_id: int | None = None,
+                 add_bos: bool = False, chat_template: str | None = None):
+        self.backend, self.bos_id, self.eos_ids = backend, bos_id, list(eos_ids)
+        self.pad_id = pad_id if pad_id is not None else (self.eos_ids[0] if self.eos_ids else 0)
+        self.add_bos, self.chat_template = add_bos, chat_template
+
+    @property
+    def vocab_size(self) -> int:
+        return self.backend.get_vocab_size(with_added_tokens=True)
+
+    def token(self, i: int) -> str | None:
+        return self.backend.id_to_token(i)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        ids = self.backend.encode(text, add_special_tokens=False).ids
+        if add_special_tokens and self.add_bos and self.bos_id is not None:
+            ids = [self.bos_id] + ids
+        return ids
+
+    def decode(self, ids, skip_special_tokens: bool = False) -> str:
+        return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        if not self.chat_template:
+            raise ValueError("this model has no chat template; use a plain prompt instead of --chat")
+        from jinja2.exceptions import TemplateError
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        def raise_exception(message):
+            raise TemplateError(message)
+
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env.filters["tojson"] = lambda x, indent=None, **kw: json.dumps(x, ensure_ascii=False, indent=indent)
+        env.globals["raise_exception"] = raise_exception
+        special = {"bos_token": self.token(self.bos_id) if self.bos_id is not None else "",
+                   "eos_token": self.token(self.eos_ids[0]) if self.eos_ids else ""}
+        return env.from_string(self.chat_template).render(
+            messages=messages, add_generation_prompt=add_generation_prompt, **special)
+
+
+def _add_typed_tokens(backend: Backend, tokens: list[str], types: list[int] | None) -> None:
+    if not types:
+        return
+    backend.add_special_tokens([AddedToken(t, normalized=False, special=True)
+                                for t, k in zip(tokens, types) if k == CONTROL])
+    backend.add_tokens([AddedToken(t, normalized=False, special=False)
+                        for t, k in zip(tokens, types) if k == USER_DEFINED])
+
+
+def byte_level_bpe(tokens: list[str], merges: list[str], pre: str | None, types: list[int] | None = None) -> Backend:
+    """Byte-level BPE (GPT-2 style) from a GGUF vocabulary."""
+    spelling = _bytes_to_unicode()
+    alphabet = set(spelling.values())
+    # A few files store tokens as raw text rather than byte spelling; respell those.
+    vocab = {(t if set(t) <= alphabet else "".join(spelling[b] for b in t.encode("utf-8"))): i
+             for i, t in enumerate(tokens)}
+    pairs = [tuple(m.split(" ", 1)) for m in merges]
+    backend = Backend(models.BPE(vocab, pairs, ignore_merges=pre in ("llama3", "llama-bpe")))
+    splits = PRE_SPLITS.get(pre or "default")
+    if splits is None:
+        raise ValueError(f"GGUF pre-tokenizer {pre!r} is not known; known: {sorted(PRE_SPLITS)}")
+    backend.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Split(Regex(s), behavior="isolated") for s in splits]
+        + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    backend.decoder = decoders.ByteLevel()
+    _add_typed_tokens(backend, tokens, types)
+    return backend
+
+
+def _merges_from_scores(tokens: list[str], scores: list[float]) -> list[tuple[str, str]]:
+    """SentencePiece BPE files list no merges: every split of a token into two vocabulary pieces
+    is a merge, ranked by the merged token's score (higher first), as sentencepiece applies them."""
+    vocab = {t: i for i, t in enumerate(tokens)}
+    found = []
+    for t, i in vocab.items():
+        for k in range(1, len(t)):
+            a, b = t[:k], t[k:]
+            if a in vocab and b in vocab:
+                found.append((scores[i], vocab[a], vocab[b], a, b))
+    found.sort(key=lambda m: (-m[0], m[1], m[2]))
+    return [(a, b) for _, _, _, a, b in found]
+
+
+def sentencepiece_bpe(tokens: list[str], scores: list[float], merges: list[str] | None, unk_id: int,
+                      types: list[int] | None = None, add_space_prefix: bool = True) -> Backend:
+    """SentencePiece-style BPE (Llama 2, Mistral, Gemma) with byte fallback."""
+    vocab = {t: i for i, t in enumerate(tokens)}
+    pairs = [tuple(m.split(" ", 1)) for m in merges] if merges else _merges_from_scores(tokens, scores)
+    backend = Backend(models.BPE(vocab, pairs, unk_token=tokens[unk_id], byte_fallback=True, fuse_unk=True))
+    steps = [normalizers.Prepend("\u2581")] if add_space_prefix else []
+    backend.normalizer = normalizers.Sequence(steps + [normalizers.Replace(" ", "\u2581")])
+    steps = [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()]
+    backend.decoder = decoders.Sequence(steps + ([decoders.Strip(" ", 1, 0)] if add_space_prefix else []))
+    _add_typed_tokens(backend, tokens, types)
+    return backend
+
+
+def tokenizer_from_gguf(reader) -> Tokenizer:
+    from llamablock.io.gguf import field_array, metadata
+
+    meta = metadata(reader)
+    kind = meta.get("tokenizer.ggml.model")
+    tokens = field_array(reader, "tokenizer.ggml.tokens")
+    if kind is None or tokens is None:
+        raise ValueError("this GGUF file has no tokenizer (no tokenizer.ggml.model / tokens)")
+    types = field_array(reader, "tokenizer.ggml.token_type")
+    merges = field_array(reader, "tokenizer.ggml.merges")
+    if kind == "gpt2":
+        backend = byte_level_bpe(tokens, merges or [], meta.get("tokenizer.ggml.pre"), types)
+        add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", False))
+    elif kind == "llama":
+        scores = field_array(reader, "tokenizer.ggml.scores") or [0.0] * len(tokens)
+        backend = sentencepiece_bpe(tokens, scores, merges, int(meta.get("tokenizer.ggml.unknown_token_id", 0)),
+                                    types, bool(meta.get("tokenizer.ggml.add_space_prefix", True)))
+        add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", True))  # llama.cpp's default for spm
+    else:
+        raise ValueError(f"GGUF tokenizer model {kind!r} is not supported; supported: 'gpt2' (byte-level BPE), "
+                         "'llama' (SentencePiece BPE)")
+    eos = [int(meta[k]) for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id") if k in meta]
+    return Tokenizer(backend, meta.get("tokenizer.ggml.bos_token_id"), list(dict.fromkeys(eos)),
+                     meta.get("tokenizer.ggml.padding_token_id"), add_bos, meta.get("tokenizer.chat_template"))
+
+
+def tokenizer_from_dir(path: str | Path) -> Tokenizer:
+    """tokenizer.json (+ tokenizer_config.json) of a transformers checkpoint directory."""
+    path = Path(path)
+    f = path / "tokenizer.json"
+    if not f.is_file():
+        raise FileNotFoundError(f"{path} has no tokenizer.json")
+    backend = Backend.from_file(str(f))
+    conf_file = path / "tokenizer_config.json"
+    conf = json.loads(conf_file.read_text()) if conf_file.is_file() else {}
+    template = conf.get("chat_template")
+    if template is None and (path / "chat_template.jinja").is_file():
+        template = (path / "chat_template.jinja").read_text()
+
+    def tid(key):
+        tok = conf.get(key)
+        tok = tok.get("content") if isinstance(tok, dict) else tok
+        return backend.token_to_id(tok) if tok else None
+
+    eos = tid("eos_token")
+    # tokenizer.json's post-processor may add BOS itself; ours adds it only when the config says so.
+    backend.no_padding()
+    backend.post_processor = None
+    return Tokenizer(backend, tid("bos_token"), [eos] if eos is not None else [], tid("pad_token"),
+                     bool(conf.get("add_bos_token", False)), template)
+
+
+def load_tokenizer(path: str | Path | None = None, reader=None) -> Tokenizer:
+    """The tokenizer of a model name / GGUF file / transformers directory (None: the default model)."""
+    if reader is not None:
+        return tokenizer_from_gguf(reader)
+    from llamablock.io.loading import resolve_model
+
+    p = resolve_model(path)
+    if p.is_dir():
+        return tokenizer_from_dir(p)
+    from llamablock.io.gguf import open_gguf
+
+    return tokenizer_from_gguf(open_gguf(p))

@@ -1,0 +1,69 @@
+"""Choosing the next token from logits: greedy, temperature, top-k, top-p, repetition penalty.
+
+Order of operations, as transformers' `generate` applies its logits processors: repetition
+penalty, then temperature, then top-k, then top-p, then a draw. Temperature 0 means greedy
+(argmax), which ignores the other filters except the penalty.
+Repetition penalty (Keskar et al. 2019, CTRL): for every token already in the sequence, a
+positive logit is divided by the penalty and a negative one multiplied by it.
+Top-p (Holtzman et al. 2019): keep the smallest set of most likely tokens whose probability
+sums to at least p; the most likely token is always kept.
+Shapes: b batch, V vocabulary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Sampling:
+    temperature: float = 0.0  # 0: greedy
+    top_k: int = 0  # 0: no limit
+    top_p: float = 1.0  # 1: no limit
+    repetition_penalty: float = 1.0  # 1: none
+
+    def __post_init__(self):
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0 (0 is greedy), got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 keeps all tokens), got {self.top_k}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.repetition_penalty <= 0:
+            raise ValueError(f"repetition_penalty must be > 0 (1 is none), got {self.repetition_penalty}")
+
+
+def apply_repetition_penalty(logits: torch.Tensor, history: torch.Tensor, penalty: float) -> torch.Tensor:
+    """logits (b, V), history (b, n) token ids already in each sequence."""
+    if penalty == 1.0 or history.numel() == 0:
+        return logits
+    seen = logits.gather(1, history)  # (b, n)
+    seen = torch.where(seen > 0, seen / penalty, seen * penalty)
+    return logits.scatter(1, history, seen)
+
+
+def filter_top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """Set logits outside the top-k / top-p set to -inf. logits (b, V)."""
+    if top_k and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]  # (b, 1)
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        probs = sorted_logits.softmax(-1)
+        # drop a token when the tokens before it already reach p
+        drop = probs.cumsum(-1) - probs >= top_p
+        drop[:, 0] = False
+        logits = logits.masked_fill(drop.scatter(1, order, drop), float("-inf"))
+    return logits
+
+
+def next_token(logits: torch.Tensor, history: torch.Tensor, s: Sampling,
+               generator: torch.Generator | None = None) -> torch.Tensor:
+    """logits (b, V) of the last position -> token ids (b,)."""
+    logits = apply_repetition_penalty(logits.float(), history, s.repetition_penalty)
+    if s.temperature == 0:
+        return logits.argmax(-1)
+    logits = filter_top_k_top_p(logits / s.temperature, s.top_k, s.top_p)
+    return torch.multinomial(logits.softmax(-1), 1, generator=generator)[:, 0]

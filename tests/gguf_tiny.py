@@ -1,0 +1,115 @@
+"""Tiny GGUF files written with the `gguf` package's own writer, for loader tests.
+
+`write_tiny_gguf` takes transformers-layout weights (q/k rows for rotate_half) and, for the llama
+architecture, applies llama.cpp's converter permutation before writing, exactly as
+convert_hf_to_gguf.py would. Weights may be quantized with `gguf.quants.quantize`, or written as
+raw blocks (for the K-quants, which the package can only dequantize).
+"""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import torch
+
+from llamablock.io.gguf import llamacpp_permute
+
+HF_TO_GGUF = {
+    "model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+    "lm_head.weight": "output.weight",
+}
+LAYER = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "self_attn.q_proj": "attn_q",
+         "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+         "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+
+
+def gguf_name(hf: str) -> str:
+    if hf in HF_TO_GGUF:
+        return HF_TO_GGUF[hf]
+    _, _, i, *mid, kind = hf.split(".")
+    return f"blk.{i}.{LAYER['.'.join(mid)]}.{kind}"
+
+
+def tiny_vocab(n: int) -> tuple[list[str], list[str]]:
+    """A byte-level vocabulary: the 94 printable ASCII bytes, then merged pairs, padded to n."""
+    base = [chr(c) for c in range(ord("!"), ord("~") + 1)]
+    tokens = base + [f"<extra_{i}>" for i in range(n - len(base))]
+    return tokens[:n], []
+
+
+def write_tiny_gguf(path, hf_model, arch: str = "llama", qtype: str = "F32", raw_blocks: dict | None = None,
+                    extra_kv: dict | None = None) -> dict[str, np.ndarray]:
+    """Write hf_model (a tiny transformers Llama/Qwen2) as GGUF; returns what was written per tensor."""
+    cfg = hf_model.config
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(cfg.num_attention_heads)
+    w.add_head_count_kv(cfg.num_key_value_heads)
+    w.add_key_length(cfg.head_dim)
+    w.add_value_length(cfg.head_dim)
+    w.add_rope_dimension_count(cfg.head_dim)
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    w.add_rope_freq_base(float(cfg.rope_parameters["rope_theta"]))
+    w.add_vocab_size(cfg.vocab_size)
+    tokens, merges = tiny_vocab(cfg.vocab_size)
+    w.add_tokenizer_model("gpt2")
+    w.add_token_list(tokens)
+    w.add_token_merges(merges)
+    w.add_bos_token_id(0)
+    w.add_eos_token_id(1)
+    for k, v in (extra_kv or {}).items():
+        w.add_string(k, v)
+    written = {}
+    for name, p in hf_model.state_dict().items():
+        if cfg.tie_word_embeddings and name == "lm_head.weight":
+            continue
+        t = p.detach().float()
+        if arch == "llama" and ("q_proj" in name or "k_proj" in name):
+            heads = cfg.num_attention_heads if "q_proj" in name else cfg.num_key_value_heads
+            t = llamacpp_permute(t, heads)
+        arr = t.numpy().astype(np.float32)
+        g = gguf_name(name)
+        written[g] = arr
+        kind = qtype if arr.ndim == 2 else "F32"  # llama.cpp keeps norms in F32
+        if raw_blocks and g in raw_blocks:
+            blocks, kind_raw = raw_blocks[g]
+            w.add_tensor(g, blocks, raw_dtype=gguf.GGMLQuantizationType[kind_raw])  # shape from the block bytes
+            written[g] = gguf.quants.dequantize(blocks, gguf.GGMLQuantizationType[kind_raw]).reshape(arr.shape)
+        elif kind == "F32":
+            w.add_tensor(g, arr)
+        elif kind == "F16":
+            w.add_tensor(g, arr.astype(np.float16))
+        else:
+            q = gguf.GGMLQuantizationType[kind]
+            w.add_tensor(g, gguf.quants.quantize(arr, q), raw_dtype=q)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return written
+
+
+def random_kquant_blocks(kind: str, rows: int, cols: int, seed: int = 0) -> np.ndarray:
+    """Random K-quant blocks with finite, modest fp16 scales (gguf cannot quantize K types).
+
+    Layouts (bytes per 256-value block), from ggml-common.h: Q4_K = d, dmin (fp16), 12 scale bytes,
+    128 nibble bytes; Q5_K adds 32 high-bit bytes before the nibbles; Q6_K = 128 low, 64 high,
+    16 int8 scales, then d (fp16) last.
+    """
+    block_bytes = {"Q4_K": 144, "Q5_K": 176, "Q6_K": 210}[kind]
+    n = rows * cols // 256
+    rng = np.random.default_rng(seed)
+    b = rng.integers(0, 256, size=(n, block_bytes), dtype=np.uint8)
+    scale = lambda k: (rng.uniform(1e-4, 2e-3, size=(n, k))).astype(np.float16).view(np.uint8)  # noqa: E731
+    if kind == "Q6_K":
+        b[:, -2:] = scale(1)
+    else:
+        b[:, :4] = scale(2)
+    return b.reshape(rows, cols // 256 * block_bytes)
+
+
+def to_torch(a: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(a))
