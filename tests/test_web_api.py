@@ -5,6 +5,7 @@ with good and bad input. Expected numbers are closed forms (stated at each) or t
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import re
 import socket
@@ -183,6 +184,26 @@ def test_gqa_defaults_are_the_preset_and_overrides_apply(client):
 ])
 def test_gqa_bad_input(client, params, status, parameter):
     error(client.get("/api/gqa", params=params), status, parameter)
+
+
+def test_gqa_sliding_window_shown_beside_the_full_cache(client):
+    d = client.get("/api/gqa", params=dict(preset="mistral-7b", tokens=32768)).json()
+    assert d["cache_bytes"] == 2 * 32 * 8 * 128 * 32768 * 2  # closed form of 15.5, Mistral's config.json
+    assert d["sliding_window"] == 4096 and d["window_bytes"] == 2 * 32 * 8 * 128 * 4096 * 2
+    assert d["window_text"] == "512 MiB"
+    assert client.get("/api/gqa", params=dict(preset="mistral-7b", tokens=4096)).json()["window_bytes"] is None
+
+
+def test_gqa_measured_decode_from_the_lab_results(tmp_path):
+    path = tmp_path / "results.json"
+    assert TestClient(create_app(lab_results=str(path))).get("/api/gqa").json()["measured_decode"] is None
+    claim = {"id": "15.5.decode-speed", "verdict": "reproduced", "measured": 3.5, "details": "1.0 / 0.29 ms"}
+    path.write_text(json.dumps({"environment": {"date": "2026-11-29 16:00 UTC"}, "claims": [claim]}))
+    d = TestClient(create_app(lab_results=str(path))).get("/api/gqa").json()["measured_decode"]
+    assert d == {"source": str(path), "date": "2026-11-29 16:00 UTC", "verdict": "reproduced",
+                 "ratio_32_to_8": 3.5, "details": "1.0 / 0.29 ms"}
+    path.write_text("{not json")
+    assert TestClient(create_app(lab_results=str(path))).get("/api/gqa").json()["measured_decode"] is None
 
 
 def test_presets_endpoint(client):

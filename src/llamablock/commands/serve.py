@@ -15,6 +15,9 @@ def add_arguments(p) -> None:
     p.add_argument("--port", type=int, default=8000, help="TCP port (default: %(default)s)")
     p.add_argument("--trace-cache", default=None, metavar="DIR",
                    help="where the token tracer keeps its trained 2017/2024 pair (default: the tracer's own)")
+    p.add_argument("--lab-results", default="lab-out/results.json", metavar="FILE",
+                   help="results.json of `llamablock lab`, for measured decode times in the gqa figure "
+                        "(default: %(default)s; shown as not measured when absent)")
 
 
 def run(args) -> int:
@@ -33,5 +36,5 @@ def run(args) -> int:
     except OSError as e:
         raise UsageError(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}") from None
     print(f"llamablock serve: open http://{args.host}:{args.port}/  (Ctrl-C to stop)")
-    uvicorn.run(create_app(trace_cache_dir=args.trace_cache), host=args.host, port=args.port, log_level="warning")
+    uvicorn.run(create_app(trace_cache_dir=args.trace_cache, lab_results=args.lab_results), host=args.host, port=args.port, log_level="warning")
     return 0

@@ -11,11 +11,10 @@ head h // group_size: attention.py stacks each group's query heads contiguously
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import torch
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Request
 
 from llamablock.config import ModelConfig
 from llamablock.kv_cache import KVCache
@@ -27,6 +26,7 @@ router = APIRouter()
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "int8": torch.int8}
 MAX_TOKENS = 1 << 20  # 1,048,576: past the longest context of any preset
 UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
+DECODE_CLAIM = "15.5.decode-speed"  # the lab's record of decode attention time against KV heads
 
 
 def human_bytes(n: int) -> str:
@@ -49,17 +49,17 @@ def _preset_fields(cfg: ModelConfig) -> dict:
             "head_dim": cfg.head_dim, "max_seq_len": cfg.max_seq_len}
 
 
-def _measured_decode() -> dict | None:
-    """Decode timings by KV heads from the speed benchmark, when one has been run and left
-    its results as JSON (LLAMABLOCK_BENCH_JSON, or benchmarks/results.json under the current
-    directory). None when there is none: the page then says so rather than guessing."""
-    path = Path(os.environ.get("LLAMABLOCK_BENCH_JSON", "benchmarks/results.json"))
+def _measured_decode(path: Path) -> dict | None:
+    """The decode-attention timing by KV heads that `llamablock lab` measured (claim
+    "15.5.decode-speed" of its results.json), when the lab has been run; None when it has not,
+    and the page says so rather than guessing a time."""
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
+        doc = json.loads(path.read_text())
+        claim = next(c for c in doc["claims"] if c.get("id") == DECODE_CLAIM)
+    except (OSError, ValueError, KeyError, TypeError, StopIteration):
         return None
-    rows = data.get("decode_attention_by_kv_heads") if isinstance(data, dict) else None
-    return {"source": str(path), "rows": rows} if isinstance(rows, list) else None
+    return {"source": str(path), "date": (doc.get("environment") or {}).get("date"), "verdict": claim.get("verdict"),
+            "ratio_32_to_8": claim.get("measured"), "details": str(claim.get("details", ""))[:600]}
 
 
 @router.get("/api/presets")
@@ -69,6 +69,7 @@ def presets() -> dict:
 
 @router.get("/api/gqa")
 def gqa(
+    request: Request,
     preset_name: str = Query("llama-3-8b", alias="preset", max_length=40, description="a preset name"),
     n_heads: int | None = Query(None, ge=1, le=256, description="query heads (default: the preset's)"),
     n_kv_heads: int | None = Query(None, ge=1, le=256, description="key-value heads, a divisor of n_heads"),
@@ -96,6 +97,11 @@ def gqa(
     nbytes = cache.nbytes()
     mha = KVCache(cfg.replace(n_kv_heads=cfg.n_heads), 1, tokens, torch_dtype, "meta").nbytes()
     element = torch.empty((), dtype=torch_dtype).element_size()
+    # A sliding-window model (Mistral) needs only the last `sliding_window` tokens per layer in a
+    # rolling cache; KVCache is not rolling, so that size is shown beside it, not instead of it.
+    window_bytes = None
+    if cfg.sliding_window and cfg.sliding_window < tokens:
+        window_bytes = KVCache(cfg, 1, cfg.sliding_window, torch_dtype, "meta").nbytes()
     return {
         "preset": preset_name, "n_heads": cfg.n_heads, "n_kv_heads": cfg.n_kv_heads, "n_layers": cfg.n_layers,
         "head_dim": cfg.head_dim, "tokens": tokens, "dtype": dtype, "bytes_per_element": element,
@@ -105,5 +111,7 @@ def gqa(
         "bytes_per_token": cfg.kv_bytes_per_token(element),
         "cache_bytes_from_per_token": cfg.kv_bytes_per_token(element) * tokens,
         "mha_bytes": mha, "mha_text": human_bytes(mha), "fraction_of_mha": nbytes / mha,
-        "measured_decode": _measured_decode(),
+        "sliding_window": cfg.sliding_window,
+        "window_bytes": window_bytes, "window_text": human_bytes(window_bytes) if window_bytes else None,
+        "measured_decode": _measured_decode(Path(request.app.state.lab_results)),
     }

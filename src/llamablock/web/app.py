@@ -29,12 +29,14 @@ from llamablock.web.errors import APIError, body, on_api_error, on_validation_er
 STATIC = Path(__file__).parent / "static"
 
 
-def create_app(trace_cache_dir: str | None = None) -> FastAPI:
-    """`trace_cache_dir`: where the token tracer keeps its trained pair (None: the tracer's default)."""
+def create_app(trace_cache_dir: str | None = None, lab_results: str = "lab-out/results.json") -> FastAPI:
+    """`trace_cache_dir`: where the token tracer keeps its trained pair (None: the tracer's default).
+    `lab_results`: the results.json of `llamablock lab`, for the measured decode times (optional)."""
     # No Swagger page: it loads its scripts from a CDN, and this application works offline.
     app = FastAPI(title="llamablock: the LLaMA block, interactive",
                   openapi_url="/api/openapi.json", docs_url=None, redoc_url=None)
     app.state.trace_cache_dir = trace_cache_dir
+    app.state.lab_results = lab_results
     app.add_exception_handler(APIError, on_api_error)
     app.add_exception_handler(RequestValidationError, on_validation_error)
     for module in (api_rope, api_ffn, api_gqa, api_trace):

@@ -54,14 +54,19 @@ function render(d, form) {
     `KV cache ${d.cache_text} of ${d.mha_text} with one KV head per query head (${fmt(100 * d.fraction_of_mha, 1)}%)`);
 
   showValues(form, { tokens: () => fmt(d.tokens, null) });
-  const bench = d.measured_decode
-    ? `measured in ${d.measured_decode.source}: ` + d.measured_decode.rows.map((r) => JSON.stringify(r)).join("; ")
-    : "not measured here yet: no benchmark results file (run the speed benchmark)";
+  const m = d.measured_decode;
+  const bench = m
+    ? `measured by llamablock lab (${m.date || "date unknown"}): ` +
+      (typeof m.ratio_32_to_8 === "number" ? `32 → 8 KV heads ${fmt(m.ratio_32_to_8, 2)}× faster; ` : "") + m.details
+    : "not measured yet: run llamablock lab, then reload";
+  const windowed = d.window_text
+    ? `<div class="aside"><span class="label">with its sliding window of ${fmt(d.sliding_window, null)} tokens, a rolling cache keeps</span>
+       <span class="value">${d.window_text}</span></div>` : "";
   document.querySelector("#figure-gqa .readout").innerHTML = `
     <div class="total"><span class="label">KV cache for ${fmt(d.tokens, null)} tokens (${d.dtype})</span>
       <span class="value big" data-value="cache">${d.cache_text}</span></div>
     <div><span class="label">bytes per token: 2 × ${d.n_layers} layers × ${d.n_kv_heads} KV heads × ${d.head_dim} × ${d.bytes_per_element} B</span>
-      <span class="value">${fmt(d.bytes_per_token, null)}</span></div>
+      <span class="value">${fmt(d.bytes_per_token, null)}</span></div>${windowed}
     <div class="aside"><span class="label">decode time per token</span><span class="value small">${bench}</span></div>`;
 }
 
