@@ -5,10 +5,12 @@ with good and bad input. Expected numbers are closed forms (stated at each) or t
 from __future__ import annotations
 
 import asyncio
+import importlib
 import json
 import math
 import re
 import socket
+import sys
 
 import pytest
 
@@ -218,7 +220,58 @@ def test_human_bytes(n, text):
     assert human_bytes(n) == text
 
 
+# -- rope-scaling (llamablock.rope_table, written in the RoPE-family issue) ---------------------
+
+def _needs(module: str):
+    try:
+        importlib.import_module(module)
+    except ImportError as e:
+        pytest.skip(f"{module} is not importable here ({e}); its figure answers 503")
+
+
+def test_rope_scaling_module_claim_at_4096_to_32768(client):
+    """Module 15.2: trained on 4,096 and run at 32,768, only the slow pairs reach unseen angles;
+    interpolation fixes them all; NTK leaves some; YaRN and llama3 leave none."""
+    _needs("llamablock.rope_table")
+    d = client.get("/api/rope-scaling", params=dict(train_len=4096, target_len=32768, head_dim=128)).json()
+    by = {m["name"]: m for m in d["methods"]}
+    assert {"default", "linear", "ntk", "yarn", "llama3"} <= set(by)
+    closed = [2 * math.pi * 10000 ** (2 * i / 128) for i in range(64)]  # 2 pi / theta_i, module 15.1
+    assert by["default"]["wavelength"] == pytest.approx(closed, rel=1e-6)
+    slow = [w > 4096 for w in closed]
+    assert by["default"]["unseen"] == slow and 0 < sum(slow) < 64 and slow[-1] and not slow[0]
+    assert by["linear"]["n_unseen"] == 0 and by["linear"]["ratio"] == pytest.approx([8.0] * 64, rel=1e-6)
+    assert by["ntk"]["n_unseen"] > 0
+    assert by["yarn"]["n_unseen"] == 0 and by["llama3"]["n_unseen"] == 0
+    assert by["yarn"]["wavelength"][0] == pytest.approx(closed[0], rel=1e-6)  # fast pair untouched
+
+
+def test_rope_scaling_no_extension_has_nothing_unseen(client):
+    _needs("llamablock.rope_table")
+    d = client.get("/api/rope-scaling", params=dict(train_len=8192, target_len=8192, head_dim=64, base=500000)).json()
+    assert all(m["n_unseen"] == 0 and m["n_crowded"] == 0 for m in d["methods"])
+
+
+@pytest.mark.parametrize("params,status,parameter", [
+    (dict(target_len=1024), 400, "target_len"), (dict(head_dim=100), 400, "head_dim"), (dict(train_len=0), 422, "train_len"),
+    (dict(train_len="4k"), 422, "train_len"), (dict(base="nan"), 422, "base"), (dict(target_len=2**25), 422, "target_len"),
+])
+def test_rope_scaling_bad_input(client, params, status, parameter):
+    _needs("llamablock.rope_table")
+    error(client.get("/api/rope-scaling", params=params), status, parameter)
+
+
 # -- the two figures that depend on other parts of the library ----------------------------------
+
+@pytest.mark.parametrize("module,endpoint,figure", [("llamablock.rope_table", "/api/rope-scaling", "rope-scaling"),
+                                                    ("llamablock.trace", "/api/token-tracer", "token-tracer-compare")])
+def test_missing_library_part_gives_503_with_the_reason(client, monkeypatch, module, endpoint, figure):
+    monkeypatch.setitem(sys.modules, module, None)  # makes `import module` raise ImportError
+    reply = client.get(endpoint)
+    assert reply.status_code == 503 and "not available" in reply.json()["message"] and module in reply.json()["message"]
+    status = client.get("/api/figures").json()[figure]
+    assert status["available"] is False and module in status["reason"]
+
 
 def test_figures_status_names_a_reason_when_unavailable(client):
     d = client.get("/api/figures").json()

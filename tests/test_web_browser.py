@@ -157,3 +157,14 @@ def test_what_happens_is_revealed_on_request(page):
         assert not answer.is_visible()
         page.click(f"#figure-{name} details summary")
         assert answer.is_visible() and len(answer.inner_text()) > 80
+
+
+def test_a_bad_value_is_reported_naming_the_parameter(page):
+    if state(page, "rope-scaling") == "unavailable":
+        pytest.skip("llamablock.rope_table is not importable here: the rope-scaling figure is unavailable")
+    page.fill("#figure-rope-scaling input[name=train_len]", "0")
+    page.wait_for_function("document.getElementById('figure-rope-scaling').dataset.state === 'error'")
+    assert page.inner_text("#figure-rope-scaling .error").startswith("train_len:")
+    page.fill("#figure-rope-scaling input[name=train_len]", "4096")
+    page.wait_for_function("document.getElementById('figure-rope-scaling').dataset.state === 'ready'")
+    assert page.inner_text("#figure-rope-scaling .error") == ""

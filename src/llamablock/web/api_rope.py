@@ -101,6 +101,33 @@ def scaling_status() -> dict:
 
 
 @router.get("/api/rope-scaling")
-def rope_scaling() -> dict:
-    _rope_table()
-    raise APIError(None, "rope-scaling is not available yet", 503)
+def rope_scaling(
+    train_len: int = Query(4096, ge=16, le=1 << 20, description="tokens the model was trained on"),
+    target_len: int = Query(32768, ge=16, le=1 << 24, description="tokens it is run at"),
+    head_dim: int = Query(128, description=f"head width, one of {HEAD_DIMS}"),
+    base: float = Query(10000.0, gt=1.0, le=1e9, allow_inf_nan=False, description="RoPE base"),
+) -> dict:
+    table = _rope_table()
+    if head_dim not in HEAD_DIMS:
+        raise APIError("head_dim", f"head_dim must be one of {list(HEAD_DIMS)}, got {head_dim}")
+    if target_len < train_len:
+        raise APIError("target_len", f"target_len ({target_len}) must be at least train_len ({train_len}): "
+                                     "the figure is about running past the training length")
+    try:
+        methods = table.compare_methods(train_len, target_len, head_dim, base)
+    except ValueError as e:
+        raise APIError(None, str(e)) from None
+    # Columns per method for drawing; the records themselves are rope_table's.
+    return {
+        "train_len": train_len, "target_len": target_len, "head_dim": head_dim, "base": base,
+        "factor": target_len / train_len,
+        "methods": [{
+            "name": m["method"], "label": m["label"], "attention_factor": m["attention_factor"],
+            "wavelength": [p["scaled_wavelength"] for p in m["pairs"]],
+            "unscaled_wavelength": [p["wavelength"] for p in m["pairs"]],
+            "ratio": [p["interpolation_ratio"] for p in m["pairs"]],
+            "unseen": [p["unseen_at_target"] for p in m["pairs"]],
+            "crowded": [p["crowded"] for p in m["pairs"]],
+            "n_unseen": len(m["unseen_pairs"]), "n_crowded": len(m["crowded_pairs"]),
+        } for m in methods],
+    }

@@ -45,7 +45,9 @@ function render(d, form) {
   arrow(svg, d.k_rot, COLORS.k, false, `k at n=${d.n}`);
   el("text", { x: 12, y: SIZE - 12, class: "note" }, svg, "dashed: before rotation");
 
-  showValues(form, { pair: () => `θ = ${d.theta.toPrecision(4)} rad/token, wavelength ${fmt(d.wavelength, 1)}` });
+  showValues(form);
+  form.querySelector("[data-hint=theta]").textContent =
+    `θ = ${d.theta.toPrecision(4)} rad per token, wavelength ${fmt(d.wavelength, 1)} tokens`;
   const readout = document.querySelector("#figure-rope-visualizer .readout");
   readout.innerHTML = "";
   const rows = [
@@ -71,7 +73,7 @@ export function setup() {
     endpoint: "/api/rope-visualizer",
     params: (f) => ({ m: f.m.value, n: f.n.value, pair: f.pair.value, base: f.base.value, head_dim: 128 }),
     render,
-    onInput: (e, f) => showValues(f, { pair: () => "…" }),
+    onInput: (e, f) => showValues(f),
   });
   for (const button of form.querySelectorAll("button[data-shift]")) {
     button.addEventListener("click", () => {
@@ -79,7 +81,10 @@ export function setup() {
       // Sliders stop at 64; widen them so a shift is never clipped (that would change the gap).
       for (const name of ["m", "n"]) {
         const next = Number(form[name].value) + k;
-        if (next < 0) return;
+        if (next < 0) {
+          section.querySelector(".error").textContent = `k: shifting by ${k} would put ${name} below 0`;
+          return;
+        }
         form[name].max = Math.max(Number(form[name].max), next);
       }
       for (const name of ["m", "n"]) form[name].value = Number(form[name].value) + k;
