@@ -31,8 +31,8 @@ def gguf_name(hf: str) -> str:
 
 
 def tiny_vocab(n: int) -> tuple[list[str], list[str]]:
-    """A byte-level vocabulary: the 94 printable ASCII bytes, then merged pairs, padded to n."""
-    base = [chr(c) for c in range(ord("!"), ord("~") + 1)]
+    """A byte-level vocabulary without merges: printable ASCII, space and newline, padded to n."""
+    base = [chr(c) for c in range(ord("!"), ord("~") + 1)] + ["\u0120", "\u010a"]  # + space, newline (GPT-2 spelling)
     tokens = base + [f"<extra_{i}>" for i in range(n - len(base))]
     return tokens[:n], []
 

@@ -17,6 +17,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("llamablock.commands.demo", "build the 2017 and 2024 blocks, compare parameters, run a forward pass"),
     "serve": ("llamablock.commands.serve", "the interactive page of the five figures, computed by the library"),
     "kv-cache": ("llamablock.commands.kv_cache", "KV-cache bytes per token, per layer and in total (MHA, GQA, MQA)"),
+    "generate": ("llamablock.commands.generate", "continue a prompt or chat with a real model (GGUF or transformers), streaming"),
+    "perplexity": ("llamablock.commands.perplexity", "perplexity of a model on a text file, sliding window"),
 }
 
 

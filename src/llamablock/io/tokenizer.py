@@ -7,7 +7,7 @@ Two sources:
         byte-to-unicode table; the text is first split by the regex that `tokenizer.ggml.pre`
         names (the table below restates llama.cpp's `llama-vocab.cpp` per pre-tokenizer type);
       - "llama" (SentencePiece BPE: Llama 2, Mistral, Gemma): spaces become U+2581 and a prefix
-        U+2581 is added; merges come from the file or, when it has none, are rebuilt from the
+        U+2581 is added (transformers' rule, see `sentencepiece_bpe`); merges come from the file or, when it has none, are rebuilt from the
         vocabulary ranked by score; unknown bytes fall back to <0xXX> tokens.
     Tokens typed CONTROL (3) are special tokens and USER_DEFINED (4) added tokens, matched whole.
   * A transformers directory: tokenizer.json plus tokenizer_config.json (chat template, specials).
@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
+from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as Backend
 
 # llama.cpp llama-vocab.cpp, LLAMA_VOCAB_PRE_TYPE_*: how text is split before byte-level BPE.
@@ -144,8 +144,11 @@ def sentencepiece_bpe(tokens: list[str], scores: list[float], merges: list[str] 
     vocab = {t: i for i, t in enumerate(tokens)}
     pairs = [tuple(m.split(" ", 1)) for m in merges] if merges else _merges_from_scores(tokens, scores)
     backend = Backend(models.BPE(vocab, pairs, unk_token=tokens[unk_id], byte_fallback=True, fuse_unk=True))
-    steps = [normalizers.Prepend("\u2581")] if add_space_prefix else []
-    backend.normalizer = normalizers.Sequence(steps + [normalizers.Replace(" ", "\u2581")])
+    # Spaces -> U+2581 and one U+2581 prefix unless the text already starts with a space: the
+    # Metaspace rule transformers builds for these files. llama.cpp always prefixes, so text that
+    # starts with spaces gets one more U+2581 there ("  a": transformers "\u2581\u2581a", llama.cpp three).
+    scheme = "first" if add_space_prefix else "never"
+    backend.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme=scheme, split=False)
     steps = [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()]
     backend.decoder = decoders.Sequence(steps + ([decoders.Strip(" ", 1, 0)] if add_space_prefix else []))
     _add_typed_tokens(backend, tokens, types)

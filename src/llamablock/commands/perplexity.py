@@ -1,0 +1,83 @@
+"""`llamablock perplexity`: a model's perplexity on a text file, with a sliding window.
+
+Windows of `context` tokens advance by `stride`; each window scores only the tokens the previous
+windows did not, so with stride < context every scored token sees at least context - stride
+tokens of history (the strided evaluation of transformers' perplexity guide). The first token of
+the file is never scored (nothing predicts it).
+    perplexity = exp(total negative log-likelihood / tokens scored)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+
+def add_arguments(p) -> None:
+    p.add_argument("file", metavar="FILE", help="a UTF-8 text file")
+    p.add_argument("--model", default=None, metavar="PATH|NAME",
+                   help="a .gguf file, a transformers directory or an embedded model name (default: smollm2-135m-instruct)")
+    p.add_argument("--context", type=int, default=512, help="tokens per window (default: %(default)s)")
+    p.add_argument("--stride", type=int, default=None, help="tokens the window advances (default: context / 2)")
+    p.add_argument("--max-tokens", type=int, default=None, help="score only the first N tokens of the file")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="(default: %(default)s)")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+
+
+@torch.no_grad()
+def sliding_perplexity(model, ids: list[int], context: int, stride: int, progress: bool = False) -> tuple[float, int]:
+    """(perplexity, tokens scored) of `ids` under `model`."""
+    if len(ids) < 2:
+        raise ValueError(f"need at least 2 tokens to measure perplexity, the text has {len(ids)}")
+    if not 2 <= context <= model.cfg.max_seq_len:
+        raise ValueError(f"--context must be in 2..{model.cfg.max_seq_len} (the model's context), got {context}")
+    if not 1 <= stride <= context:
+        raise ValueError(f"--stride must be in 1..{context} (the context), got {stride}")
+    from tqdm import tqdm
+
+    x = torch.tensor(ids)[None]  # (1, n)
+    n, nll, scored, prev_end = len(ids), 0.0, 0, 1
+    starts = range(0, max(n - context, 0) + stride, stride)
+    for begin in tqdm(starts, desc="perplexity", unit="window", disable=not progress):
+        end = min(begin + context, n)
+        new = end - prev_end  # targets not scored yet: positions prev_end .. end-1
+        if new <= 0:
+            continue
+        logits = model(x[:, begin:end])[0, -new - 1:-1].float()  # (new, V): predictions of those targets
+        nll += F.cross_entropy(logits, x[0, end - new:end], reduction="sum").item()
+        scored += new
+        prev_end = end
+        if end == n:
+            break
+    return math.exp(nll / scored), scored
+
+
+def run(args) -> int:
+    from llamablock.io.loading import load_model_and_tokenizer
+
+    path = Path(args.file)
+    if not path.is_file():
+        raise FileNotFoundError(f"text file not found: {path}")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path} is not UTF-8 text: {e}") from None
+    if not text.strip():
+        raise ValueError(f"{path} is empty")
+    stride = args.stride or max(1, args.context // 2)
+    model, tok = load_model_and_tokenizer(args.model, torch.bfloat16 if args.dtype == "bfloat16" else torch.float32)
+    ids = tok.encode(text)
+    if args.max_tokens is not None:
+        if args.max_tokens < 2:
+            raise ValueError(f"--max-tokens must be at least 2, got {args.max_tokens}")
+        ids = ids[: args.max_tokens]
+    ppl, scored = sliding_perplexity(model, ids, args.context, stride, progress=not args.json)
+    if args.json:
+        print(json.dumps({"perplexity": ppl, "tokens_scored": scored, "context": args.context, "stride": stride}))
+    else:
+        print(f"perplexity {ppl:.3f} over {scored} tokens (context {args.context}, stride {stride})")
+    return 0

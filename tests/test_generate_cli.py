@@ -1,0 +1,127 @@
+"""`llamablock generate` and `llamablock perplexity`: output, JSON, and one-line errors (exit 2).
+
+Most cases run `cli.main` in-process on a tiny GGUF written with gguf's writer; two run the
+installed command in a subprocess on the real SmolLM2 file (the issue's "done when" line, and a
+truncated file), to see exactly what a user sees: no traceback.
+"""
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from gguf_tiny import write_tiny_gguf
+from hf_reference import tiny_hf_model
+from llamablock import cli
+from llamablock.io.loading import load_model_and_tokenizer, resolve_model
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory):
+    f = tmp_path_factory.mktemp("cli") / "tiny.gguf"
+    write_tiny_gguf(f, tiny_hf_model("llama", n_heads=4, n_kv=2, max_position_embeddings=64))
+    return str(f)
+
+
+def _run(capsys, *argv):
+    code = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_generate_streams_and_summarizes(capsys, tiny_gguf):
+    code, out, err = _run(capsys, "generate", "--model", tiny_gguf, "--prompt", "abc def", "--max-new-tokens", "5")
+    assert code == 0 and out.strip()
+    assert "7 prompt tokens, 5 new tokens" in err and "decode" in err  # a b c space d e f
+
+
+def test_generate_json(capsys, tiny_gguf):
+    code, out, _ = _run(capsys, "generate", "--model", tiny_gguf, "--prompt", "abc", "--max-new-tokens", "6",
+                        "--temperature", "0.8", "--top-k", "10", "--top-p", "0.9", "--seed", "3", "--json")
+    d = json.loads(out)
+    assert code == 0 and d["prompt_ids"] == [64, 65, 66] and len(d["tokens"]) == 6 and isinstance(d["text"], str)
+    again = json.loads(_run(capsys, "generate", "--model", tiny_gguf, "--prompt", "abc", "--max-new-tokens", "6",
+                            "--temperature", "0.8", "--top-k", "10", "--top-p", "0.9", "--seed", "3", "--json")[1])
+    assert again["tokens"] == d["tokens"]
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--prompt", ""], "the prompt is empty"),
+    (["--prompt", "abc", "--max-new-tokens", "0"], "--max-new-tokens must be a positive integer, got 0"),
+    (["--prompt", "abc", "--max-new-tokens", "-4"], "--max-new-tokens must be a positive integer, got -4"),
+    (["--prompt", "a" * 80], "exceeds the model's context of 64 tokens"),
+    (["--prompt", "abc", "--temperature", "-1"], "temperature must be >= 0"),
+    ([], "give --prompt TEXT, or --chat"),
+    (["--prompt", "abc", "--chat"], "no chat template"),
+])
+def test_generate_bad_input_is_one_line(capsys, tiny_gguf, argv, message):
+    code, out, err = _run(capsys, "generate", "--model", tiny_gguf, *argv)
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and err.startswith("llamablock generate: error:") and message in err
+
+
+def test_bad_files_are_one_line(capsys, tmp_path, tiny_gguf):
+    junk = tmp_path / "junk.gguf"
+    junk.write_bytes(b"not a gguf at all")
+    arch = tmp_path / "mamba.gguf"
+    write_tiny_gguf(arch, tiny_hf_model("llama", n_heads=4, n_kv=2), arch="mamba")
+    for f, message in [(junk, "is not a GGUF file"), (arch, "architecture 'mamba' is not supported"),
+                       (tmp_path / "missing.gguf", "not found")]:
+        code, out, err = _run(capsys, "generate", "--model", str(f), "--prompt", "abc")
+        assert code == 2 and err.count("\n") == 1 and message in err, err
+
+
+def test_perplexity_equals_direct_cross_entropy(capsys, tiny_gguf, tmp_path):
+    text = tmp_path / "t.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog " * 3)
+    model, tok = load_model_and_tokenizer(tiny_gguf)
+    ids = tok.encode(text.read_text())[:60]
+    with torch.no_grad():
+        logits = model(torch.tensor([ids]))[0, :-1]
+    want = math.exp(F.cross_entropy(logits, torch.tensor(ids[1:])).item())
+    code, out, _ = _run(capsys, "perplexity", "--model", tiny_gguf, str(text), "--context", "60", "--stride", "60",
+                        "--max-tokens", "60", "--json")
+    d = json.loads(out)
+    assert code == 0 and d["tokens_scored"] == 59 and abs(d["perplexity"] - want) <= 1e-4 * want
+    # Overlapping windows score every token once too, each with more history.
+    d2 = json.loads(_run(capsys, "perplexity", "--model", tiny_gguf, str(text), "--context", "32", "--stride", "8",
+                         "--max-tokens", "60", "--json")[1])
+    assert d2["tokens_scored"] == 59 and math.isfinite(d2["perplexity"])
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--context", "1"], "--context must be in 2..64"),
+    (["--context", "16", "--stride", "17"], "--stride must be in 1..16"),
+])
+def test_perplexity_bad_input(capsys, tiny_gguf, tmp_path, argv, message):
+    text = tmp_path / "t.txt"
+    text.write_text("hello world")
+    code, _, err = _run(capsys, "perplexity", "--model", tiny_gguf, str(text), *argv)
+    assert code == 2 and message in err
+    code, _, err = _run(capsys, "perplexity", "--model", tiny_gguf, str(tmp_path / "none.txt"))
+    assert code == 2 and "text file not found" in err
+
+
+def _command(*argv):
+    return subprocess.run([sys.executable, "-m", "llamablock", *argv], capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.slow
+def test_done_when_smollm2_continues_the_prompt():
+    r = _command("generate", "--prompt", "The capital of France is", "--max-new-tokens", "20")
+    assert r.returncode == 0, r.stderr
+    assert "Paris" in r.stdout  # SmolLM2-135M-Instruct greedy: " Paris." (transformers gives the same ids)
+    assert "5 prompt tokens, 20 new tokens" in r.stderr and "prefill" in r.stderr
+
+
+def test_truncated_default_size_file_subprocess(tmp_path):
+    cut = tmp_path / "cut.gguf"
+    with open(resolve_model(None), "rb") as fh:
+        cut.write_bytes(fh.read(5_000_000))
+    r = _command("generate", "--model", str(cut), "--prompt", "hi")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.count("\n") == 1 and "truncated" in r.stderr
