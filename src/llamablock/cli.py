@@ -14,6 +14,7 @@ import sys
 # name -> (module, one-line help). Add a line here when adding a command module.
 COMMANDS: dict[str, tuple[str, str]] = {
     "lab": ("llamablock.commands.lab", "measure every claim of the module; write report.md and results.json"),
+    "rope": ("llamablock.commands.rope", "per-pair table of every RoPE context-extension method; lint RoPE settings"),
     "demo": ("llamablock.commands.demo", "build the 2017 and 2024 blocks, compare parameters, run a forward pass"),
     "serve": ("llamablock.commands.serve", "the interactive page of the five figures, computed by the library"),
     "kv-cache": ("llamablock.commands.kv_cache", "KV-cache bytes per token, per layer and in total (MHA, GQA, MQA)"),

@@ -1,0 +1,200 @@
+"""`llamablock rope`: what each context-extension method does to each rotary pair (section 15.2),
+and `llamablock rope lint config.json`: RoPE settings that load but do not do what they say.
+
+Thin: the numbers come from llamablock.rope_table, the warnings from llamablock.rope_lint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from llamablock.config import ModelConfig
+from llamablock.rope_table import METHODS, compare_methods, config_method
+
+DEFAULT_TRAIN, DEFAULT_TARGET = 4096, 32768  # the module's example: trained on 4k, run at 32k
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--config", help="a preset name or a config.json (transformers or llamablock); gives head width, "
+                   "base, partial rotary and the config's own scaling (default: none, use the flags below)")
+    p.add_argument("--train-len", type=int, help="training length L in tokens (default: the config's original length "
+                   f"if it scales, else its max_seq_len; {DEFAULT_TRAIN} without a config)")
+    p.add_argument("--target-len", type=int, help="target length T in tokens (default: the config's max_seq_len if "
+                   f"it scales, else 8 x L; {DEFAULT_TARGET} without a config)")
+    p.add_argument("--head-dim", type=int, help="head width d (default: the config's, else 128)")
+    p.add_argument("--base", type=float, help="RoPE base theta (default: the config's rope_theta, else 10000)")
+    p.add_argument("--json", action="store_true", help="print the per-pair records of every method as JSON")
+    p.add_argument("--plot", metavar="FILE.png", help="draw wavelength per pair for each method (matplotlib) to FILE.png")
+    sub = p.add_subparsers(dest="action", metavar="ACTION")
+    lint = sub.add_parser("lint", help="warn on RoPE traps in a transformers config.json (exit status 1 if any)",
+                          description="warn on RoPE traps in a transformers config.json (exit status 1 if any)")
+    lint.add_argument("config_json", metavar="config.json", help="the transformers config.json to check")
+    lint.add_argument("--json", action="store_true", dest="lint_json", help="print the warnings as a JSON list")
+
+
+def _load(spec: str) -> ModelConfig:
+    from llamablock.presets import PRESETS, preset
+
+    if spec in PRESETS:
+        return preset(spec)
+    if not Path(spec).exists():
+        raise ValueError(f"--config {spec!r} is neither a preset ({', '.join(sorted(PRESETS))}) nor an existing file")
+    return ModelConfig.from_json_file(spec)
+
+
+def _settings(args):
+    cfg = _load(args.config) if args.config else None
+    if cfg is not None and cfg.position != "rope":
+        return cfg, None
+    scales = cfg is not None and cfg.rope_scaling is not None
+    if cfg is not None:
+        from llamablock.rope_scaling import original_length
+
+        train = args.train_len or (original_length(cfg) if scales else cfg.max_seq_len)
+        target = args.target_len or (cfg.max_seq_len if scales and cfg.max_seq_len > train else 8 * train)
+    else:
+        train, target = args.train_len or DEFAULT_TRAIN, args.target_len or DEFAULT_TARGET
+    head_dim = args.head_dim or (cfg.head_dim if cfg else 128)
+    base = args.base or (cfg.rope_theta if cfg else 10000.0)
+    partial = cfg.partial_rotary_factor if cfg else 1.0
+    for name, v in (("--train-len", train), ("--target-len", target), ("--head-dim", head_dim)):
+        if v <= 0:
+            raise ValueError(f"{name} must be positive, got {v}")
+    if target < train:
+        raise ValueError(f"--target-len ({target}) must be at least --train-len ({train})")
+    if not base > 0:
+        raise ValueError(f"--base must be positive, got {base}")
+    if int(head_dim * partial) % 2 or int(head_dim * partial) < 4:
+        raise ValueError(f"--head-dim {head_dim} (x partial rotary {partial}) must give an even rotary width >= 4")
+    records = compare_methods(train, target, head_dim, base, partial)
+    if scales and not args.head_dim and not args.base:
+        records.append(config_method(cfg, train, target))
+    return cfg, dict(train_len=train, target_len=target, head_dim=head_dim, base=base,
+                     partial_rotary_factor=partial, methods=records)
+
+
+def _alibi(cfg: ModelConfig) -> int:
+    from llamablock.alibi import alibi_slopes
+
+    slopes = alibi_slopes(cfg.n_heads).tolist()
+    print(f"{cfg.family} config uses position={cfg.position!r}: no rotary pairs to scale.")
+    if cfg.position == "alibi":
+        print("ALiBi (section 15.2's non-RoPE route) adds -slope x distance to the scores, with no trained angle to "
+              "run out of; per-head slopes: " + ", ".join(f"{s:.4g}" for s in slopes))
+    return 0
+
+
+def _text(res: dict) -> str:
+    ms = res["methods"]
+    lines = [f"RoPE pairs: head width {res['head_dim']} (rotary {len(ms[0]['pairs']) * 2}), base {res['base']:g}, "
+             f"trained on L = {res['train_len']}, run at T = {res['target_len']} (s = "
+             f"{res['target_len'] / res['train_len']:g})",
+             "per method: interpolation ratio (1 = unchanged, s = fully interpolated); "
+             "! = reaches angles unseen in training, ~ = an already-resolved pair crowded", ""]
+    head = f"{'pair':>4} {'freq':>10} {'wavelen':>10} {'turns@L':>9} |" + "".join(f"{m['method'][:11]:>12}" for m in ms)
+    lines += [head, "-" * len(head)]
+    for i, p in enumerate(ms[0]["pairs"]):
+        cells = ""
+        for m in ms:
+            q = m["pairs"][i]
+            flag = "!" if q["unseen_at_target"] else "~" if q["crowded"] else " "
+            cells += f"{q['interpolation_ratio']:>11.3f}{flag}"
+        lines.append(f"{i:>4} {p['frequency']:>10.4g} {p['wavelength']:>10.4g} {p['rotations_in_training']:>9.4g} |"
+                     + cells)
+    lines.append("")
+    for m in ms:
+        lines.append(f"{m['label']:<24} attention x{m['attention_factor']:.4f}   unseen pairs: "
+                     f"{_ranges(m['unseen_pairs'])}   crowded pairs: {_ranges(m['crowded_pairs'])}")
+    return "\n".join(lines)
+
+
+def _ranges(ix: list[int]) -> str:
+    if not ix:
+        return "none"
+    out, start = [], ix[0]
+    for a, b in zip(ix, ix[1:] + [None]):
+        if b != a + 1:
+            out.append(f"{start}" if start == a else f"{start}-{a}")
+            start = b
+    return ",".join(out) + f" ({len(ix)})"
+
+
+def plot(res: dict, path: str | Path) -> None:
+    """Wavelength per pair for each method (log scale), L and T marked; unseen pairs circled.
+    Written atomically (a temporary file in the same folder, then os.replace)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    if path.suffix.lower() != ".png":
+        raise ValueError(f"--plot needs a .png file name, got {path}")
+    if not path.parent.exists():
+        raise FileNotFoundError(f"folder for --plot does not exist: {path.parent}")
+    fig, ax = plt.subplots(figsize=(9, 5.5))
+    styles = {"default": "k-", "linear": "C0--", "ntk": "C1-.", "dynamic": "C4:", "yarn": "C2-", "llama3": "C3:"}
+    for m in res["methods"]:
+        if m["method"] not in styles:
+            continue
+        x = [p["pair"] for p in m["pairs"]]
+        ax.plot(x, [p["scaled_wavelength"] for p in m["pairs"]], styles[m["method"]], lw=1.6,
+                label=f"{m['label']} ({len(m['unseen_pairs'])} unseen, {len(m['crowded_pairs'])} crowded)")
+        bad = [p for p in m["pairs"] if p["unseen_at_target"]]
+        if bad:
+            ax.plot([p["pair"] for p in bad], [p["scaled_wavelength"] for p in bad], "o", mfc="none",
+                    color=styles[m["method"]][:2] if m["method"] != "default" else "k", ms=6)
+    ax.axhline(res["train_len"], color="grey", lw=1)
+    ax.text(0, res["train_len"] * 1.15, f"training length L = {res['train_len']}", color="grey")
+    ax.axhline(res["target_len"], color="grey", lw=1, ls="--")
+    ax.text(0, res["target_len"] * 1.15, f"target length T = {res['target_len']}", color="grey")
+    ax.set_yscale("log")
+    ax.set_xlabel("pair index i (fast -> slow)")
+    ax.set_ylabel("wavelength 2π/θ_i in tokens (as seen at T)")
+    ax.set_title(f"RoPE pairs, head width {res['head_dim']}, base {res['base']:g}: circles reach angles unseen "
+                 "in training", fontsize=10)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(0, 0.93))
+    fig.tight_layout()
+    fd, tmp = tempfile.mkstemp(suffix=".png", dir=path.parent)
+    os.close(fd)
+    try:
+        fig.savefig(tmp, dpi=120)
+        os.replace(tmp, path)
+    finally:
+        plt.close(fig)
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def _lint(args) -> int:
+    from llamablock.rope_lint import lint_file
+
+    warnings = lint_file(args.config_json)
+    if args.lint_json:
+        print(json.dumps([{"rule": w.rule, "message": w.message} for w in warnings], indent=2))
+    else:
+        for w in warnings:
+            print(f"{args.config_json}: {w}")
+        if not warnings:
+            print(f"{args.config_json}: no RoPE problems found")
+    return 1 if warnings else 0
+
+
+def run(args) -> int:
+    if getattr(args, "action", None) == "lint":
+        return _lint(args)
+    cfg, res = _settings(args)
+    if res is None:
+        return _alibi(cfg)
+    if args.plot:
+        plot(res, args.plot)
+    if args.json:
+        print(json.dumps(res, indent=1))
+    else:
+        print(_text(res))
+        if args.plot:
+            print(f"\nplot written to {args.plot}")
+    return 0

@@ -1,0 +1,126 @@
+"""Warnings for RoPE settings in a transformers config.json that load but do not do what they say.
+
+Each rule is a trap reported in the issue trackers of transformers, vLLM, llama.cpp and mlx-lm:
+a scaling that is silently ignored shows only past the training length, so short tests pass.
+`lint_config(d)` returns one `RopeWarning` per trap; each message is one line that says what
+happens and what to write instead. Rules (names are stable, for filtering):
+
+    ignored-type          scaling declared, but with no type or one transformers does not know
+                          (it loads as plain RoPE, or not at all)
+    mscale-cancels        yarn with mscale == mscale_all_dim: the attention factor becomes 1
+    missing-original      yarn/llama3/longrope without original_max_position_embeddings:
+                          max_position_embeddings (the extended length) is taken as the original
+    factor-overridden     yarn factor != max_position_embeddings / original: transformers 4.x
+                          releases used the ratio instead; v5 uses factor and warns
+    equal-freq-factors    llama3 low_freq_factor == high_freq_factor: a zero-width band (0/0 in
+                          the reference formula); intended only for Llama 4
+    odd-rotary-width      head_dim x partial_rotary_factor is odd: RoPE rotates pairs
+    forms-disagree        both rope_scaling (v4) and rope_parameters (v5), different: transformers
+                          5 reads rope_scaling and ignores rope_parameters, rope_theta included
+    factor-below-one      factor < 1 shrinks the context instead of extending it
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+# The types transformers 5 computes (ROPE_INIT_FUNCTIONS plus "default"); "ntk" is llamablock's own.
+TRANSFORMERS_TYPES = ("default", "linear", "dynamic", "yarn", "longrope", "llama3", "proportional")
+_NEEDS_ORIGINAL = ("yarn", "llama3", "longrope")
+_SHARED_KEYS = ("rope_theta", "partial_rotary_factor")  # may sit beside or inside the scaling dict
+
+
+@dataclass(frozen=True)
+class RopeWarning:
+    rule: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.rule}: {self.message}"
+
+
+def _kind(d: dict) -> str | None:
+    return d.get("rope_type", d.get("type"))
+
+
+def _scaling(hf: dict) -> tuple[str, dict]:
+    """The dict transformers 5 will use, and the key it came from (rope_scaling wins)."""
+    for key in ("rope_scaling", "rope_parameters"):
+        if isinstance(hf.get(key), dict) and hf[key]:
+            return key, hf[key]
+    return "", {}
+
+
+def lint_config(hf: dict[str, Any]) -> list[RopeWarning]:
+    out: list[RopeWarning] = []
+    warn = lambda rule, msg: out.append(RopeWarning(rule, msg))  # noqa: E731
+    legacy, params = hf.get("rope_scaling"), hf.get("rope_parameters")
+    if isinstance(legacy, dict) and legacy and isinstance(params, dict) and params:
+        a = {k: v for k, v in legacy.items() if k not in ("type", "rope_type", *_SHARED_KEYS)}
+        b = {k: v for k, v in params.items() if k not in ("type", "rope_type", *_SHARED_KEYS)}
+        theta_a = legacy.get("rope_theta", hf.get("rope_theta", 10000.0))
+        if a != b or _kind(legacy) != _kind(params) or theta_a != params.get("rope_theta", theta_a):
+            warn("forms-disagree", f"rope_scaling {legacy} and rope_parameters {params} differ; transformers 5 uses "
+                 "rope_scaling (with top-level rope_theta) and ignores rope_parameters: keep only rope_parameters")
+    key, p = _scaling(hf)
+    kind = _kind(p) if p else None
+    has_scaling_fields = any(k not in ("type", "rope_type", *_SHARED_KEYS) for k in p)
+    if p and kind is None and has_scaling_fields:
+        warn("ignored-type", f"{key} has {sorted(k for k in p if k not in _SHARED_KEYS)} but no rope_type: it loads "
+             "as plain RoPE and the scaling is ignored; add \"rope_type\" (e.g. \"linear\", \"yarn\", \"llama3\")")
+    elif kind == "default" and has_scaling_fields:
+        warn("ignored-type", f"{key}.rope_type is \"default\" but {key} also sets "
+             f"{sorted(k for k in p if k not in ('type', 'rope_type', *_SHARED_KEYS))}: they are ignored; "
+             "set rope_type to the method those fields belong to")
+    elif kind is not None and kind not in TRANSFORMERS_TYPES:
+        extra = " (llamablock's own static NTK: transformers will not load it)" if kind == "ntk" else ""
+        warn("ignored-type", f"{key}.rope_type {kind!r} is not a transformers type{extra}; transformers "
+             f"raises or falls back, llama.cpp and vLLM may ignore it; use one of {list(TRANSFORMERS_TYPES)}")
+    factor = p.get("factor")
+    if isinstance(factor, (int, float)) and not isinstance(factor, bool) and factor < 1:
+        warn("factor-below-one", f"{key}.factor is {factor}: below 1 it shrinks the usable context; write the "
+             "extension ratio, new length / trained length (e.g. 4.0 for 32k -> 128k)")
+    max_pos = hf.get("max_position_embeddings")
+    original = p.get("original_max_position_embeddings")
+    if kind in _NEEDS_ORIGINAL and original is None:
+        warn("missing-original", f"{key} ({kind}) has no original_max_position_embeddings: transformers takes "
+             f"max_position_embeddings ({max_pos}), the extended length, as the trained one; add the training length")
+    if kind == "yarn" and isinstance(factor, (int, float)) and original and max_pos:
+        implicit = max_pos / original
+        if implicit not in (1, factor):  # transformers 5 warns on the same condition
+            warn("factor-overridden", f"{key}.factor is {factor} but max_position_embeddings / "
+                 f"original_max_position_embeddings = {max_pos}/{original} = {implicit:g}; transformers 4.x used "
+                 f"{implicit:g}, v5 uses {factor}: make them agree (max_position_embeddings = {factor} x {original})")
+    if kind == "yarn" and p.get("attention_factor") is None and p.get("mscale") and \
+            p.get("mscale") == p.get("mscale_all_dim"):
+        warn("mscale-cancels", f"{key}.mscale == mscale_all_dim ({p['mscale']}): their ratio is 1, so YaRN's "
+             "0.1 ln(s) + 1 attention factor is dropped; remove both for the paper's factor, or set "
+             "attention_factor explicitly if 1 is intended")
+    if kind == "llama3" and p.get("low_freq_factor") is not None and \
+            p.get("low_freq_factor") == p.get("high_freq_factor"):
+        warn("equal-freq-factors", f"{key}.low_freq_factor == high_freq_factor ({p['low_freq_factor']}): the blend "
+             "band has zero width and the reference formula divides by zero on its edge; unless this is Llama 4's "
+             "step on purpose, write Llama 3.1's low_freq_factor 1.0, high_freq_factor 4.0")
+    heads, hidden = hf.get("num_attention_heads"), hf.get("hidden_size")
+    head_dim = hf.get("head_dim") or (hidden // heads if heads and hidden else None)
+    partial = p.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))
+    if head_dim and int(head_dim * partial) % 2:
+        warn("odd-rotary-width", f"rotary width head_dim x partial_rotary_factor = {head_dim} x {partial} = "
+             f"{int(head_dim * partial)} is odd; RoPE turns pairs, so one feature has no partner: choose a "
+             "partial_rotary_factor that gives an even width")
+    return out
+
+
+def lint_file(path: str | Path) -> list[RopeWarning]:
+    try:
+        d = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise FileNotFoundError(f"config file not found: {path}") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path} is not valid JSON: {e}") from None
+    if not isinstance(d, dict):
+        raise ValueError(f"{path} must hold a JSON object (a transformers config.json)")
+    return lint_config(d)
