@@ -96,3 +96,13 @@ def test_scaling_claims_closed_forms():
     assert got["15.2.raise-base"].measured == 1.0
     assert got["15.2.alibi-slopes"].measured == [f"1/{2**h}" for h in range(1, 9)]
     assert all(c.verdict == REPRODUCED for c in got.values())
+
+
+def test_unseen_pairs_pattern():
+    from llamablock.lab import exp_scaling
+
+    c = exp_scaling.claim_unseen_pairs()
+    # Pairs with wavelength 2 pi 10000^(2i/128) > 4096: i >= 46 (closed form), 18 of 64.
+    assert c.measured["default"] == 18
+    assert c.measured["yarn"] == 0 and c.measured["linear"] == 0 and c.measured["ntk"] > 0
+    assert c.verdict == REPRODUCED

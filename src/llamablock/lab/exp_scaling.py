@@ -12,6 +12,7 @@ from llamablock.alibi import alibi_slopes
 from llamablock.config import ModelConfig
 from llamablock.lab.record import Claim
 from llamablock.rope_scaling import rope_frequencies
+from llamablock.rope_table import compare_methods
 
 TRAIN, TARGET, HEAD = 4096, 32768, 128
 FACTOR = TARGET / TRAIN  # 8
@@ -65,5 +66,40 @@ def claim_alibi_slopes() -> Claim:
     return c.judge(got == expected, "llamablock.alibi.alibi_slopes (Press et al.'s geometric sequence 2^(-8h/n))")
 
 
+def claim_unseen_pairs() -> Claim:
+    """Which of the 64 pairs reach angles unseen in training at 32,768 (rope_table's criterion:
+    wavelength > L and the pair's view of the target, T / ratio, beyond L)."""
+    res = {r["method"]: r for r in compare_methods(TRAIN, TARGET, HEAD)}
+    unseen = {m: r["unseen_pairs"] for m, r in res.items()}
+    crowded = {m: r["crowded_pairs"] for m, r in res.items()}
+    first_slow = min(p["pair"] for p in res["default"]["pairs"] if p["wavelength"] > TRAIN)
+    module_says = (unseen["default"] == list(range(first_slow, HEAD // 2)) and not unseen["linear"]
+                   and len(crowded["linear"]) == first_slow and len(unseen["ntk"]) > 0
+                   and not unseen["yarn"] and 0 not in crowded["yarn"])
+    c = Claim("15.2.unseen-pairs", "15.2", "4,096 -> 32,768: only slow pairs unseen; NTK overshoots some; YaRN none",
+              "slow only; NTK some; YaRN none",
+              measured={m: len(v) for m, v in unseen.items()}, unit="pairs (of 64) reaching unseen angles",
+              tolerance="the pattern, exactly")
+    return c.judge(module_says, f"head width {HEAD}, base 10000. Unchanged: pairs {first_slow}-{HEAD // 2 - 1} "
+                   f"(wavelength over 4,096 tokens) are unseen. Interpolation: none unseen, but all {len(crowded['linear'])} "
+                   f"fast pairs crowded. NTK-aware: pairs {_ranges(unseen['ntk'])} still overshoot (every slow pair but the "
+                   f"slowest, which NTK's exponent fixes exactly; the module's 'some middle pairs'). Dynamic NTK at 32,768: "
+                   f"{_ranges(unseen['dynamic']) or 'none'}. YaRN: {_ranges(unseen['yarn']) or 'none'} unseen, "
+                   f"{_ranges(crowded['yarn']) or 'none'} crowded, fastest pair untouched. LLaMA 3.1's rule: "
+                   f"{_ranges(unseen['llama3']) or 'none'} unseen.")
+
+
+def _ranges(pairs: list[int]) -> str:
+    """[3, 4, 5, 9] -> '3-5, 9'."""
+    out, start = [], None
+    for i, p in enumerate(pairs):
+        if start is None:
+            start = p
+        if i + 1 == len(pairs) or pairs[i + 1] != p + 1:
+            out.append(f"{start}-{p}" if p != start else f"{p}")
+            start = None
+    return ", ".join(out)
+
+
 def run(quick: bool, out) -> list[Claim]:
-    return [claim_interpolation_crowds(), claim_ntk_exponent(), claim_raise_base(), claim_alibi_slopes()]
+    return [claim_unseen_pairs(), claim_interpolation_crowds(), claim_ntk_exponent(), claim_raise_base(), claim_alibi_slopes()]
