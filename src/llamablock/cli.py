@@ -28,7 +28,9 @@ class UsageError(Exception):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="llamablock", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="llamablock",
+        description="The 2017 Transformer block and the 2024 LLaMA block: measured, run, trained and shown.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (module, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
