@@ -47,7 +47,7 @@ function render(d, form) {
       fill: PALETTE[j % PALETTE.length], class: "kv-head" }, svg);
   }
   // Cache bar against the MHA cache (one KV head per query head).
-  const bx = margin, by = 250, bw = W - 2 * margin, bh = 22;
+  const bx = margin, by = 232, bw = W - 2 * margin, bh = 22;
   el("rect", { x: bx, y: by, width: bw, height: bh, fill: "#f3f4f6", stroke: "#d1d5db" }, svg);
   el("rect", { x: bx, y: by, width: Math.max(2, bw * d.fraction_of_mha), height: bh, fill: "#2563eb", class: "cache-bar" }, svg);
   el("text", { x: bx, y: by + bh + 18, class: "axis-label" }, svg,
