@@ -201,3 +201,91 @@ def test_dynamic_unclamped_base_going_negative_names_the_field():
     assert dynamic_base(10000.0, 8.0, 128, 100, 4096) == 10000.0  # clamped: short sequences keep the base
     with pytest.raises(ValueError, match=r"non-positive: rope_scaling\.factor=8.0 at length 100"):
         dynamic_base(10000.0, 8.0, 128, 100, 4096, clamp=False)
+
+
+# Properties (hypothesis) ----------------------------------------------------------------------
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+WIDTHS = st.sampled_from([64, 80, 128, 256])
+
+
+def _cfg(head_dim, max_seq_len=4096, theta=10000.0, **scaling):
+    return ModelConfig(vocab_size=16, d_model=4 * head_dim, n_layers=1, n_heads=4, max_seq_len=max_seq_len,
+                       rope_theta=theta, rope_scaling=scaling or None)
+
+
+@settings(max_examples=60, deadline=None)
+@given(head_dim=WIDTHS, factor=st.floats(1.0, 64.0), k=st.integers(0, 6),
+       p=st.lists(st.integers(0, 131072), min_size=1, max_size=8))
+def test_linear_maps_position_p_to_p_over_s(head_dim, factor, k, p):
+    pos = torch.tensor([p])
+    default = _cfg(head_dim)
+    inv = rope_frequencies(default)[0].double()
+    # Any factor: the angle of p under linear(s) is the angle of p/s, up to float32 rounding of s
+    # and of theta/s (torch divides in float32): two units in the last place, 2^-23 relative.
+    lin = rope_frequencies(_cfg(head_dim, rope_type="linear", factor=factor))[0].double()
+    a, b = pos.double()[..., None] * lin, (pos.double() / factor)[..., None] * inv
+    assert ((a - b).abs() <= 2**-23 * b.abs()).all()
+    # A power-of-two factor divides exactly: cos/sin of p under linear(2^k) equal those of p/2^k bit for bit.
+    s = float(2**k)
+    got = rope_cos_sin(_cfg(head_dim, rope_type="linear", factor=s), pos, torch.float32)
+    ref = rope_cos_sin(default, pos.float() / s, torch.float32)
+    assert torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1])
+
+
+@settings(max_examples=60, deadline=None)
+@given(head_dim=WIDTHS, factor=st.floats(1.0, 64.0), original=st.integers(16, 65536), frac=st.floats(0.0, 1.0),
+       theta=st.sampled_from([10000.0, 500000.0, 1e6]))
+def test_dynamic_leaves_sequences_within_the_original_length_unchanged(head_dim, factor, original, frac, theta):
+    n = max(1, int(frac * original))
+    dyn = _cfg(head_dim, max_seq_len=original, theta=theta, rope_type="dynamic", factor=factor)
+    assert torch.equal(rope_frequencies(dyn, seq_len=n)[0], default_inv_freq(theta, head_dim))
+    if factor > 1.001:  # and past it, every pair but the fastest slows down
+        longer = rope_frequencies(dyn, seq_len=2 * original)[0]
+        assert longer[0] == 1.0 and (longer[1:] < default_inv_freq(theta, head_dim)[1:]).all()
+
+
+@settings(max_examples=60, deadline=None)
+@given(head_dim=WIDTHS, factor=st.floats(1.0, 64.0), low=st.floats(0.25, 4.0), extra=st.floats(0.0, 8.0),
+       original=st.integers(256, 65536), theta=st.sampled_from([10000.0, 500000.0]))
+def test_llama3_keeps_fast_pairs_and_divides_slow_pairs(head_dim, factor, low, extra, original, theta):
+    high = low + extra  # extra == 0 is Llama 4's degenerate band
+    cfg = _cfg(head_dim, max_seq_len=2 * original, theta=theta, rope_type="llama3", factor=factor,
+               low_freq_factor=low, high_freq_factor=high, original_max_position_embeddings=original)
+    got, att = rope_frequencies(cfg)
+    base = default_inv_freq(theta, head_dim)
+    wavelen = 2 * math.pi / base
+    fast, slow = wavelen < original / high, wavelen > original / low
+    assert att == 1.0 and torch.isfinite(got).all()
+    assert torch.equal(got[fast], base[fast]) and torch.equal(got[slow], base[slow] / factor)
+    middle = ~fast & ~slow  # in between: never faster than unchanged, never slower than divided
+    assert (got[middle] <= base[middle] * (1 + 1e-6)).all() and (got[middle] >= base[middle] / factor * (1 - 1e-6)).all()
+
+
+# Bad input: a clear error naming the field ----------------------------------------------------
+@pytest.mark.parametrize("kw,msg", [
+    (dict(rope_scaling={"rope_type": "linear", "factor": 0.5}), r"rope_scaling\.factor must be >= 1.0, got 0\.5"),
+    (dict(rope_scaling={"rope_type": "yarn", "factor": 0.9}), r"rope_scaling\.factor must be >= 1"),
+    (dict(rope_theta=0.0), "rope_theta must be positive"),
+    (dict(rope_theta=-10000.0), "rope_theta must be positive"),
+    (dict(rope_scaling={"rope_type": "ntk-by-parts", "factor": 2.0}), r"rope_scaling\.rope_type 'ntk-by-parts' is unknown"),
+    (dict(rope_scaling={"rope_type": "linear"}), r"rope_scaling\.factor is required for rope_type 'linear'"),
+    (dict(rope_scaling={"rope_type": "dynamic", "factor": "2"}), r"rope_scaling\.factor must be a number"),
+    (dict(rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 4.0, "high_freq_factor": 1.0}),
+     r"rope_scaling\.high_freq_factor \(1\.0\) must be >= low_freq_factor"),
+    (dict(rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0}),
+     r"rope_scaling\.high_freq_factor is required"),
+    (dict(rope_scaling={"rope_type": "yarn", "factor": 4.0, "beta_fast": 1, "beta_slow": 32}),
+     r"rope_scaling\.beta_fast \(1\) must be >= beta_slow"),
+    (dict(rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 0}),
+     r"rope_scaling\.original_max_position_embeddings must be a positive integer"),
+    (dict(rope_scaling={"rope_type": "longrope", "short_factor": [1.0] * 3, "long_factor": [2.0] * 32}),
+     r"rope_scaling\.short_factor must be a list of rotary_dim/2 = 32 numbers, got 3"),
+    (dict(rope_scaling={"rope_type": "dynamic", "factor": 2.0}, head_dim=2, d_model=8),
+     r"rope_type 'dynamic' needs a rotary width above 2"),
+])
+def test_bad_scaling_is_a_clear_error_naming_the_field(kw, msg):
+    base = dict(vocab_size=16, d_model=256, n_layers=1, n_heads=4)
+    with pytest.raises(ValueError, match=msg):
+        ModelConfig(**{**base, **kw})

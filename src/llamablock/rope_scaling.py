@@ -107,6 +107,10 @@ def _dynamic(cfg, seq_len: int | None) -> tuple[torch.Tensor, float]:
     for ordinary left-to-right generation."""
     dim, factor, original = cfg.rotary_dim, _p(cfg)["factor"], cfg.max_seq_len
     dynamic_base(cfg.rope_theta, factor, dim, seq_len, original)  # raises on a non-positive base
+    if seq_len is None or seq_len <= original:
+        # Within the original length: the trained frequencies, bit for bit (transformers too
+        # keeps its init-time inv_freq until the length first exceeds L).
+        return default_inv_freq(cfg.rope_theta, dim), 1.0
     # The same formula again in float32 tensor arithmetic, which is what transformers' forward
     # computes (its length is a tensor there): a 1-ulp change in inv_freq moves the angle at
     # position 131,072 by ~1e-2 rad, so the double-precision base would not match its cos/sin.
