@@ -70,6 +70,7 @@ TRAPS = {
     "mscale-cancels": [DEEPSEEK_LIKE],
     "missing-original": [_with(LLAMA_31, original_max_position_embeddings=None),
                          _with(QWEN25_YARN, original_max_position_embeddings=None)],
+    "original-conflict": [{**QWEN25_YARN, "original_max_position_embeddings": 8192}],
     "factor-overridden": [{**_with(QWEN25_YARN), "max_position_embeddings": 65536}],
     "equal-freq-factors": [_with(LLAMA_31, high_freq_factor=1.0)],
     "odd-rotary-width": [{**MISTRAL_7B, "head_dim": 126, "partial_rotary_factor": 0.5}],
@@ -110,6 +111,8 @@ def test_the_traps_are_real_in_transformers():
     # missing-original: the extended length 131072 is taken as the trained one
     cfg = rope(_with(LLAMA_31, original_max_position_embeddings=None))[2]
     assert cfg.rope_parameters["original_max_position_embeddings"] == 131072
+    # original-conflict: the rotary embedding's init re-standardizes and takes the top-level 8192
+    assert rope(TRAPS["original-conflict"][0])[2].rope_parameters["original_max_position_embeddings"] == 8192
     # forms-disagree: rope_scaling wins
     assert rope(TRAPS["forms-disagree"][0])[2].rope_parameters["factor"] == 8.0
 
@@ -134,3 +137,12 @@ def test_lint_bad_files_are_clear_errors(tmp_path, capsys):
     broken.write_text("{")
     assert main(["rope", "lint", str(broken)]) == 2
     assert "is not valid JSON" in capsys.readouterr().err
+
+
+def test_phi3_top_level_original_length_is_read_by_its_config_and_not_flagged():
+    phi3 = {"model_type": "phi3", "hidden_size": 3072, "num_attention_heads": 32, "max_position_embeddings": 131072,
+            "original_max_position_embeddings": 4096, "rope_theta": 10000.0,
+            "rope_scaling": {"type": "longrope", "short_factor": [1.0] * 48, "long_factor": [2.0] * 48}}
+    assert transformers.AutoConfig.for_model(**copy.deepcopy(phi3)).rope_parameters[
+        "original_max_position_embeddings"] == 4096
+    assert lint_config(phi3) == []

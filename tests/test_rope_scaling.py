@@ -289,3 +289,15 @@ def test_bad_scaling_is_a_clear_error_naming_the_field(kw, msg):
     base = dict(vocab_size=16, d_model=256, n_layers=1, n_heads=4)
     with pytest.raises(ValueError, match=msg):
         ModelConfig(**{**base, **kw})
+
+
+def test_top_level_original_length_wins_as_in_transformers():
+    # Phi-3 writes original_max_position_embeddings at the top level; transformers' rotary
+    # embedding gives it priority over the scaling dict's own value.
+    raw = dict(model_type="llama", vocab_size=16, hidden_size=256, num_attention_heads=4, num_hidden_layers=1,
+               intermediate_size=8, max_position_embeddings=131072, original_max_position_embeddings=1024,
+               rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4096})
+    ref = LlamaRotaryEmbedding(transformers.LlamaConfig.from_dict(dict(raw))).inv_freq
+    ours = ModelConfig.from_hf(raw)
+    assert ours.rope_scaling["original_max_position_embeddings"] == 1024
+    assert torch.equal(rope_frequencies(ours)[0], ref)

@@ -127,3 +127,19 @@ def test_cli_bad_input_is_one_clear_line(capsys, argv, msg):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert msg in err and err.count("\n") == 1
+
+
+def test_cli_reads_the_rope_fields_of_a_family_it_cannot_run(tmp_path, capsys):
+    # Phi-3-style longrope: original length at the top level, factor from 131072 / 4096 = 32
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"model_type": "phi3", "hidden_size": 3072, "num_attention_heads": 32,
+                                "max_position_embeddings": 131072, "original_max_position_embeddings": 4096,
+                                "rope_scaling": {"type": "longrope", "short_factor": [1.0] * 48,
+                                                 "long_factor": [32.0] * 48}}))
+    assert main(["rope", "--config", str(path), "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    own = res["methods"][-1]
+    assert res["train_len"] == 4096 and res["target_len"] == 131072 and own["method"] == "config"
+    # LongRoPE's attention factor sqrt(1 + ln 32 / ln 4096); every pair divided by its long factor 32
+    assert own["attention_factor"] == pytest.approx(math.sqrt(1 + math.log(32) / math.log(4096)))
+    assert all(p["interpolation_ratio"] == pytest.approx(32.0) for p in own["pairs"]) and own["unseen_pairs"] == []

@@ -43,6 +43,10 @@ def _rope_settings(hf: dict[str, Any]) -> tuple[float, dict | None, float]:
         scaling.pop("type", None)
     if scaling.get("rope_type", "default") == "default":
         scaling = None
+    elif scaling["rope_type"] in ("llama3", "yarn", "longrope") and hf.get("original_max_position_embeddings"):
+        # A top-level original length (Phi-3 writes it there) wins over the dict's: transformers'
+        # rotary embedding re-runs standardize_rope_params, which gives it priority.
+        scaling["original_max_position_embeddings"] = hf["original_max_position_embeddings"]
     return float(theta), scaling, float(partial)
 
 

@@ -8,8 +8,11 @@ happens and what to write instead. Rules (names are stable, for filtering):
     ignored-type          scaling declared, but with no type or one transformers does not know
                           (it loads as plain RoPE, or not at all)
     mscale-cancels        yarn with mscale == mscale_all_dim: the attention factor becomes 1
-    missing-original      yarn/llama3/longrope without original_max_position_embeddings:
+    missing-original      yarn/llama3/longrope without original_max_position_embeddings, in the
+                          scaling dict or at the top level (Phi-3 keeps it there): then
                           max_position_embeddings (the extended length) is taken as the original
+    original-conflict     both places hold it, with different values: transformers' rotary
+                          embedding re-standardizes and the top-level value wins
     factor-overridden     yarn factor != max_position_embeddings / original: transformers 4.x
                           releases used the ratio instead; v5 uses factor and warns
     equal-freq-factors    llama3 low_freq_factor == high_freq_factor: a zero-width band (0/0 in
@@ -85,9 +88,14 @@ def lint_config(hf: dict[str, Any]) -> list[RopeWarning]:
              "extension ratio, new length / trained length (e.g. 4.0 for 32k -> 128k)")
     max_pos = hf.get("max_position_embeddings")
     original = p.get("original_max_position_embeddings")
-    if kind in _NEEDS_ORIGINAL and original is None:
+    top = hf.get("original_max_position_embeddings")
+    if kind in _NEEDS_ORIGINAL and original is None and top is None:
         warn("missing-original", f"{key} ({kind}) has no original_max_position_embeddings: transformers takes "
              f"max_position_embeddings ({max_pos}), the extended length, as the trained one; add the training length")
+    if kind in _NEEDS_ORIGINAL and original is not None and top is not None and original != top:
+        warn("original-conflict", f"original_max_position_embeddings is {top} at the top level but {original} in "
+             f"{key}; transformers' rotary embedding uses the top-level {top}: keep one value, inside {key}")
+    original = top or original
     if kind == "yarn" and isinstance(factor, (int, float)) and original and max_pos:
         implicit = max_pos / original
         if implicit not in (1, factor):  # transformers 5 warns on the same condition

@@ -42,11 +42,33 @@ def _load(spec: str) -> ModelConfig:
         return preset(spec)
     if not Path(spec).exists():
         raise ValueError(f"--config {spec!r} is neither a preset ({', '.join(sorted(PRESETS))}) nor an existing file")
-    return ModelConfig.from_json_file(spec)
+    cfg = ModelConfig.from_json_file(spec)  # raises on bad JSON, and on families the library cannot run...
+    return cfg
+
+
+def _rope_only(spec: str) -> ModelConfig | None:
+    """...but the pairs need only the RoPE fields, so a transformers config of another family
+    (e.g. Phi-3 with longrope) is read for those alone."""
+    from llamablock.hf_config import SUPPORTED, _rope_settings
+
+    try:
+        d = json.loads(Path(spec).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(d, dict) or "model_type" not in d or d["model_type"] in SUPPORTED:
+        return None
+    heads, hidden = d.get("num_attention_heads"), d.get("hidden_size")
+    if not (heads and hidden):
+        return None
+    theta, scaling, partial = _rope_settings(d)
+    head_dim = d.get("head_dim") or hidden // heads
+    return ModelConfig(vocab_size=1, d_model=head_dim, n_layers=1, n_heads=1, head_dim=head_dim, d_ff=1,
+                       max_seq_len=d.get("max_position_embeddings", 2048), rope_theta=theta,
+                       partial_rotary_factor=partial, rope_scaling=scaling, family="llamablock")
 
 
 def _settings(args):
-    cfg = _load(args.config) if args.config else None
+    cfg = (_rope_only(args.config) or _load(args.config)) if args.config else None
     if cfg is not None and cfg.position != "rope":
         return cfg, None
     scales = cfg is not None and cfg.rope_scaling is not None
