@@ -104,7 +104,7 @@ def generate(model, prompt_ids: Sequence[int], max_new_tokens: int = 64, samplin
     cache = KVCache(model.cfg, 1, n + max_new_tokens, dtype=_model_dtype(model)) if use_cache else None
 
     t0 = time.perf_counter()
-    logits = model(seq[:, :n], cache=cache)[:, -1]  # (1, V)
+    logits = model(seq[:, :n], cache=cache, last_only=True)[:, -1]  # (1, V)
     t1 = time.perf_counter()
     new: list[int] = []
     reason, steps = "length", 0
@@ -121,7 +121,7 @@ def generate(model, prompt_ids: Sequence[int], max_new_tokens: int = 64, samplin
         if len(new) == max_new_tokens:
             break
         cur = n + len(new)
-        logits = (model(seq[:, cur - 1: cur], cache=cache) if use_cache else model(seq[:, :cur]))[:, -1]
+        logits = (model(seq[:, cur - 1: cur], cache=cache) if use_cache else model(seq[:, :cur], last_only=True))[:, -1]
         steps += 1
     t2 = time.perf_counter()
     if stream is not None and reason != "stop_string":
@@ -148,7 +148,7 @@ def generate_batch(model, prompts: Sequence[Sequence[int]], max_new_tokens: int 
         real[i, width - len(p): width] = True
     positions = (real[:, :width].cumsum(1) - 1).clamp(min=0)  # (b, width): 0 at each row's first real token
     cache = KVCache(model.cfg, b, total, dtype=_model_dtype(model))
-    logits = model(seq[:, :width], position_ids=positions, cache=cache, pad_mask=real[:, :width])[:, -1]
+    logits = model(seq[:, :width], position_ids=positions, cache=cache, pad_mask=real[:, :width], last_only=True)[:, -1]
     next_pos = real[:, :width].sum(1, keepdim=True)  # (b, 1)
     eos = torch.tensor(sorted(set(int(e) for e in eos_ids)), dtype=torch.long)
     done = torch.zeros(b, dtype=torch.bool)

@@ -5,6 +5,8 @@
 `forward(input_ids (b, t), position_ids (b, t) or None, cache or None, pad_mask or None)
 -> logits (b, t, vocab)`. pad_mask (b, cached + t) bool, True on real tokens, lets a batch of
 left-padded prompts run together: padding keys are masked out of attention (llamablock.generate).
+`last_only=True` returns the logits of the last position only, (b, 1, vocab): a prefill then
+skips the head's (t - 1) x d x vocab multiply, which for SmolLM2 is a quarter of the work.
 Without a cache, positions default to 0..t-1; with one, they continue from the tokens already
 stored. The head shares the embedding matrix when `tie_embeddings` is set.
 """
@@ -54,7 +56,8 @@ class Decoder(nn.Module):
         return torch.arange(start, start + t, device=input_ids.device).expand(input_ids.shape[0], t)
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
-                cache: KVCache | None = None, pad_mask: torch.Tensor | None = None) -> torch.Tensor:
+                cache: KVCache | None = None, pad_mask: torch.Tensor | None = None,
+                last_only: bool = False) -> torch.Tensor:
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must have shape (batch, tokens), got {tuple(input_ids.shape)}")
         if input_ids.shape[1] == 0:
@@ -68,6 +71,8 @@ class Decoder(nn.Module):
             x = layer(x, position_ids, cache, pad_mask)
         if cache is not None:
             cache.advance(input_ids.shape[1])
+        if last_only:  # generation needs only the next token's logits: skip the head elsewhere
+            x = x[:, -1:]
         return self.head(self.final_norm(x))
 
     def num_parameters(self) -> int:
