@@ -20,6 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "kv-cache": ("llamablock.commands.kv_cache", "KV-cache bytes per token, per layer and in total (MHA, GQA, MQA)"),
     "generate": ("llamablock.commands.generate", "continue a prompt or chat with a real model (GGUF or transformers), streaming"),
     "perplexity": ("llamablock.commands.perplexity", "perplexity of a model on a text file, sliding window"),
+    "bench": ("llamablock.commands.bench", "speed benchmarks side by side (attention, norms, decode, ...); BENCHMARKS.md"),
 }
 
 
@@ -40,6 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from llamablock.malloc import tune_allocator
+
+    tune_allocator()  # glibc: keep large tensor buffers instead of refaulting them (llamablock.malloc)
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

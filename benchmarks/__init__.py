@@ -1,0 +1,1 @@
+"""llamablock's benchmark suite: one module per benchmark, run by benchmarks.runner."""

@@ -1,0 +1,47 @@
+"""What every benchmark returns, and the helpers they share.
+
+A benchmark module has NAME, CLAIM (the sentence of the module or issue it measures) and
+`run(quick: bool) -> list[Section]`. A Section is one table: its rows are already formatted
+strings, so the runner only lays them out (markdown for BENCHMARKS.md, the same text on stdout).
+Times are seconds from `llamablock.lab.timing.time_calls`: competitors interleaved round by
+round in one process, min and median over repeats; ratios are taken between medians.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class Section:
+    title: str
+    headers: list[str]
+    rows: list[list[str]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.3f}"
+
+
+def ratio(a: float, b: float) -> str:
+    return f"{a / b:.2f}x"
+
+
+def timing_row(label: list[str], t: dict, base: dict | None = None) -> list[str]:
+    """label cells + min ms + median ms + (median of base / median of this) when base is given."""
+    row = [*label, ms(t["min"]), ms(t["median"])]
+    if base is not None:
+        row.append(ratio(base["median"], t["median"]))
+    return row
+
+
+def matmul_peak(n: int = 1024, repeats: int = 5) -> float:
+    """Measured float32 FLOP/s of a square matmul (2 n^3 FLOPs), the best of `repeats`."""
+    from llamablock.lab.timing import time_calls
+
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    t = time_calls({"mm": lambda: a @ b}, repeats=repeats, warmup=2)["mm"]["min"]
+    return 2 * n**3 / t

@@ -1,0 +1,96 @@
+"""Run the benchmarks, print their tables, and write BENCHMARKS.md atomically.
+
+    llamablock bench [--quick] [--output PATH] [NAME ...]      (or: python -m benchmarks ...)
+
+Each benchmark (a module named in BENCHMARKS) times its competitors interleaved in this one
+process and returns tables (benchmarks.common.Section). The report starts with the machine,
+versions, date and the load average at start, because on a shared machine absolute numbers
+move with the load while the interleaved ratios hold better.
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib
+import os
+import platform
+import time
+from pathlib import Path
+
+import torch
+
+BENCHMARKS = {
+    "attention": "benchmarks.bench_attention",
+    "norm": "benchmarks.bench_norm",
+    "rope": "benchmarks.bench_rope",
+    "swiglu": "benchmarks.bench_swiglu",
+    "train_step": "benchmarks.bench_train_step",
+    "malloc": "benchmarks.bench_malloc",
+    "decode": "benchmarks.bench_decode_quant",
+}
+
+
+def check_names(names: list[str]) -> list[str]:
+    bad = [n for n in names if n not in BENCHMARKS]
+    if bad:
+        raise ValueError(f"unknown benchmark {', '.join(bad)}; choose from {', '.join(BENCHMARKS)}")
+    return names or list(BENCHMARKS)
+
+
+def machine() -> list[str]:
+    import transformers
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    from llamablock.malloc import allocator_state
+
+    load = " / ".join(f"{x:.1f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "n/a"
+    return [f"- Date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
+            f"- CPU: {cpu}, {os.cpu_count()} logical cores, torch threads {torch.get_num_threads()}",
+            f"- Load average at start (1 / 5 / 15 min): {load}",
+            f"- Python {platform.python_version()}, torch {torch.__version__}, transformers {transformers.__version__}",
+            f"- Allocator: {allocator_state()}"]
+
+
+def to_markdown(section) -> list[str]:
+    out = [f"### {section.title}", "", "| " + " | ".join(section.headers) + " |",
+           "|" + "|".join("---" for _ in section.headers) + "|"]
+    out += ["| " + " | ".join(row) + " |" for row in section.rows]
+    out += [""] + [f"- {n}" for n in section.notes] + [""]
+    return out
+
+
+def run_benchmarks(names: list[str], quick: bool = False, output: Path | None = None, preamble: str = "",
+                   echo=print) -> str:
+    """Run `names` (all when empty); return the markdown report; write it to `output` if given."""
+    names = check_names(list(names))
+    lines = ["# Benchmarks", "", *machine(), f"- Command: `llamablock bench{' --quick' if quick else ''}"
+             f"{' ' + ' '.join(names) if names != list(BENCHMARKS) else ''}`", ""]
+    if preamble:
+        lines += [preamble, ""]
+    for name in names:
+        module = importlib.import_module(BENCHMARKS[name])
+        t0 = time.perf_counter()
+        sections = module.run(quick=quick)
+        chunk = [f"## {name}", "", f"Claim: {module.CLAIM}.", ""]
+        for s in sections:
+            chunk += to_markdown(s)
+        chunk += [f"_{name}: {time.perf_counter() - t0:.0f} s_", ""]
+        echo("\n".join(chunk))
+        lines += chunk
+    report = "\n".join(lines)
+    if output is not None:
+        from llamablock.io.hf_checkpoint import atomic_write
+
+        atomic_write(Path(output), lambda tmp: Path(tmp).write_text(report + "\n", encoding="utf-8"))
+    return report
+
+
+def repo_root() -> Path:
+    return Path(__file__).resolve().parents[1]
