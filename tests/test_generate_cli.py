@@ -10,6 +10,7 @@ import math
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -69,8 +70,12 @@ def test_bad_files_are_one_line(capsys, tmp_path, tiny_gguf):
     junk.write_bytes(b"not a gguf at all")
     arch = tmp_path / "mamba.gguf"
     write_tiny_gguf(arch, tiny_hf_model("llama", n_heads=4, n_kv=2), arch="mamba")
+    quant = tmp_path / "q2k.gguf"
+    big = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=1, head_dim=64)
+    q2k = np.zeros((256, 84), np.uint8)  # Q2_K: 84 bytes per 256 values (ggml-common.h)
+    write_tiny_gguf(quant, tiny_hf_model("llama", n_heads=4, n_kv=2, **big), raw_blocks={"blk.0.attn_q.weight": (q2k, "Q2_K")})
     for f, message in [(junk, "is not a GGUF file"), (arch, "architecture 'mamba' is not supported"),
-                       (tmp_path / "missing.gguf", "not found")]:
+                       (quant, "quantization type Q2_K"), (tmp_path / "missing.gguf", "not found")]:
         code, out, err = _run(capsys, "generate", "--model", str(f), "--prompt", "abc")
         assert code == 2 and err.count("\n") == 1 and message in err, err
 

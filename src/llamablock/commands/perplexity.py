@@ -41,7 +41,9 @@ def sliding_perplexity(model, ids: list[int], context: int, stride: int, progres
 
     x = torch.tensor(ids)[None]  # (1, n)
     n, nll, scored, prev_end = len(ids), 0.0, 0, 1
-    starts = range(0, max(n - context, 0) + stride, stride)
+    starts = [0]
+    while starts[-1] + context < n:  # the last window ends at the last token
+        starts.append(starts[-1] + stride)
     for begin in tqdm(starts, desc="perplexity", unit="window", disable=not progress):
         end = min(begin + context, n)
         new = end - prev_end  # targets not scored yet: positions prev_end .. end-1
@@ -51,8 +53,6 @@ def sliding_perplexity(model, ids: list[int], context: int, stride: int, progres
         nll += F.cross_entropy(logits, x[0, end - new:end], reduction="sum").item()
         scored += new
         prev_end = end
-        if end == n:
-            break
     return math.exp(nll / scored), scored
 
 
