@@ -5,7 +5,8 @@ Models: llamablock.load_pretrained(None) (the embedded SmolLM2-135M-Instruct Q4_
 dequantized to float32 by gguf's own kernels), its bfloat16 copy, and that copy quantized by
 llamablock.quant (q8 per row; q4 groups of 32 with an 8-bit head). transformers loads the same
 file (`from_pretrained(dir, gguf_file=...)`, as benchmarks/decode.py does) and runs its default
-DynamicCache with sdpa attention. llama.cpp (llama-cpp-python on the Q4_1 file, through
+DynamicCache with sdpa attention; both compute logits for the last position only (ours
+`last_only`, transformers' `logits_to_keep=1`, as its generate does). llama.cpp (llama-cpp-python on the Q4_1 file, through
 benchmarks/decode.py's helper) is measured only when installed; this project never installs it.
     decode   one greedy step at batch 1; all implementations step in turn (time_calls), so every
              one sees the same context lengths (prompt + 0..steps) and the same machine load
@@ -22,7 +23,7 @@ import copy
 
 import torch
 
-from benchmarks.common import Section, ms
+from benchmarks.common import Section, ms, verdict
 from llamablock.kv_cache import KVCache
 from llamablock.lab.timing import time_calls
 from llamablock.quant import quantize_model, weight_bytes
@@ -38,7 +39,7 @@ class _Ours:
 
     def prefill(self, ids):
         cache = KVCache(self.model.cfg, 1, ids.shape[1] + self.steps + 8, dtype=self.dtype)
-        logits = self.model(ids, cache=cache)[:, -1]
+        logits = self.model(ids, cache=cache, last_only=True)[:, -1]
         return logits, cache
 
     def start(self, ids):
@@ -56,7 +57,7 @@ class _HF:
         from transformers import DynamicCache
 
         cache = DynamicCache(config=self.model.config)
-        out = self.model(input_ids=ids, past_key_values=cache, use_cache=True)
+        out = self.model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
         return out.logits[:, -1], cache
 
     def start(self, ids):
@@ -66,7 +67,7 @@ class _HF:
     def step(self):
         tok = self.logits.argmax(-1, keepdim=True)
         out = self.model(input_ids=tok, past_key_values=self.cache, use_cache=True,
-                         position_ids=torch.tensor([[self.pos]]), cache_position=torch.tensor([self.pos]))
+                         position_ids=torch.tensor([[self.pos]]), cache_position=torch.tensor([self.pos]), logits_to_keep=1)
         self.logits, self.pos = out.logits[:, -1], self.pos + 1
 
 
@@ -163,16 +164,22 @@ def run(quick: bool = False) -> list[Section]:
     sec.notes.append(f"Copy bandwidth {bw / 1e9:.1f} GB/s (read + write of 256 MiB) in this run; q8/q4 are "
                      "compared with transformers in bfloat16, their activation dtype.")
     if not quick:
-        path = None
         from llamablock.io.loading import resolve_model
 
+        for fmt in ("float32", "bfloat16"):
+            x = dec[f"transformers {fmt}"]["median"] / dec[f"llamablock {fmt}"]["median"]
+            sec.notes.append(verdict(f"decode {fmt} vs transformers {fmt}", x, 3.0))
+            x = pre[f"transformers {fmt}"]["median"] / pre[f"llamablock {fmt}"]["median"]
+            sec.notes.append(verdict(f"prefill of {ids.shape[1]} tokens {fmt} vs transformers", x, 1.5))
         path = resolve_model(None)
         cpp = llamacpp_speed(path, ids[0, :64].tolist(), steps, torch.get_num_threads())
         if cpp is None:
-            q8 = 1 / dec["llamablock q8"]["median"]
-            q4 = 1 / dec["llamablock q4"]["median"]
-            sec.notes.append(f"llama.cpp not installed: against the issue's figure of {ISSUE_LLAMACPP:.0f} tok/s "
-                             f"(measured unloaded), q8 is {q8 / ISSUE_LLAMACPP:.2f}x and q4 {q4 / ISSUE_LLAMACPP:.2f}x.")
+            cpp_rate, src = ISSUE_LLAMACPP, f"the issue's llama.cpp figure ({ISSUE_LLAMACPP:.0f} tok/s, measured unloaded; not installed here)"
         else:
-            sec.notes.append(f"llama.cpp on {path.name}: prefill {cpp[0]:.0f} tok/s, decode {cpp[1]:.1f} tok/s.")
+            cpp_rate, src = cpp[1], f"llama.cpp measured in this run on {path.name} ({cpp[1]:.1f} tok/s)"
+        for fmt, target, ppl_target in (("q8", 1.75, 3.0), ("q4", 1.5, 1.0)):
+            rate = 1 / dec[f"llamablock {fmt}"]["median"]
+            sec.notes.append(verdict(f"{fmt} decode vs {src}", rate / cpp_rate, target))
+            rel = 100 * abs(ppl[fmt] / ppl["float32"] - 1)
+            sec.notes.append(verdict(f"{fmt} perplexity change vs float32", rel, ppl_target, higher_is_better=False, unit="%"))
     return [sec, _profile(runners["llamablock q8"])]

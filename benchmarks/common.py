@@ -45,3 +45,13 @@ def matmul_peak(n: int = 1024, repeats: int = 5) -> float:
     a, b = torch.randn(n, n), torch.randn(n, n)
     t = time_calls({"mm": lambda: a @ b}, repeats=repeats, warmup=2)["mm"]["min"]
     return 2 * n**3 / t
+
+
+def verdict(what: str, got: float, target: float, higher_is_better: bool = True, unit: str = "x") -> str:
+    """'Target ...: met' or 'missed by N%', computed from this run's numbers."""
+    ok = got >= target if higher_is_better else got <= target
+    sign = ">=" if higher_is_better else "<="
+    if ok:
+        return f"Target {what} {sign} {target:g}{unit}: met ({got:.2f}{unit})."
+    gap = (target / got - 1) if higher_is_better else (got / target - 1)
+    return f"Target {what} {sign} {target:g}{unit}: MISSED ({got:.2f}{unit}, {100 * gap:.0f}% short)."
