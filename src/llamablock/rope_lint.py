@@ -13,8 +13,10 @@ happens and what to write instead. Rules (names are stable, for filtering):
                           max_position_embeddings (the extended length) is taken as the original
     original-conflict     both places hold it, with different values: transformers' rotary
                           embedding re-standardizes and the top-level value wins
-    factor-overridden     yarn factor != max_position_embeddings / original: transformers 4.x
-                          releases used the ratio instead; v5 uses factor and warns
+    factor-overridden     yarn factor != max_position_embeddings / original (ratio not 1):
+                          transformers 4.x before PR #40320 used the ratio instead; now factor
+                          is used, with a warning (ratio 1, Qwen2.5's published advice, is
+                          silent here as in transformers)
     equal-freq-factors    llama3 low_freq_factor == high_freq_factor: a zero-width band (0/0 in
                           the reference formula); intended only for Llama 4
     odd-rotary-width      head_dim x partial_rotary_factor is odd: RoPE rotates pairs
@@ -100,8 +102,9 @@ def lint_config(hf: dict[str, Any]) -> list[RopeWarning]:
         implicit = max_pos / original
         if implicit not in (1, factor):  # transformers 5 warns on the same condition
             warn("factor-overridden", f"{key}.factor is {factor} but max_position_embeddings / "
-                 f"original_max_position_embeddings = {max_pos}/{original} = {implicit:g}; transformers 4.x used "
-                 f"{implicit:g}, v5 uses {factor}: make them agree (max_position_embeddings = {factor} x {original})")
+                 f"original_max_position_embeddings = {max_pos}/{original} = {implicit:g}; transformers 4.x (before "
+                 f"PR #40320) used {implicit:g}, current transformers uses {factor}: make them agree "
+                 f"(max_position_embeddings = {factor} x {original})")
     if kind == "yarn" and p.get("attention_factor") is None and p.get("mscale") and \
             p.get("mscale") == p.get("mscale_all_dim"):
         warn("mscale-cancels", f"{key}.mscale == mscale_all_dim ({p['mscale']}): their ratio is 1, so YaRN's "

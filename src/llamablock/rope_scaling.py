@@ -23,9 +23,10 @@ Defaults follow transformers 5 (modeling_rope_utils.py), which the tests compare
   * which length is the original one: transformers' yarn/llama3/longrope read
     `original_max_position_embeddings` and fall back to `max_position_embeddings`; dynamic
     always uses `max_position_embeddings` (`cfg.max_seq_len`) as L.
-  * some transformers 4.x releases overrode yarn's `factor` by max_position_embeddings /
-    original_max_position_embeddings whenever the original length was given; v5 uses the
-    explicit factor and derives it from the lengths only when it is null.
+  * transformers 4.x before PR #40320 (issue #38224, 2025) overrode yarn's `factor` by
+    max_position_embeddings / original_max_position_embeddings whenever the original length
+    was given (so Qwen's 32768/32768 silently meant factor 1); now the explicit factor is used
+    and derived from the lengths only when it is null.
     `yarn_frequencies(..., factor_from_lengths=True)` reproduces the old reading.
   * llama.cpp scales yarn's ramp by `ext_factor` (1 = transformers, 0 = plain interpolation
     and no 0.1 ln s term): `yarn_frequencies(..., ext_factor=...)`.

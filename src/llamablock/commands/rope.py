@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 
 from llamablock.config import ModelConfig
-from llamablock.rope_table import METHODS, compare_methods, config_method
+from llamablock.rope_table import compare_methods, config_method
 
 DEFAULT_TRAIN, DEFAULT_TARGET = 4096, 32768  # the module's example: trained on 4k, run at 32k
 
