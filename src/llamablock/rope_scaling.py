@@ -3,7 +3,8 @@
 `rope_frequencies(cfg, seq_len)` returns (inv_freq (rotary_dim/2,) float32, attention_factor).
 The type comes from `cfg.rope_scaling`, a transformers-style dict with `rope_type`; None means
 the default schedule theta_i = base^(-2i/d). Raising the base (LLaMA 3: 10,000 -> 500,000) is
-not a type: it is just `rope_theta`.
+not a type: it is just `rope_theta`. The non-RoPE route of 15.2, ALiBi, is `position="alibi"`
+in the config (alibi.py): nothing here applies to it.
 
     type       what it does to pair i (d = rotary width, s = factor, L = original length)
     default    theta_i = base^(-2i/d)
@@ -19,10 +20,11 @@ not a type: it is just `rope_theta`.
     longrope   per-pair divisors: short_factor up to L, long_factor past it
 
 Defaults follow transformers 5 (modeling_rope_utils.py), which the tests compare against to
-1e-6. Known differences elsewhere, each with a keyword switch on the function named:
+1e-6. Known differences elsewhere, with a keyword switch where a user may need the other:
   * which length is the original one: transformers' yarn/llama3/longrope read
-    `original_max_position_embeddings` and fall back to `max_position_embeddings`; dynamic
-    always uses `max_position_embeddings` (`cfg.max_seq_len`) as L.
+    `original_max_position_embeddings` (a top-level one, as Phi-3 writes, wins: hf_config.py)
+    and fall back to `max_position_embeddings`; dynamic always uses `max_position_embeddings`
+    (`cfg.max_seq_len`) as L.
   * transformers 4.x before PR #40320 (issue #38224, 2025) overrode yarn's `factor` by
     max_position_embeddings / original_max_position_embeddings whenever the original length
     was given (so Qwen's 32768/32768 silently meant factor 1); now the explicit factor is used
