@@ -158,10 +158,9 @@ def plot(res: dict, path: str | Path) -> None:
     if not path.parent.exists():
         raise FileNotFoundError(f"folder for --plot does not exist: {path.parent}")
     fig, ax = plt.subplots(figsize=(9, 5.5))
-    styles = {"default": "k-", "linear": "C0--", "ntk": "C1-.", "dynamic": "C4:", "yarn": "C2-", "llama3": "C3:"}
+    styles = {"default": "k-", "linear": "C0--", "ntk": "C1-.", "dynamic": "C4:", "yarn": "C2-", "llama3": "C3:",
+              "config": "C5-"}  # "config": the --config file's own scaling, when it has one
     for m in res["methods"]:
-        if m["method"] not in styles:
-            continue
         x = [p["pair"] for p in m["pairs"]]
         ax.plot(x, [p["scaled_wavelength"] for p in m["pairs"]], styles[m["method"]], lw=1.6,
                 label=f"{m['label']} ({len(m['unseen_pairs'])} unseen, {len(m['crowded_pairs'])} crowded)")
