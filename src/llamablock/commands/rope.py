@@ -7,11 +7,10 @@ Thin: the numbers come from llamablock.rope_table, the warnings from llamablock.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 
 from llamablock.config import ModelConfig
+from llamablock.rope_plot import plot_wavelengths
 from llamablock.rope_table import compare_methods, config_method
 
 DEFAULT_TRAIN, DEFAULT_TARGET = 4096, 32768  # the module's example: trained on 4k, run at 32k
@@ -144,52 +143,6 @@ def _ranges(ix: list[int]) -> str:
     return ",".join(out) + f" ({len(ix)})"
 
 
-def plot(res: dict, path: str | Path) -> None:
-    """Wavelength per pair for each method (log scale), L and T marked; unseen pairs circled.
-    Written atomically (a temporary file in the same folder, then os.replace)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    path = Path(path)
-    if path.suffix.lower() != ".png":
-        raise ValueError(f"--plot needs a .png file name, got {path}")
-    if not path.parent.exists():
-        raise FileNotFoundError(f"folder for --plot does not exist: {path.parent}")
-    fig, ax = plt.subplots(figsize=(9, 5.5))
-    styles = {"default": "k-", "linear": "C0--", "ntk": "C1-.", "dynamic": "C4:", "yarn": "C2-", "llama3": "C3:",
-              "config": "C5-"}  # "config": the --config file's own scaling, when it has one
-    for m in res["methods"]:
-        x = [p["pair"] for p in m["pairs"]]
-        ax.plot(x, [p["scaled_wavelength"] for p in m["pairs"]], styles[m["method"]], lw=1.6,
-                label=f"{m['label']} ({len(m['unseen_pairs'])} unseen, {len(m['crowded_pairs'])} crowded)")
-        bad = [p for p in m["pairs"] if p["unseen_at_target"]]
-        if bad:
-            ax.plot([p["pair"] for p in bad], [p["scaled_wavelength"] for p in bad], "o", mfc="none",
-                    color=styles[m["method"]][:2] if m["method"] != "default" else "k", ms=6)
-    ax.axhline(res["train_len"], color="grey", lw=1)
-    ax.text(0, res["train_len"] * 1.15, f"training length L = {res['train_len']}", color="grey")
-    ax.axhline(res["target_len"], color="grey", lw=1, ls="--")
-    ax.text(0, res["target_len"] * 1.15, f"target length T = {res['target_len']}", color="grey")
-    ax.set_yscale("log")
-    ax.set_xlabel("pair index i (fast -> slow)")
-    ax.set_ylabel("wavelength 2π/θ_i in tokens (as seen at T)")
-    ax.set_title(f"RoPE pairs, head width {res['head_dim']}, base {res['base']:g}: circles reach angles unseen "
-                 "in training", fontsize=10)
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(0, 0.93))
-    fig.tight_layout()
-    fd, tmp = tempfile.mkstemp(suffix=".png", dir=path.parent)
-    os.close(fd)
-    try:
-        fig.savefig(tmp, dpi=120)
-        os.replace(tmp, path)
-    finally:
-        plt.close(fig)
-        if os.path.exists(tmp):
-            os.remove(tmp)
-
-
 def _lint(args) -> int:
     from llamablock.rope_lint import lint_file
 
@@ -211,7 +164,7 @@ def run(args) -> int:
     if res is None:
         return _alibi(cfg)
     if args.plot:
-        plot(res, args.plot)
+        plot_wavelengths(res, args.plot)
     if args.json:
         print(json.dumps(res, indent=1))
     else:

@@ -101,5 +101,21 @@ def _ranges(pairs: list[int]) -> str:
     return ", ".join(out)
 
 
+def plot_pairs(out) -> list[str]:
+    """The module's rope-scaling figure, drawn by the same code as `llamablock rope --plot`."""
+    from pathlib import Path
+
+    from llamablock.rope_plot import plot_wavelengths
+
+    if out is None:
+        return []
+    res = dict(train_len=TRAIN, target_len=TARGET, head_dim=HEAD, base=10000.0,
+               methods=compare_methods(TRAIN, TARGET, HEAD))
+    plot_wavelengths(res, Path(out) / "rope-scaling.png")
+    return ["rope-scaling.png"]
+
+
 def run(quick: bool, out) -> list[Claim]:
-    return [claim_unseen_pairs(), claim_interpolation_crowds(), claim_ntk_exponent(), claim_raise_base(), claim_alibi_slopes()]
+    unseen = claim_unseen_pairs()
+    unseen.plots = plot_pairs(out)
+    return [unseen, claim_interpolation_crowds(), claim_ntk_exponent(), claim_raise_base(), claim_alibi_slopes()]
