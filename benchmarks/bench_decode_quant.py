@@ -105,7 +105,7 @@ def _models(quick: bool):
     return ours, hf, ids, val_ids
 
 
-def _profile(runner, steps: int = 5) -> Section:
+def _profile(runner, bandwidth: float, steps: int = 5) -> Section:
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU]) as prof:
@@ -119,8 +119,13 @@ def _profile(runner, steps: int = 5) -> Section:
         sec.rows.append([e.key, f"{e.count / steps:.0f}", ms(e.self_cpu_time_total / 1e6 / steps),
                          f"{100 * e.self_cpu_time_total / total:.1f}%"])
     mm = sum(e.self_cpu_time_total for e in events if "pack_mm" in e.key or e.key in ("aten::mm", "aten::bmm"))
-    sec.notes.append(f"Matmul kernels (packed int8/int4, mm, bmm): {100 * mm / total:.0f}% of self time; "
-                     f"ops launched per step: {sum(e.count for e in events) / steps:.0f}.")
+    wb = weight_bytes(runner.model)
+    mm_s, rest_s = mm / 1e6 / steps, (total - mm) / 1e6 / steps
+    sec.notes.append(f"Matmul kernels (packed int8/int4, mm, bmm): {100 * mm / total:.0f}% of self time, "
+                     f"{mm_s * 1e3:.1f} ms per step, reading {wb / 2**20:.0f} MiB of weights at {wb / mm_s / 1e9:.1f} GB/s "
+                     f"(copy bandwidth in this run: {bandwidth / 1e9:.1f} GB/s read + write). The other "
+                     f"{rest_s * 1e3:.1f} ms per step are {sum(e.count for e in events) / steps:.0f} op launches "
+                     "(eager PyTorch, one Python call each); removing them needs a compiled decode step.")
     return sec
 
 
@@ -182,4 +187,4 @@ def run(quick: bool = False) -> list[Section]:
             sec.notes.append(verdict(f"{fmt} decode vs {src}", rate / cpp_rate, target))
             rel = 100 * abs(ppl[fmt] / ppl["float32"] - 1)
             sec.notes.append(verdict(f"{fmt} perplexity change vs float32", rel, ppl_target, higher_is_better=False, unit="%"))
-    return [sec, _profile(runners["llamablock q8"])]
+    return [sec, _profile(runners["llamablock q8"], bw)]

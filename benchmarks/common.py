@@ -53,5 +53,6 @@ def verdict(what: str, got: float, target: float, higher_is_better: bool = True,
     sign = ">=" if higher_is_better else "<="
     if ok:
         return f"Target {what} {sign} {target:g}{unit}: met ({got:.2f}{unit})."
-    gap = (target / got - 1) if higher_is_better else (got / target - 1)
-    return f"Target {what} {sign} {target:g}{unit}: MISSED ({got:.2f}{unit}, {100 * gap:.0f}% short)."
+    if higher_is_better:
+        return f"Target {what} {sign} {target:g}{unit}: MISSED ({got:.2f}{unit}, {100 * (1 - got / target):.0f}% below it)."
+    return f"Target {what} {sign} {target:g}{unit}: MISSED ({got:.2f}{unit}, {100 * (got / target - 1):.0f}% above it)."

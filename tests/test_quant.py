@@ -137,3 +137,15 @@ def test_smollm2_perplexity_q8_q4_close_to_float32():
     print(ppl)
     assert ppl["q8"] <= ppl["float32"] * 1.03, ppl
     assert ppl["q4"] <= ppl["float32"] * 1.05, ppl
+
+
+def test_dtype_choices_for_the_commands():
+    from llamablock.quant import apply_dtype, load_dtype
+
+    assert load_dtype("float32") == torch.float32 and load_dtype("q4") == torch.bfloat16
+    with pytest.raises(ValueError, match="--dtype must be one of float32, bfloat16, q8, q4"):
+        load_dtype("int3")
+    model = Decoder(preset("llama-2024-small")).to(torch.bfloat16)
+    assert isinstance(apply_dtype(model, "q8").layers[0].attn.wq, Int8Linear)
+    plain = Decoder(preset("llama-2024-small"))
+    assert isinstance(apply_dtype(plain, "float32").layers[0].attn.wq, nn.Linear)

@@ -150,3 +150,20 @@ def weight_bytes(model: nn.Module) -> int:
         seen.add(t.data_ptr())
         total += t.numel() * t.element_size()
     return total
+
+
+# For the commands' --dtype: float32 and bfloat16 are plain dtypes; q8/q4 load in bfloat16
+# (the kernels' activation dtype) and are then quantized.
+DTYPE_CHOICES = ("float32", "bfloat16", "q8", "q4")
+
+
+def load_dtype(name: str) -> torch.dtype:
+    """The torch dtype to load weights in for a --dtype choice."""
+    if name not in DTYPE_CHOICES:
+        raise ValueError(f"--dtype must be one of {', '.join(DTYPE_CHOICES)}, got {name!r}")
+    return torch.float32 if name == "float32" else torch.bfloat16
+
+
+def apply_dtype(model: nn.Module, name: str) -> nn.Module:
+    """Quantize a model loaded with `load_dtype(name)` when `name` is q8 or q4; else leave it."""
+    return quantize_model(model, name) if name in FORMATS else model
