@@ -149,3 +149,24 @@ def test_dtype_choices_for_the_commands():
     assert isinstance(apply_dtype(model, "q8").layers[0].attn.wq, Int8Linear)
     plain = Decoder(preset("llama-2024-small"))
     assert isinstance(apply_dtype(plain, "float32").layers[0].attn.wq, nn.Linear)
+
+
+@pytest.mark.parametrize("cls", [Int8Linear, Int4Linear])
+def test_prefill_path_equals_dequantized_matmul(cls):
+    """From PREFILL_ROWS rows on, the layer dequantizes and runs the bf16 GEMM: same weights.
+
+    Bound: the float32 dequantized weight is rounded to bf16 once (2^-8 relative) and the
+    product once more (2^-8), hence 2 * 2^-8 * (|x| @ |W|^T).
+    """
+    from llamablock.quant import PREFILL_ROWS
+
+    q = cls(torch.randn(192, 576))
+    deq = q.dequantized()
+    if cls is Int4Linear:  # the nibble copy holds the same ids as the kernel's packed layout
+        assert ((q.unpacked() - deq).abs() <= BF16_U * q.unpacked().abs() + 1e-6).all()
+    x = torch.randn(PREFILL_ROWS + 5, 576).bfloat16()
+    got = q(x).float()
+    assert ((got - x.float() @ deq.T).abs() <= 2 * _kernel_bound(x, deq)).all()
+    # And it agrees with the packed kernel row by row (decode path).
+    rows = torch.cat([q(x[i:i + 1]) for i in range(4)]).float()
+    assert ((rows - got[:4]).abs() <= 3 * _kernel_bound(x[:4], deq)).all()
