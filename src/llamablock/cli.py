@@ -15,6 +15,8 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "lab": ("llamablock.commands.lab", "measure every claim of the module; write report.md and results.json"),
     "rope": ("llamablock.commands.rope", "per-pair table of every RoPE context-extension method; lint RoPE settings"),
+    "train": ("llamablock.commands.train", "train a preset on Shakespeare (AdamW, cosine, checkpoints, --resume; torchrun for DDP)"),
+    "trace": ("llamablock.commands.trace", "one text through a trained 2017 and 2024 model, stage by stage (trains them on first use)"),
     "demo": ("llamablock.commands.demo", "build the 2017 and 2024 blocks, compare parameters, run a forward pass"),
     "serve": ("llamablock.commands.serve", "the interactive page of the five figures, computed by the library"),
     "kv-cache": ("llamablock.commands.kv_cache", "KV-cache bytes per token, per layer and in total (MHA, GQA, MQA)"),

@@ -1,0 +1,138 @@
+"""`llamablock train`: train a preset on Shakespeare (also under `torchrun --nproc-per-node N`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import types
+import typing
+
+from llamablock.cli import UsageError
+from llamablock.config import ModelConfig
+from llamablock.presets import PRESETS, preset
+
+ARCHS = {"2017": "gpt-2017-small", "2024": "llama-2024-small"}
+
+
+def _field_types() -> dict[str, tuple]:
+    """ModelConfig field -> the python types its annotation allows (NoneType included)."""
+    hints = typing.get_type_hints(ModelConfig)
+    out = {}
+    for f in dataclasses.fields(ModelConfig):
+        hint = hints[f.name]
+        args = typing.get_args(hint) if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union else (hint,)
+        out[f.name] = tuple(typing.get_origin(a) or a for a in args)
+    return out
+
+
+def _convert(name: str, text: str, allowed: tuple):
+    if type(None) in allowed and text.lower() in ("none", "null"):
+        return None
+    for kind in allowed:
+        if kind is bool and text.lower() in ("true", "false", "1", "0"):
+            return text.lower() in ("true", "1")
+        if kind is int:
+            try:
+                return int(text)
+            except ValueError:
+                pass
+        if kind is float:
+            try:
+                return float(text)
+            except ValueError:
+                pass
+        if kind is dict:
+            try:
+                value = json.loads(text)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(value, dict):
+                return value
+        if kind is str:
+            return text
+    names = " or ".join("None" if k is type(None) else ("a JSON object" if k is dict else k.__name__) for k in allowed)
+    raise UsageError(f"--set {name}={text}: {name} expects {names}")
+
+
+def parse_overrides(items: list[str] | None) -> dict:
+    """`--set field=value` pairs, each checked against ModelConfig's field types."""
+    types_ = _field_types()
+    out = {}
+    for item in items or []:
+        if "=" not in item:
+            raise UsageError(f"--set expects field=value, got {item!r}")
+        name, text = item.split("=", 1)
+        name = name.strip()
+        if name not in types_:
+            raise UsageError(f"--set: unknown field {name!r}; ModelConfig fields are {', '.join(sorted(types_))}")
+        if name == "vocab_size":
+            raise UsageError("--set vocab_size: the vocabulary size is taken from the tokenizer (use --tokenizer)")
+        out[name] = _convert(name, text.strip(), types_[name])
+    return out
+
+
+def model_config(preset_name: str | None, arch: str | None, overrides: list[str] | None) -> ModelConfig:
+    if arch is not None and preset_name is not None and ARCHS[arch] != preset_name:
+        raise UsageError(f"--arch {arch} means --preset {ARCHS[arch]}; give one of the two")
+    name = ARCHS[arch] if arch is not None else (preset_name or "gpt-2017-small")
+    if name not in PRESETS:
+        raise UsageError(f"unknown preset {name!r}; known presets: {', '.join(sorted(PRESETS))}")
+    return preset(name, **parse_overrides(overrides))
+
+
+def add_arguments(p) -> None:
+    from llamablock.train import TrainConfig
+
+    d = TrainConfig()
+    p.add_argument("--preset", help="model preset (default gpt-2017-small); the vocabulary comes from the tokenizer")
+    p.add_argument("--arch", choices=sorted(ARCHS), help="shortcut: 2017 = gpt-2017-small, 2024 = llama-2024-small")
+    p.add_argument("--set", action="append", metavar="FIELD=VALUE", dest="overrides",
+                   help="override a ModelConfig field, type-checked (repeatable), e.g. --set n_kv_heads=2")
+    p.add_argument("--out", help="run directory for checkpoints, log.jsonl and curves.png")
+    p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out")
+    p.add_argument("--steps", type=int, help=f"optimizer steps in total (default {d.steps})")
+    p.add_argument("--batch-size", type=int, default=d.batch_size, help="global batch in windows (default %(default)s)")
+    p.add_argument("--context", type=int, default=d.context, help="tokens per window (default %(default)s)")
+    p.add_argument("--lr", type=float, default=d.lr, help="peak learning rate (default %(default)s)")
+    p.add_argument("--warmup", type=int, default=d.warmup, help="linear warm-up steps (default %(default)s)")
+    p.add_argument("--min-lr-ratio", type=float, default=d.min_lr_ratio, help="cosine floor / peak (default %(default)s)")
+    p.add_argument("--weight-decay", type=float, default=d.weight_decay, help="AdamW decay on matrices (default %(default)s)")
+    p.add_argument("--grad-clip", type=float, default=d.grad_clip, help="global gradient norm clip (default %(default)s)")
+    p.add_argument("--eval-every", type=int, default=d.eval_every, help="evaluate and checkpoint every K steps (default %(default)s)")
+    p.add_argument("--eval-windows", type=int, default=d.eval_windows, help="validation windows (default %(default)s)")
+    p.add_argument("--seed", type=int, default=d.seed, help="seed for weights and batches (default %(default)s)")
+    p.add_argument("--corpus", choices=("tiny", "all"), default=d.corpus, help="nine plays or all 38 (default %(default)s)")
+    p.add_argument("--tokenizer", choices=("char", "bpe"), default=d.tokenizer, help="characters or byte-level BPE (default %(default)s)")
+    p.add_argument("--bpe-vocab", type=int, default=d.bpe_vocab, help="BPE vocabulary size (default %(default)s)")
+    p.add_argument("--device", choices=("cpu", "cuda"), help="device (default: cpu; cuda with NCCL under torchrun on GPUs)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def run(args) -> int:
+    from llamablock import distributed as dd
+    from llamablock.train import TrainConfig, train
+
+    if args.resume:
+        if not args.out:
+            raise UsageError("--resume needs --out, the run directory that holds the checkpoint")
+        cfg, tcfg = None, None
+    else:
+        cfg = model_config(args.preset, args.arch, args.overrides)
+        tcfg = TrainConfig(steps=args.steps or TrainConfig.steps, batch_size=args.batch_size, context=args.context,
+                           lr=args.lr, warmup=args.warmup, min_lr_ratio=args.min_lr_ratio,
+                           weight_decay=args.weight_decay, grad_clip=args.grad_clip, eval_every=args.eval_every,
+                           eval_windows=args.eval_windows, seed=args.seed, corpus=args.corpus,
+                           tokenizer=args.tokenizer, bpe_vocab=args.bpe_vocab)
+    info = dd.from_env(args.device)
+    try:
+        result = train(cfg, tcfg, args.out, resume=args.resume, progress=not args.no_progress, info=info,
+                       steps=args.steps if args.resume else None)
+    finally:
+        dd.shutdown(info)
+    if info.is_main:
+        c = result["config"]
+        print(f"trained {c.position}/{c.norm}-{c.norm_placement}/{c.ffn}/kv{c.n_kv_heads} "
+              f"({result['params']:,} parameters) to step {result['step']}: "
+              f"validation loss {result['val_loss']:.4f} nats/token, {result['tokens_per_s']:,.0f} tokens/s"
+              + (f"; run directory {args.out}" if args.out else ""))
+    return 0
