@@ -17,6 +17,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "rope": ("llamablock.commands.rope", "per-pair table of every RoPE context-extension method; lint RoPE settings"),
     "train": ("llamablock.commands.train", "train a preset on Shakespeare (AdamW, cosine, checkpoints, --resume; torchrun for DDP)"),
     "trace": ("llamablock.commands.trace", "one text through a trained 2017 and 2024 model, stage by stage (trains them on first use)"),
+    "compare": ("llamablock.commands.compare", "train 2017, 2024 and each single change between them at equal parameters; table and plot"),
     "demo": ("llamablock.commands.demo", "build the 2017 and 2024 blocks, compare parameters, run a forward pass"),
     "serve": ("llamablock.commands.serve", "the interactive page of the five figures, computed by the library"),
     "kv-cache": ("llamablock.commands.kv_cache", "KV-cache bytes per token, per layer and in total (MHA, GQA, MQA)"),
