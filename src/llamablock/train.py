@@ -131,11 +131,12 @@ def prepare_config(model_cfg: ModelConfig, t: TrainConfig, tok) -> ModelConfig:
 @torch.enable_grad()  # a caller (or a test before us) may have turned autograd off globally
 def train(model_cfg: ModelConfig | None, t: TrainConfig | None, out_dir: str | Path | None = None,
           resume: bool = False, progress: bool = True, stop_at: int | None = None,
-          info: dd.DistInfo | None = None, steps: int | None = None) -> dict:
+          info: dd.DistInfo | None = None, steps: int | None = None, init_state: dict | None = None) -> dict:
     """Train (or resume) and return {"model", "tokenizer", "history", "val_loss", "tokens_per_s", ...}.
 
     With `resume`, both configs come from the newest checkpoint in `out_dir` (`steps` may
     extend the run). `stop_at` ends the call after that many steps, as a kill would.
+    `init_state` starts from given weights (a fine-tune) instead of the random init.
     """
     info = info or dd.DistInfo()
     tok, state, path = None, None, None
@@ -157,6 +158,8 @@ def train(model_cfg: ModelConfig | None, t: TrainConfig | None, out_dir: str | P
     torch.manual_seed(t.seed)
     model = Decoder(cfg)
     init_weights(model)
+    if init_state is not None:
+        model.load_state_dict(init_state)
     opt = make_optimizer(model, t)
     start, history = 0, []
     if state is not None:
