@@ -34,8 +34,9 @@ ISSUE_LLAMACPP = 98.0  # tokens/s, llama.cpp on the Q4_1 file, measured on this 
 
 
 class _Ours:
-    def __init__(self, model, dtype, n_prompt, steps):
+    def __init__(self, model, dtype, n_prompt, steps, step_model=None):
         self.model, self.dtype, self.n, self.steps = model, dtype, n_prompt, steps
+        self.step_model = model if step_model is None else step_model  # a compiled module for the decode step, or the model
 
     def prefill(self, ids):
         cache = KVCache(self.model.cfg, 1, ids.shape[1] + self.steps + 8, dtype=self.dtype)
@@ -46,7 +47,7 @@ class _Ours:
         self.logits, self.cache = self.prefill(ids)
 
     def step(self):
-        self.logits = self.model(self.logits.argmax(-1, keepdim=True), cache=self.cache)[:, -1]
+        self.logits = self.step_model(self.logits.argmax(-1, keepdim=True), cache=self.cache)[:, -1]
 
 
 class _HF:
@@ -105,6 +106,33 @@ def _models(quick: bool):
     return ours, hf, ids, val_ids
 
 
+COMPILED = ("q8", "q4")
+
+
+def _add_compiled(runners: dict, ours: dict, prompt, steps: int) -> dict:
+    """Add 'llamablock <fmt> compiled' runners; check their logits against eager; return compile seconds."""
+    import time
+
+    out = {}
+    for fmt in COMPILED:
+        model, dtype = ours[fmt]
+        compiled = torch.compile(model, dynamic=True)
+        r = _Ours(model, dtype, prompt.shape[1], steps + 8, step_model=compiled)
+        ref = _Ours(model, dtype, prompt.shape[1], steps + 8)
+        r.start(prompt)
+        ref.start(prompt)
+        t0 = time.perf_counter()
+        r.step()
+        out[f"llamablock {fmt} compiled"] = time.perf_counter() - t0
+        for _ in range(2):
+            r.step()
+        for _ in range(3):
+            ref.step()
+        torch.testing.assert_close(r.logits.float(), ref.logits.float(), atol=0.1, rtol=0.05)
+        runners[f"llamablock {fmt} compiled"] = r
+    return out
+
+
 def _profile(runner, bandwidth: float, steps: int = 5) -> Section:
     from torch.profiler import ProfilerActivity, profile
 
@@ -140,8 +168,9 @@ def run(quick: bool = False) -> list[Section]:
     runners.update({f"transformers {k}": _HF(m, steps + 4) for k, m in hf.items()})
     for r in runners.values():
         r.start(prompt)
+    compile_s = {} if quick else _add_compiled(runners, ours, prompt, steps)
     dec = time_calls({k: r.step for k, r in runners.items()}, repeats=steps, warmup=2)
-    pre = time_calls({k: (lambda r=r: r.prefill(ids)) for k, r in runners.items()},
+    pre = time_calls({k: (lambda r=r: r.prefill(ids)) for k, r in runners.items() if "compiled" not in k},
                      repeats=2 if quick else 3, warmup=1)
     bw = copy_bandwidth()
     ppl = {}
@@ -155,17 +184,21 @@ def run(quick: bool = False) -> list[Section]:
                                               "x transformers", "ceiling tok/s", "prefill tok/s", "prefill x transformers",
                                               "ppl", "ppl vs float32"])
     for k, r in runners.items():
-        fmt = k.split()[-1]
+        fmt = k.split()[1]
         model = r.model
         wb = weight_bytes(model)
-        d, p = 1 / dec[k]["median"], ids.shape[1] / pre[k]["median"]
+        d = 1 / dec[k]["median"]
+        p = f"{ids.shape[1] / pre[k]['median']:.0f}" if k in pre else "(eager's)"
         ref = f"transformers {'bfloat16' if fmt in ('q8', 'q4') else fmt}"
         dx = f"{dec[ref]['median'] / dec[k]['median']:.2f}x" if ref in dec else ""
-        px = f"{pre[ref]['median'] / pre[k]['median']:.2f}x" if ref in pre else ""
-        pp = f"{ppl[fmt]:.3f}" if k.startswith("llamablock") and fmt in ppl else ""
+        px = f"{pre[ref]['median'] / pre[k]['median']:.2f}x" if ref in pre and k in pre else ""
+        pp = f"{ppl[fmt]:.3f}" if k.startswith("llamablock") and fmt in ppl and "compiled" not in k else ""
         pr = f"{100 * (ppl[fmt] / ppl['float32'] - 1):+.2f}%" if pp else ""
         sec.rows.append([k, f"{wb / 2**20:.0f}", f"{d:.1f}", f"{1 / dec[k]['min']:.1f}", dx, f"{bw / wb:.0f}",
-                         f"{p:.0f}", px, pp, pr])
+                         p, px, pp, pr])
+    for k, secs in compile_s.items():
+        sec.notes.append(f"{k}: torch.compile(dynamic=True) of the decode step; its first call (compilation, "
+                         f"not in the timings) took {secs:.0f} s; its prefill is the eager model's.")
     sec.notes.append(f"Copy bandwidth {bw / 1e9:.1f} GB/s (read + write of 256 MiB) in this run; q8/q4 are "
                      "compared with transformers in bfloat16, their activation dtype.")
     if not quick:
@@ -183,8 +216,9 @@ def run(quick: bool = False) -> list[Section]:
         else:
             cpp_rate, src = cpp[1], f"llama.cpp measured in this run on {path.name} ({cpp[1]:.1f} tok/s)"
         for fmt, target, ppl_target in (("q8", 1.75, 3.0), ("q4", 1.5, 1.0)):
-            rate = 1 / dec[f"llamablock {fmt}"]["median"]
-            sec.notes.append(verdict(f"{fmt} decode vs {src}", rate / cpp_rate, target))
+            for variant in (f"llamablock {fmt}", f"llamablock {fmt} compiled"):
+                rate = 1 / dec[variant]["median"]
+                sec.notes.append(verdict(f"{variant} decode vs {src}", rate / cpp_rate, target))
             rel = 100 * abs(ppl[fmt] / ppl["float32"] - 1)
             sec.notes.append(verdict(f"{fmt} perplexity change vs float32", rel, ppl_target, higher_is_better=False, unit="%"))
     return [sec, _profile(runners["llamablock q8"], bw)]

@@ -170,3 +170,39 @@ def test_prefill_path_equals_dequantized_matmul(cls):
     # And it agrees with the packed kernel row by row (decode path).
     rows = torch.cat([q(x[i:i + 1]) for i in range(4)]).float()
     assert ((rows - got[:4]).abs() <= 3 * _kernel_bound(x[:4], deq)).all()
+
+
+def test_commands_take_dtype_q8_q4(capsys, tmp_path):
+    """`perplexity --dtype q8` scores with the quantized model; `generate --dtype q4` runs."""
+    import json
+    import math
+
+    import torch.nn.functional as F
+    from gguf_tiny import write_tiny_gguf
+    from hf_reference import tiny_hf_model
+
+    from llamablock import cli
+    from llamablock.io.loading import load_model_and_tokenizer
+    from llamablock.quant import apply_dtype, load_dtype
+
+    gguf = tmp_path / "tiny.gguf"
+    write_tiny_gguf(gguf, tiny_hf_model("llama", n_heads=4, n_kv=2, max_position_embeddings=64))
+    text = tmp_path / "t.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog " * 3)
+    model, tok = load_model_and_tokenizer(str(gguf), load_dtype("q8"))
+    model = apply_dtype(model, "q8")
+    assert isinstance(model.layers[0].attn.wq, Int8Linear)
+    ids = tok.encode(text.read_text())[:40]
+    with torch.no_grad():
+        logits = model(torch.tensor([ids]))[0, :-1].float()
+    want = math.exp(F.cross_entropy(logits, torch.tensor(ids[1:])).item())
+    assert cli.main(["perplexity", "--model", str(gguf), str(text), "--context", "40", "--stride", "40",
+                     "--max-tokens", "40", "--dtype", "q8", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)["perplexity"]
+    assert abs(got - want) <= 1e-4 * want
+    assert cli.main(["generate", "--model", str(gguf), "--prompt", "the quick", "--max-new-tokens", "3",
+                     "--dtype", "q4", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)
+    with pytest.raises(SystemExit):  # argparse names the choices
+        cli.main(["generate", "--model", str(gguf), "--prompt", "x", "--dtype", "q3"])
+    assert "choose from 'float32', 'bfloat16', 'q8', 'q4'" in capsys.readouterr().err

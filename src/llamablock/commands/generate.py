@@ -30,7 +30,8 @@ def add_arguments(p) -> None:
     p.add_argument("--repetition-penalty", type=float, default=1.0, help="CTRL penalty, 1 = off (default: %(default)s)")
     p.add_argument("--seed", type=int, default=None, help="random seed for sampling (default: none)")
     p.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop when this text appears (repeatable)")
-    p.add_argument("--dtype", choices=sorted(DTYPES), default="float32", help="weights and activations (default: %(default)s)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "q8", "q4"], default="float32",
+                   help="weights and activations; q8/q4: int8/int4 weights, bfloat16 activations (default: %(default)s)")
     p.add_argument("--json", action="store_true", help="print token ids and text as JSON instead of streaming")
 
 
@@ -78,7 +79,10 @@ def run(args) -> int:
         raise UsageError(f"--max-new-tokens must be a positive integer, got {args.max_new_tokens}")
     sampling = Sampling(args.temperature, args.top_k, args.top_p, args.repetition_penalty)
     torch.set_grad_enabled(False)
-    model, tok = load_model_and_tokenizer(args.model, DTYPES[args.dtype])
+    from llamablock.quant import apply_dtype, load_dtype
+
+    model, tok = load_model_and_tokenizer(args.model, load_dtype(args.dtype))
+    model = apply_dtype(model, args.dtype)  # q8/q4: llamablock.quant
     if args.prompt is not None:
         _one(model, tok, args.prompt, args, sampling, [] if args.chat else None)
         return 0

@@ -24,7 +24,8 @@ def add_arguments(p) -> None:
     p.add_argument("--context", type=int, default=512, help="tokens per window (default: %(default)s)")
     p.add_argument("--stride", type=int, default=None, help="tokens the window advances (default: context / 2)")
     p.add_argument("--max-tokens", type=int, default=None, help="score only the first N tokens of the file")
-    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="(default: %(default)s)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "q8", "q4"], default="float32",
+                   help="weights and activations; q8/q4: int8/int4 weights, bfloat16 activations (default: %(default)s)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
 
 
@@ -69,7 +70,10 @@ def run(args) -> int:
     if not text.strip():
         raise ValueError(f"{path} is empty")
     stride = args.stride or max(1, args.context // 2)
-    model, tok = load_model_and_tokenizer(args.model, torch.bfloat16 if args.dtype == "bfloat16" else torch.float32)
+    from llamablock.quant import apply_dtype, load_dtype
+
+    model, tok = load_model_and_tokenizer(args.model, load_dtype(args.dtype))
+    model = apply_dtype(model, args.dtype)  # q8/q4: llamablock.quant
     ids = tok.encode(text)
     if args.max_tokens is not None:
         if args.max_tokens < 2:
