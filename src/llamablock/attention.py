@@ -42,7 +42,9 @@ class Attention(nn.Module):
             self.register_buffer("alibi_slopes", alibi_slopes(self.n_heads), persistent=False)
 
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor, cache: KVCache | None = None,
-                pad_mask: torch.Tensor | None = None) -> torch.Tensor:
+                pad_mask: torch.Tensor | None = None, rope_cs: tuple | None = None) -> torch.Tensor:
+        """rope_cs: (cos, sin) for these position_ids, computed once per forward by the Decoder
+        (the same for every layer); None computes them here."""
         b, t, _ = x.shape
         q = self.wq(x).view(b, t, self.n_heads, self.d).transpose(1, 2)  # (b, h, t, d)
         k = self.wk(x).view(b, t, self.n_kv, self.d).transpose(1, 2)  # (b, n_kv, t, d)
@@ -51,7 +53,7 @@ class Attention(nn.Module):
         rope = self.cfg.position == "rope"
         late_keys = rope and rotates_cached_keys(self.cfg)  # dynamic NTK: cache keys unrotated
         if rope:
-            cos, sin = rope_cos_sin(self.cfg, position_ids, q.dtype, seq_len=start + t)
+            cos, sin = rope_cs if rope_cs is not None else rope_cos_sin(self.cfg, position_ids, q.dtype, seq_len=start + t)
             q = apply_rope(q, cos, sin, self.cfg.rope_layout)
             if not late_keys:
                 k = apply_rope(k, cos, sin, self.cfg.rope_layout)

@@ -32,8 +32,8 @@ class PostNormBlock(nn.Module):
         self.attn, self.ffn, self.norm1, self.norm2 = attn, ffn, norm1, norm2
 
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor, cache: KVCache | None = None,
-                pad_mask: torch.Tensor | None = None) -> torch.Tensor:
-        x = self.norm1(x + self.attn(x, position_ids, cache, pad_mask))
+                pad_mask: torch.Tensor | None = None, rope_cs: tuple | None = None) -> torch.Tensor:
+        x = self.norm1(x + self.attn(x, position_ids, cache, pad_mask, rope_cs))
         return self.norm2(x + self.ffn(x))
 
 
@@ -45,8 +45,8 @@ class PreNormBlock(nn.Module):
         self.attn, self.ffn, self.norm1, self.norm2 = attn, ffn, norm1, norm2
 
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor, cache: KVCache | None = None,
-                pad_mask: torch.Tensor | None = None) -> torch.Tensor:
-        x = x + self.attn(self.norm1(x), position_ids, cache, pad_mask)
+                pad_mask: torch.Tensor | None = None, rope_cs: tuple | None = None) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x), position_ids, cache, pad_mask, rope_cs)
         return x + self.ffn(self.norm2(x))
 
 

@@ -21,6 +21,7 @@ from llamablock.config import ModelConfig
 from llamablock.kv_cache import KVCache
 from llamablock.norm import make_norm
 from llamablock.positions import LearnedPositions, SinusoidalPositions
+from llamablock.rope import rope_cos_sin
 
 
 class Decoder(nn.Module):
@@ -67,8 +68,12 @@ class Decoder(nn.Module):
         elif position_ids.shape != input_ids.shape:
             raise ValueError(f"position_ids shape {tuple(position_ids.shape)} must equal input_ids shape {tuple(input_ids.shape)}")
         x = self.embed_tokens(input_ids, position_ids)
+        rope_cs = None
+        if self.cfg.position == "rope":  # the same angles for every layer: compute them once
+            seq_len = (cache.length if cache is not None else 0) + input_ids.shape[1]
+            rope_cs = rope_cos_sin(self.cfg, position_ids, x.dtype, seq_len=seq_len)
         for layer in self.layers:
-            x = layer(x, position_ids, cache, pad_mask)
+            x = layer(x, position_ids, cache, pad_mask, rope_cs)
         if cache is not None:
             cache.advance(input_ids.shape[1])
         if last_only:  # generation needs only the next token's logits: skip the head elsewhere
