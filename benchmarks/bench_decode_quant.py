@@ -128,7 +128,11 @@ def _add_compiled(runners: dict, ours: dict, prompt, steps: int) -> dict:
             r.step()
         for _ in range(3):
             ref.step()
-        torch.testing.assert_close(r.logits.float(), ref.logits.float(), atol=0.1, rtol=0.05)
+        # bfloat16 over 30 layers: a reordered sum moves logits by a few bf16 ulps (0.125 at 16-32),
+        # so the check is relative to the logit scale, as the model test in tests/test_quant.py.
+        diff = (r.logits.float() - ref.logits.float()).abs().max()
+        if diff > 2**-4 * ref.logits.float().abs().max():
+            raise AssertionError(f"compiled {fmt} decode differs from eager by {diff:.3f}")
         runners[f"llamablock {fmt} compiled"] = r
     return out
 
