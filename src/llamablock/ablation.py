@@ -66,9 +66,10 @@ def variants(vocab_size: int, context: int, size: dict | None = None) -> dict[st
 
 def run_compare(steps: int = 200, seeds: tuple[int, ...] = (0, 1, 2), size: dict | None = None,
                 context: int = 128, batch_size: int = 16, lr: float = 1e-3, warmup: int | None = None,
-                names: list[str] | None = None, progress: bool = False, log=print) -> list[dict]:
+                names: list[str] | None = None, progress: bool = False, log=None) -> list[dict]:
     """Train every variant for every seed; one record per run. Runs are interleaved (all variants
-    of seed 0, then seed 1, ...) so a change in machine load does not favour one variant."""
+    of seed 0, then seed 1, ...) so a change in machine load does not favour one variant.
+    `log(line)` is called after each run (the command passes print with flush)."""
     from llamablock.train import get_data
 
     warmup = round(0.4 * steps) if warmup is None else warmup

@@ -165,7 +165,7 @@ def main(argv=None) -> int:
     p.add_argument("--finetune-steps", type=int, default=40, help="fine-tune steps at 4L (default %(default)s)")
     p.add_argument("--out", default="long-context-out", help="folder for results.json and loss_by_position.png")
     args = p.parse_args(argv)
-    result = run_long_context(args.L, args.steps, args.finetune_steps)
+    result = run_long_context(args.L, args.steps, args.finetune_steps, log=lambda line: print(line, flush=True))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(result))

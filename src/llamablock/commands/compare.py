@@ -29,7 +29,8 @@ def run(args) -> int:
         raise ValueError("--seeds and --steps must be positive")
     start = time.perf_counter()
     records = run_compare(args.steps, tuple(range(args.seeds)), dict(d_model=args.d_model, n_layers=args.layers,
-                          n_heads=args.heads), args.context, args.batch_size, args.lr, args.warmup, args.only)
+                          n_heads=args.heads), args.context, args.batch_size, args.lr, args.warmup, args.only,
+                          log=lambda line: print(line, flush=True))
     summary = summarize(records)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
