@@ -261,6 +261,58 @@ def test_rope_scaling_bad_input(client, params, status, parameter):
     error(client.get("/api/rope-scaling", params=params), status, parameter)
 
 
+# -- token-tracer-compare (llamablock.trace, written in the training issue) -------------------------
+
+@pytest.fixture(scope="module")
+def trace_client(tmp_path_factory):
+    """A client whose tracer pair is trained tiny (2 steps) into a temporary cache, so the test
+    costs seconds rather than the two minutes of the real recipe; the face is what is tested."""
+    _needs("llamablock.trace")
+    from llamablock.trace import ensure_pair
+    from llamablock.train import TrainConfig
+
+    cache = tmp_path_factory.mktemp("trace-cache")
+    ensure_pair(cache, recipe=TrainConfig(steps=2, batch_size=2, context=32, warmup=0, eval_every=2, eval_windows=2))
+    return TestClient(create_app(trace_cache_dir=str(cache))), cache
+
+
+@pytest.mark.slow
+def test_token_tracer_passes_the_tracer_through(trace_client):
+    from llamablock.trace import trace_pair
+
+    client, cache = trace_client
+    assert client.get("/api/figures").json()["token-tracer-compare"]["trained"] is True
+    d = client.get("/api/token-tracer", params=dict(text="ROMEO: But soft", top_k=3)).json()
+    direct = trace_pair("ROMEO: But soft", cache_dir=cache, top_k=3)
+    assert d["tokens"] == list("ROMEO: But soft") and d["blocks"] == 4
+    assert [m["arch"] for m in d["models"]] == ["2017", "2024"]
+    for m in d["models"]:
+        assert m["stages"] == direct["models"][m["arch"]]["stages"]
+        assert m["top"] == direct["models"][m["arch"]]["top"] and len(m["top"]) == 3
+    names = {m["arch"]: [s["name"] for s in m["stages"]] for m in d["models"]}
+    # Module 15.6: the 2024 model has no position stage; only post-LN reports the normalized stream.
+    assert "+ positions" in names["2017"] and "+ positions" not in names["2024"]
+    assert "block 1 after attention" in names["2017"] and "block 1 after attention" in names["2024"]
+    assert all("normalized" in s for s in d["models"][0]["stages"] if s["name"].startswith("block"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("params,status,parameter", [
+    (dict(text=""), 422, "text"), (dict(text="x" * 201), 422, "text"), (dict(text="café ☃"), 400, "text"),
+    (dict(top_k=0), 422, "top_k"), (dict(top_k="five"), 422, "top_k"),
+])
+def test_token_tracer_bad_input(trace_client, params, status, parameter):
+    message = error(trace_client[0].get("/api/token-tracer", params=params), status, parameter)
+    if status == 400:
+        assert "not in the vocabulary" in message
+
+
+def test_tracer_status_says_untrained_for_an_empty_cache(tmp_path):
+    _needs("llamablock.trace")
+    status = TestClient(create_app(trace_cache_dir=str(tmp_path))).get("/api/figures").json()["token-tracer-compare"]
+    assert status["available"] and status["trained"] is False and "trains both models" in status["first_use"]
+
+
 # -- the two figures that depend on other parts of the library ----------------------------------
 
 @pytest.mark.parametrize("module,endpoint,figure", [("llamablock.rope_table", "/api/rope-scaling", "rope-scaling"),

@@ -32,11 +32,24 @@ ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disa
 TIMEOUT_MS = 20_000
 
 
+def tiny_trace_cache(root: Path) -> str | None:
+    """The tracer's pair trained for 2 steps (seconds, not the real recipe's two minutes): the page
+    is under test here, not the models. None where llamablock.trace is not importable."""
+    try:
+        from llamablock.trace import ensure_pair
+        from llamablock.train import TrainConfig
+    except ImportError:
+        return None
+    ensure_pair(root, recipe=TrainConfig(steps=2, batch_size=2, context=32, warmup=0, eval_every=2, eval_windows=2))
+    return str(root)
+
+
 @pytest.fixture(scope="module")
-def server():
+def server(tmp_path_factory):
+    cache = tiny_trace_cache(tmp_path_factory.mktemp("trace-cache"))
     sock = socket.create_server(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    srv = uvicorn.Server(uvicorn.Config(create_app(), log_level="warning"))
+    srv = uvicorn.Server(uvicorn.Config(create_app(trace_cache_dir=cache), log_level="warning"))
     thread = threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
@@ -93,6 +106,7 @@ def wait_changed(page, name, before: str) -> None:
         arg=[f"figure-{name}", before])
 
 
+@pytest.mark.slow  # the first test pays for the tiny tracer training of the module's server
 def test_page_loads_without_console_errors_and_screenshots(page):
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     for name in FIGURES:
@@ -168,3 +182,27 @@ def test_a_bad_value_is_reported_naming_the_parameter(page):
     page.fill("#figure-rope-scaling input[name=train_len]", "4096")
     page.wait_for_function("document.getElementById('figure-rope-scaling').dataset.state === 'ready'")
     assert page.inner_text("#figure-rope-scaling .error") == ""
+
+
+def test_tracer_block_stage_and_text(page):
+    fig = "#figure-token-tracer-compare"
+    if state(page, "token-tracer-compare") == "unavailable":
+        pytest.skip("llamablock.trace is not importable here: the tracer figure is unavailable")
+    assert page.locator(f"{fig} .readout .model").count() == 2  # 2017 and 2024 side by side
+    assert page.get_attribute(f"{fig} rect.chosen >> nth=0", "data-stage") == "block 1 after attention"
+    for block, stage in (("2", "feed-forward"), ("4", "attention")):
+        before = drawing(page, "token-tracer-compare")
+        page.select_option(f"{fig} select[name=block]", block)
+        page.select_option(f"{fig} select[name=stage]", stage)
+        assert drawing(page, "token-tracer-compare") != before
+        chosen = page.locator(f"{fig} rect.chosen")
+        assert chosen.count() == 2 and chosen.first.get_attribute("data-stage") == f"block {block} after {stage}"
+    page.fill(f"{fig} input[name=text]", "To be")
+    page.click(f"{fig} button[name=run]")
+    page.wait_for_function("""() => { const s = document.getElementById('figure-token-tracer-compare');
+        return s.dataset.state === 'ready' && s.querySelector('select[name=token]').options.length === 5; }""")
+    assert page.errors == []
+    page.fill(f"{fig} input[name=text]", "caf\u00e9")
+    page.click(f"{fig} button[name=run]")
+    page.wait_for_function("document.getElementById('figure-token-tracer-compare').dataset.state === 'error'")
+    assert page.inner_text(f"{fig} .error").startswith("text:")

@@ -51,7 +51,8 @@ def create_app(trace_cache_dir: str | None = None, lab_results: str = "lab-out/r
     def figures() -> dict:
         """Which figures can be computed here; the page asks this before calling an endpoint
         that depends on a part of the library that may be missing."""
-        return {"rope-scaling": api_rope.scaling_status(), "token-tracer-compare": api_trace.status()}
+        return {"rope-scaling": api_rope.scaling_status(),
+                "token-tracer-compare": api_trace.status(app.state.trace_cache_dir)}
 
     @app.get("/api/{rest:path}", include_in_schema=False)
     def unknown_api(rest: str) -> JSONResponse:
