@@ -183,6 +183,7 @@ def test_gqa_defaults_are_the_preset_and_overrides_apply(client):
     (dict(preset="gpt-5"), 400, "preset"), (dict(preset="x" * 41), 422, "preset"),
     (dict(dtype="float64"), 400, "dtype"), (dict(tokens=0), 422, "tokens"), (dict(tokens=2**21), 422, "tokens"),
     (dict(n_layers="many"), 422, "n_layers"), (dict(head_dim=0), 422, "head_dim"), (dict(n_heads=1000), 422, "n_heads"),
+    (dict(head_dim=81), 400, "head_dim"),
 ])
 def test_gqa_bad_input(client, params, status, parameter):
     error(client.get("/api/gqa", params=params), status, parameter)

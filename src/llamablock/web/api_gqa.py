@@ -26,6 +26,7 @@ router = APIRouter()
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "int8": torch.int8}
 MAX_TOKENS = 1 << 20  # 1,048,576: past the longest context of any preset
 UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
+PARAMETERS = ("n_heads", "n_kv_heads", "n_layers", "head_dim")
 DECODE_CLAIM = "15.5.decode-speed"  # the lab's record of decode attention time against KV heads
 
 
@@ -90,8 +91,9 @@ def gqa(
     try:
         cfg = base.replace(n_heads=heads, n_kv_heads=kv, n_layers=n_layers or base.n_layers,
                            head_dim=head_dim or base.head_dim)
-    except ValueError as e:  # ModelConfig names the field, which is our parameter's name
-        raise APIError(str(e).split(" ")[0], str(e)) from None
+    except ValueError as e:  # ModelConfig names the field; the odd-width message names "rotary width"
+        field = str(e).split(" ")[0]
+        raise APIError(field if field in PARAMETERS else "head_dim" if "rotary" in str(e) else None, str(e)) from None
     torch_dtype = DTYPES[dtype]
     cache = KVCache(cfg, batch_size=1, max_len=tokens, dtype=torch_dtype, device="meta")
     nbytes = cache.nbytes()
