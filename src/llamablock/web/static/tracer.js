@@ -16,19 +16,26 @@ function short(name) {
 
 const quote = (t) => JSON.stringify(t);
 
+// A round tick step (1, 2, 2.5 or 5 times a power of ten) at least x.
+function niceStep(x) {
+  const p = 10 ** Math.floor(Math.log10(x));
+  return [1, 2, 2.5, 5, 10].map((m) => m * p).find((s) => s >= x);
+}
+
 function draw(section, form) {
   const d = last, tok = Number(form.token.value);
   const chosen = `block ${form.block.value} after ${form.stage.value}`;
   const svg = section.querySelector("svg");
   clear(svg);
   const stagesOf = (m) => m.stages.filter((s) => s.name !== "logits");
-  const top = Math.max(...d.models.flatMap((m) => stagesOf(m).map((s) => s.rms[tok])));
+  const highest = Math.max(...d.models.flatMap((m) => stagesOf(m).map((s) => s.rms[tok])));
+  const step = niceStep(highest / 4), top = Math.ceil(highest / step) * step;
   const panelW = (W - PAD.l - GAP - 10) / d.models.length;
   const sy = (v) => H - PAD.b - (v / top) * (H - PAD.t - PAD.b);
-  for (let k = 0; k <= 4; k++) {
-    const v = (top * k) / 4;
+  for (let k = 0; k * step <= top + 1e-9; k++) {
+    const v = k * step;
     el("line", { x1: PAD.l, y1: sy(v), x2: W - 10, y2: sy(v), stroke: "#f3f4f6" }, svg);
-    el("text", { x: PAD.l - 6, y: sy(v) + 4, class: "tick", "text-anchor": "end" }, svg, v.toPrecision(2));
+    el("text", { x: PAD.l - 6, y: sy(v) + 4, class: "tick", "text-anchor": "end" }, svg, String(Number(v.toFixed(6))));
   }
   d.models.forEach((m, j) => {
     const x0 = PAD.l + j * (panelW + GAP), stages = stagesOf(m), bw = panelW / stages.length;
