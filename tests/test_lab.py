@@ -60,6 +60,10 @@ def test_lab_quick_end_to_end(tmp_path, capsys):
     assert doc["claims"] and all(set(c) == FIELDS for c in doc["claims"])
     assert all(c["verdict"] in (REPRODUCED, "differs", NOT_MEASURABLE) for c in doc["claims"])
     assert not [c for c in doc["claims"] if c["id"].endswith("experiment-error")]
+    from llamablock.lab.runner import EXPERIMENTS, claim_ids
+
+    # Every claim the lab records is declared (so --only can find it), and every declared one ran.
+    assert sorted(c["id"] for c in doc["claims"]) == sorted(i for e in EXPERIMENTS for i in claim_ids(e[0]))
     report = (tmp_path / "report.md").read_text()
     assert report.startswith("# The LLaMA Block, measured")
     for plot in (tmp_path).glob("*.png"):

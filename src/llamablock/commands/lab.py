@@ -8,7 +8,7 @@ from pathlib import Path
 def add_arguments(p) -> None:
     p.add_argument("--quick", action="store_true", help="reduced repeats and sizes: a few minutes on 2 CPU cores")
     p.add_argument("--only", nargs="+", metavar="SECTION_OR_ID",
-                   help="run only these sections (15.1 ... 15.6) or claims whose id starts with these")
+                   help="run only these sections (15.1 ... 15.6, exercises) or the claims whose id starts with these")
     p.add_argument("--out", default="lab-out", help="directory for report.md, results.json and plots (default: %(default)s)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -18,7 +18,7 @@ def run(args) -> int:
 
     parse_only(args.only)  # a bad --only fails before anything runs
     print(f"llamablock lab{' --quick' if args.quick else ''}: "
-          f"{'a few minutes' if args.quick else 'about 10-20 minutes'} on 2 CPU cores; writing to {args.out}/")
+          f"{'a few minutes' if args.quick else 'about 20-30 minutes'} on 2 CPU cores; writing to {args.out}/")
     claims = run_lab(Path(args.out), quick=args.quick, only=args.only, progress=not args.no_progress)
     print(table(claims))
     print(f"\nreport: {Path(args.out) / 'report.md'}   results: {Path(args.out) / 'results.json'}")

@@ -23,6 +23,17 @@ CHANGES = {
 }
 
 
+# The ids of the claims this experiment records (for `llamablock lab --only`).
+CLAIMS = (
+    "15.6.side-by-side",
+    "ex.four-changes",
+    "ex.rotation-product",
+    "ex.swiglu-width",
+    "ex.rmsnorm-saving",
+    "ex.kv-cache",
+)
+
+
 def claim_side_by_side() -> Claim:
     old, new = preset("gpt-2017-small"), preset("llama-2024-small")
     a, b = Decoder(old).num_parameters(), Decoder(new).num_parameters()

@@ -10,6 +10,15 @@ from llamablock.ffn import MLP, GatedFFN, gated_ffn_width, swish
 from llamablock.lab.record import Claim
 
 
+# The ids of the claims this experiment records (for `llamablock lab --only`).
+CLAIMS = (
+    "15.4.swish-values",
+    "15.4.gate-closes",
+    "15.4.equal-params",
+    "15.4.width-rule",
+)
+
+
 def claim_swish_values() -> Claim:
     s2, sm2 = swish(torch.tensor(2.0, dtype=torch.float64)).item(), swish(torch.tensor(-2.0, dtype=torch.float64)).item()
     c = Claim("15.4.swish-values", "15.4", "Swish(2) ~ 1.76, Swish(-2) ~ -0.24", [1.76, -0.24],

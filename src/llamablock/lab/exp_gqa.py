@@ -25,6 +25,16 @@ GiB = 2**30
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
+# The ids of the claims this experiment records (for `llamablock lab --only`).
+CLAIMS = (
+    "15.5.cache-bytes",
+    "15.5.cache-exercise",
+    "15.5.gqa-equals-mha",
+    "15.5.attention-params",
+    "15.5.decode-speed",
+)
+
+
 def allocated_bytes(cfg: ModelConfig, tokens: int, dtype: str) -> int:
     one_layer = KVCache(cfg.replace(n_layers=1), batch_size=1, max_len=tokens, dtype=DTYPES[dtype])
     return one_layer.nbytes() * cfg.n_layers

@@ -18,6 +18,15 @@ from llamablock.lab.timing import time_calls
 from llamablock.norm import make_norm
 
 
+# The ids of the claims this experiment records (for `llamablock lab --only`).
+CLAIMS = (
+    "15.3.param-saving",
+    "15.3.output-correlation",
+    "15.3.speed-six-ops",
+    "15.3.speed-fused",
+)
+
+
 def six_op_rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     """The module's RMSNorm as written: square, mean, add eps, sqrt, divide, scale (six kernels)."""
     return x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w

@@ -19,6 +19,18 @@ from llamablock.rope import apply_rope, rope_cos_sin
 from llamablock.rope_scaling import default_inv_freq
 
 
+# The ids of the claims this experiment records (for `llamablock lab --only`).
+CLAIMS = (
+    "15.1.rotation-identity",
+    "15.1.rope-2d-offset",
+    "15.1.rope-head-offset",
+    "15.1.learned-table-shift",
+    "15.1.learned-table-no-entry",
+    "15.1.frequency-ratio",
+    "15.1.shift-both",
+)
+
+
 def _head(head_dim: int, base: float = 10000.0) -> ModelConfig:
     return ModelConfig(vocab_size=2, d_model=head_dim, n_layers=1, n_heads=1, rope_theta=base,
                        rope_layout="interleaved")

@@ -18,6 +18,16 @@ TRAIN, TARGET, HEAD = 4096, 32768, 128
 FACTOR = TARGET / TRAIN  # 8
 
 
+# The ids of the claims this experiment records (for `llamablock lab --only`).
+CLAIMS = (
+    "15.2.unseen-pairs",
+    "15.2.interpolation-crowds",
+    "15.2.ntk-exponent",
+    "15.2.raise-base",
+    "15.2.alibi-slopes",
+)
+
+
 def head_config(rope_scaling: dict | None = None, base: float = 10000.0) -> ModelConfig:
     return ModelConfig(vocab_size=2, d_model=HEAD, n_layers=1, n_heads=1, rope_theta=base,
                        max_seq_len=TRAIN, rope_scaling=rope_scaling)

@@ -21,34 +21,38 @@ from tqdm import tqdm
 from llamablock.io.hf_checkpoint import atomic_write
 from llamablock.lab.record import NOT_MEASURABLE, Claim
 
-# (module, section, title, what it does) in the module's order.
+# (module, the sections its claims belong to, title) in the module's order. The last two train
+# small models, so they come last: the quick lab shows every exact claim within seconds.
 EXPERIMENTS = [
-    ("llamablock.lab.exp_rope", "15.1", "Rotary position embedding", "RoPE identity, invariance, learned table"),
-    ("llamablock.lab.exp_scaling", "15.2", "Stretching RoPE, and ALiBi", "per-pair effect of each method"),
-    ("llamablock.lab.exp_norm", "15.3", "RMSNorm", "parameters, output agreement, speed"),
-    ("llamablock.lab.exp_ffn", "15.4", "SwiGLU", "Swish values, the gate, the 8/3 rule"),
-    ("llamablock.lab.exp_gqa", "15.5", "Grouped-query attention", "cache bytes, GQA = MHA, decode speed"),
-    ("llamablock.lab.exp_blocks", "15.6", "The two blocks side by side, and the exercises", "counts, exercises"),
+    ("llamablock.lab.exp_rope", ("15.1",), "Rotary position embedding"),
+    ("llamablock.lab.exp_scaling", ("15.2",), "Stretching RoPE, and ALiBi"),
+    ("llamablock.lab.exp_norm", ("15.3",), "RMSNorm"),
+    ("llamablock.lab.exp_ffn", ("15.4",), "SwiGLU"),
+    ("llamablock.lab.exp_gqa", ("15.5",), "Grouped-query attention"),
+    ("llamablock.lab.exp_blocks", ("15.6", "exercises"), "The two blocks side by side, and the exercises"),
+    ("llamablock.lab.exp_training", ("15.3", "15.4", "15.5", "15.6"), "Training: ablation and MHA -> GQA"),
+    ("llamablock.lab.exp_long", ("15.2", "15.6"), "Training: long context and the tracer"),
 ]
+SECTIONS = ("15.1", "15.2", "15.3", "15.4", "15.5", "15.6", "exercises")
 
 
 def parse_only(only: list[str] | None) -> tuple[list[tuple], list[str] | None]:
-    """`--only` takes sections ("15.3") or claim ids and their prefixes ("15.5.cache", "ex.").
-    Returns the experiments to run and the id prefixes to keep (None: keep all)."""
+    """`--only` takes sections ("15.3", "exercises") or claim ids and their prefixes ("15.5.cache",
+    "ex."). Returns the experiments that can produce them and the prefixes to keep (None: all)."""
     if not only:
         return EXPERIMENTS, None
-    sections = {e[1]: e for e in EXPERIMENTS}
-    runs, ids = {}, []
+    chosen = []
     for o in only:
-        section = "15.6" if o.startswith("ex") else ".".join(o.split(".")[:2])
-        if section not in sections:
-            raise ValueError(f"--only {o!r} matches no experiment; give a section ({', '.join(sections)}) "
+        found = [e for e in EXPERIMENTS if o in e[1] or any(i.startswith(o) for i in claim_ids(e[0]))]
+        if not found:
+            raise ValueError(f"--only {o!r} matches no experiment; give a section ({', '.join(SECTIONS)}) "
                              "or a claim id such as 15.5.cache-bytes")
-        runs[section] = sections[section]
-        if o != section:
-            ids.append(o)
-    keep = None if any(o in sections for o in only) and not ids else ids + [o for o in only if o in sections]
-    return [e for e in EXPERIMENTS if e[1] in runs], keep
+        chosen += [e for e in found if e not in chosen]
+    return [e for e in EXPERIMENTS if e in chosen], list(only)
+
+
+def claim_ids(module: str) -> tuple[str, ...]:
+    return importlib.import_module(module).CLAIMS
 
 
 def run_lab(out: Path, quick: bool = True, only: list[str] | None = None, progress: bool = True) -> list[Claim]:
@@ -56,8 +60,9 @@ def run_lab(out: Path, quick: bool = True, only: list[str] | None = None, progre
     out.mkdir(parents=True, exist_ok=True)
     claims: list[Claim] = []
     bar = tqdm(experiments, desc="lab", unit="section", disable=not progress)
-    for module, section, title, _ in bar:
-        bar.set_postfix_str(f"{section} {title}")
+    for module, sections, title in bar:
+        section = sections[0]
+        bar.set_postfix_str(title)
         started = time.perf_counter()
         try:
             found = importlib.import_module(module).run(quick, out)
@@ -65,10 +70,10 @@ def run_lab(out: Path, quick: bool = True, only: list[str] | None = None, progre
             found = [Claim(f"{section}.experiment-error", section, f"{title}: the experiment failed", None,
                            verdict=NOT_MEASURABLE,
                            details=f"{type(e).__name__}: {e}; {traceback.format_exc(limit=2)}")]
-        found[-1].details += f" [section {section} ran in {time.perf_counter() - started:.1f} s]"
+        found[-1].details += f" [{title}: {time.perf_counter() - started:.1f} s]"
         claims += found
     if keep:
-        claims = [c for c in claims if any(c.id.startswith(k) or c.section == k for k in keep)]
+        claims = [c for c in claims if any(c.section == k or c.id.startswith(k) for k in keep)]
     write_results(out, claims, quick)
     return claims
 
