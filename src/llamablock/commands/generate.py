@@ -67,6 +67,7 @@ def _one(model, tok, text: str, args, sampling, chat_history=None):
         print(_summary(g), file=sys.stderr, flush=True)
 
 
+@torch.no_grad()  # scoped, not torch.set_grad_enabled(False): callers in the same process keep autograd
 def run(args) -> int:
     from llamablock.io.loading import load_model_and_tokenizer
     from llamablock.sampling import Sampling
@@ -78,7 +79,6 @@ def run(args) -> int:
     if args.max_new_tokens <= 0:
         raise UsageError(f"--max-new-tokens must be a positive integer, got {args.max_new_tokens}")
     sampling = Sampling(args.temperature, args.top_k, args.top_p, args.repetition_penalty)
-    torch.set_grad_enabled(False)
     from llamablock.quant import apply_dtype, load_dtype
 
     model, tok = load_model_and_tokenizer(args.model, load_dtype(args.dtype))
