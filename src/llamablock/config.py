@@ -146,10 +146,18 @@ class ModelConfig:
     @classmethod
     def from_json_file(cls, path: str | Path) -> "ModelConfig":
         """A transformers config.json, or one of ours (written by `save_pretrained` or training)."""
-        try:
-            d = json.loads(Path(path).read_text())
-        except FileNotFoundError:
-            raise FileNotFoundError(f"config file not found: {path}") from None
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path} is not valid JSON: {e}") from None
+        d = read_config_json(path)
         return cls.from_hf(d) if "model_type" in d else cls.from_dict(d)
+
+
+def read_config_json(path: str | Path) -> dict[str, Any]:
+    """A config file's JSON object, with errors that name the file and what is wrong with it."""
+    try:
+        d = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise FileNotFoundError(f"config file not found: {path}") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path} is not valid JSON: {e}") from None
+    if not isinstance(d, dict):
+        raise ValueError(f"{path} must hold a JSON object (a transformers config.json)")
+    return d

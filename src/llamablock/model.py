@@ -80,6 +80,15 @@ class Decoder(nn.Module):
             x = x[:, -1:]
         return self.head(self.final_norm(x))
 
+    def assign_weights(self, state: dict[str, torch.Tensor]) -> "Decoder":
+        """Take `state`'s tensors as the parameters (no copy; a model built on the meta device gets
+        real storage this way), re-tie the head, switch to eval. Loaders check names and shapes
+        first, so that their errors can name the tensor."""
+        self.load_state_dict(state, strict=False, assign=True)
+        if self.cfg.tie_embeddings:
+            self.head.weight = self.embed.weight  # assign=True replaced embed.weight's tensor
+        return self.eval()
+
     def num_parameters(self) -> int:
         """Distinct parameters (a tied head is counted once)."""
         return sum(p.numel() for p in self.parameters())

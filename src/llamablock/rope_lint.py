@@ -27,10 +27,11 @@ happens and what to write instead. Rules (names are stable, for filtering):
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from llamablock.config import read_config_json
 
 # The types transformers 5 computes (ROPE_INIT_FUNCTIONS plus "default"); "ntk" is llamablock's own.
 TRANSFORMERS_TYPES = ("default", "linear", "dynamic", "yarn", "longrope", "llama3", "proportional")
@@ -126,12 +127,4 @@ def lint_config(hf: dict[str, Any]) -> list[RopeWarning]:
 
 
 def lint_file(path: str | Path) -> list[RopeWarning]:
-    try:
-        d = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise FileNotFoundError(f"config file not found: {path}") from None
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path} is not valid JSON: {e}") from None
-    if not isinstance(d, dict):
-        raise ValueError(f"{path} must hold a JSON object (a transformers config.json)")
-    return lint_config(d)
+    return lint_config(read_config_json(path))

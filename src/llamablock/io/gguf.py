@@ -197,10 +197,7 @@ def load_gguf(path_or_reader, dtype: torch.dtype = torch.float32, rope_layout: s
     missing = sorted(set(expected) - set(state) - ({"head.weight"} if cfg.tie_embeddings else set()))
     if missing:
         raise ValueError(f"GGUF file lacks tensors the model needs: {missing[:5]}")
-    model.load_state_dict(state, strict=False, assign=True)
-    if cfg.tie_embeddings:
-        model.head.weight = model.embed.weight
-    return model.eval()
+    return model.assign_weights(state)
 
 
 def llamacpp_permute(w: torch.Tensor, n_head: int) -> torch.Tensor:

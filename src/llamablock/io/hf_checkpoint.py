@@ -86,10 +86,7 @@ def load_hf_dir(path: str | Path, dtype: torch.dtype | None = None) -> Decoder:
         tensors.pop("lm_head.weight", None)  # some tied checkpoints store the copy anyway
     if tensors:
         raise ValueError(f"checkpoint {path} has tensors the model does not use: {sorted(tensors)[:5]}")
-    model.load_state_dict(state, strict=False, assign=True)
-    if cfg.tie_embeddings:
-        model.head.weight = model.embed.weight
-    return model.eval()
+    return model.assign_weights(state)
 
 
 def atomic_write(path: Path, write) -> None:
