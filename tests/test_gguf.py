@@ -93,7 +93,7 @@ BIG = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=1, head_dim
 def test_quantized_tiny_gguf_loads_within_quantization_error(tmp_path, qtype):
     hf = _tiny(**BIG)
     f = tmp_path / f"tiny-{qtype}.gguf"
-    written = write_tiny_gguf(f, hf, qtype=qtype)
+    write_tiny_gguf(f, hf, qtype=qtype)
     ours = load_gguf(f)
     reader = open_gguf(f)
     assert {t.tensor_type.name for t in reader.tensors if len(t.shape) == 2} == {qtype}

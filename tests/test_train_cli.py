@@ -1,7 +1,5 @@
 """`llamablock train` from the command line: a short run, and clear errors for bad input."""
 
-import pytest
-
 from llamablock.cli import main
 from llamablock.commands.train import parse_overrides
 
