@@ -36,13 +36,17 @@ def render_report(claims: list[Claim], env: dict, quick: bool) -> str:
         "# The LLaMA Block, measured",
         "",
         f"llamablock lab{' --quick' if quick else ''}, {env['date']}; Python {env['python']}, torch {env['torch']}, "
-        f"{env['machine']} {env['processor']}, {env['threads']} threads.",
+        f"{' '.join(x for x in (env['machine'], env['processor']) if x)}, {env['threads']} threads.",
         "",
         f"{len(claims)} claims: " + ", ".join(f"{n} {v}" for v, n in counts.most_common()) + ".",
         "Timings come from this machine, interleaved in one process and reported as ratios; the module's were "
         "measured on other hardware, so a different speed ratio is a finding about this machine, not an error.",
         "",
     ]
+    if quick:
+        lines += ["With --quick the claims that need training rest on a few dozen steps of small models and one "
+                        "seed: their verdicts are indicative only. `llamablock lab` without --quick trains longer, "
+                        "with three seeds.", ""]
     for section, (title, intro) in SECTIONS.items():
         part = [c for c in claims if c.section == section]
         if not part:
