@@ -10,7 +10,8 @@ def test_each_ablation_changes_one_thing_at_equal_budget():
     v = variants(65, 64)
     base = v["2017"].to_dict()
     expected = {"2017 + RoPE": {"position", "rope_layout"}, "2017 + RMSNorm pre-LN": {"norm", "norm_placement"},
-                "2017 + SwiGLU": {"ffn"}, "2017 + GQA": {"n_kv_heads"}}
+                "2017 + SwiGLU": {"ffn"}, "2017 + GQA": {"n_kv_heads"}, "2017 + GELU": {"ffn"},
+                "2017 + MQA": {"n_kv_heads"}}
     for name, fields in expected.items():
         changed = {k for k, x in v[name].to_dict().items() if x != base[k]} - {"d_ff"}
         assert changed == fields, name

@@ -59,9 +59,17 @@ def variants(vocab_size: int, context: int, size: dict | None = None) -> dict[st
         "2017 + SwiGLU": base.replace(ffn="swiglu"),
         "2017 + GQA": base.replace(n_kv_heads=h // 2),
         "2024": new,
+        # Two more single changes the module mentions, run on request (the lab asks for them):
+        "2017 + GELU": base.replace(ffn="gelu"),  # Shazeer compares SwiGLU with ReLU *and* GELU
+        "2017 + MQA": base.replace(n_kv_heads=1),  # Ainslie et al.: GQA sits between MHA and MQA
     }
     target = count_params(base)
     return {name: (cfg if name == "2017" else match_budget(cfg, target)) for name, cfg in configs.items()}
+
+
+# What `llamablock compare` trains unless told otherwise: the 2017 and 2024 models and the four
+# single changes of the module's table.
+DEFAULT_VARIANTS = ("2017", "2017 + RoPE", "2017 + RMSNorm pre-LN", "2017 + SwiGLU", "2017 + GQA", "2024")
 
 
 def run_compare(steps: int = 200, seeds: tuple[int, ...] = (0, 1, 2), size: dict | None = None,
@@ -83,7 +91,7 @@ def run_compare(steps: int = 200, seeds: tuple[int, ...] = (0, 1, 2), size: dict
     records = []
     for seed in seeds:
         for name, cfg in configs.items():
-            if names and name not in names:
+            if name not in (names or DEFAULT_VARIANTS):
                 continue
             start = time.perf_counter()
             r = train(cfg, TrainConfig(**{**t.__dict__, "seed": seed}), None, progress=progress)
