@@ -33,7 +33,8 @@ def rope_cos_sin(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin tables of shape (b, t, r/2), one angle per pair, scaled by the attention factor.
 
-    `seq_len` is the total sequence length the model has seen, needed only by dynamic NTK.
+    `seq_len` is the total sequence length the model has seen, read by the types whose frequencies
+    depend on it: dynamic NTK, and longrope (short or long factors).
     """
     inv_freq, attention_factor = rope_frequencies(cfg, seq_len=seq_len)  # (r/2,) float32
     angles = position_ids.to(torch.float32)[..., None] * inv_freq  # (b, t, r/2)
