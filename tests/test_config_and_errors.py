@@ -127,3 +127,17 @@ def test_cli_demo_and_one_line_error(capsys):
     assert main(["demo", "--tokens", "0"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["llamablock demo: error: --tokens must be in 1..256, got 0"]
+
+
+def test_static_ntk_exports_as_default_rope_at_the_raised_base():
+    """transformers has no "ntk" type; the export must load there and give the same frequencies."""
+    import transformers
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    from llamablock.rope_scaling import rope_frequencies
+
+    cfg = preset("smollm2-135m", rope_scaling={"rope_type": "ntk", "factor": 4.0})
+    hf = transformers.LlamaConfig(**{k: v for k, v in cfg.to_hf().items() if k not in ("model_type", "architectures")})
+    ours, _ = rope_frequencies(cfg)
+    ref = LlamaRotaryEmbedding(hf).inv_freq
+    assert torch.allclose(ours, ref, rtol=1e-6, atol=0)

@@ -105,7 +105,12 @@ def config_to_hf(cfg: ModelConfig) -> dict[str, Any]:
     if cfg.rope_layout != "half":
         raise ValueError("transformers expects rope_layout='half'; convert with llamablock.rope.permute_qk first")
     rope = {"rope_theta": cfg.rope_theta, "rope_type": "default"}
-    if cfg.rope_scaling:
+    if cfg.rope_scaling and cfg.rope_scaling.get("rope_type") == "ntk":
+        # transformers has no static NTK type; the same frequencies are default RoPE at the raised base.
+        from llamablock.rope_scaling import ntk_base
+
+        rope["rope_theta"] = ntk_base(cfg.rope_theta, cfg.rope_scaling["factor"], cfg.rotary_dim)
+    elif cfg.rope_scaling:
         rope.update(cfg.rope_scaling)
     if cfg.partial_rotary_factor != 1.0:
         rope["partial_rotary_factor"] = cfg.partial_rotary_factor
