@@ -18,7 +18,7 @@ def run(args) -> int:
 
     parse_only(args.only)  # a bad --only fails before anything runs
     print(f"llamablock lab{' --quick' if args.quick else ''}: "
-          f"{'a few minutes' if args.quick else 'about 20-30 minutes'} on 2 CPU cores; writing to {args.out}/")
+          f"{'a few minutes' if args.quick else 'about 15 minutes'} on 2 CPU cores; writing to {args.out}/")
     claims = run_lab(Path(args.out), quick=args.quick, only=args.only, progress=not args.no_progress)
     print(table(claims))
     print(f"\nreport: {Path(args.out) / 'report.md'}   results: {Path(args.out) / 'results.json'}")

@@ -101,12 +101,18 @@ def claim_head(quick: bool) -> Claim:
     c = Claim("15.1.rope-head-offset", "15.1", "32-dim head, base 10000: score depends only on the offset",
               1e-5, unit="max spread of the score", tolerance="same order as the module's ~1e-5 (below 1e-4)")
     cfg = _head(32)
-    starts = list(range(0, 300 if quick else 2000, 11))
+    starts = list(range(0, 300, 11))  # the verdict: positions within a few hundred, as the module's
     spread = offset_spread(cfg, [0, 1, 7, 63, 200], starts, seeds=3 if quick else 10)
     c.measured = max(spread.values())
-    return c.judge(c.measured < 1e-4, "q, k ~ N(0, I_32), positions "
-                   f"{starts[0]}..{starts[-1]}; largest spread per offset: "
-                   + ", ".join(f"{o}: {v:.2e}" for o, v in spread.items()))
+    details = ("q, k ~ N(0, I_32), positions " f"{starts[0]}..{starts[-1]}; largest spread per offset: "
+               + ", ".join(f"{o}: {v:.2e}" for o, v in spread.items()))
+    if not quick:
+        # Float32 angles m * theta carry a rounding of about m * 6e-8 rad, so the spread grows
+        # with absolute position: the identity is exact, its float32 evaluation is not.
+        far = offset_spread(cfg, [0, 7, 200], list(range(0, 20000, 997)), seeds=3)
+        details += (f". Over positions 0..20,000 the spread grows to {max(far.values()):.1e}: float32 angles "
+                    "m * theta are rounded by about m * 6e-8 rad, so the error grows with absolute position")
+    return c.judge(c.measured < 1e-4, details)
 
 
 def claim_learned_table(quick: bool, rope_error: float) -> Claim:
