@@ -47,6 +47,15 @@ def _median_time(fn, repeat: int) -> float:
     return statistics.median(times)
 
 
+def _rates(prefill, decode, n: int, new: int, repeat: int) -> tuple[float, float]:
+    """(prefill tokens/s, decode tokens/s): median prefill time; median decode time after one warm-up
+    (`decode` times only its decode steps, not the prefill it starts with)."""
+    p = _median_time(prefill, repeat)
+    decode()
+    d = statistics.median(decode() for _ in range(repeat))
+    return n / p, new / d
+
+
 @torch.no_grad()
 def ours_speed(model, ids: torch.Tensor, new: int, repeat: int) -> tuple[float, float]:
     n = ids.shape[1]
@@ -62,10 +71,7 @@ def ours_speed(model, ids: torch.Tensor, new: int, repeat: int) -> tuple[float, 
             logits = model(logits.argmax(-1, keepdim=True), cache=cache)[:, -1]
         return time.perf_counter() - t
 
-    p = _median_time(prefill, repeat)
-    decode()
-    d = statistics.median(decode() for _ in range(repeat))
-    return n / p, new / d
+    return _rates(prefill, decode, n, new, repeat)
 
 
 @torch.no_grad()
@@ -90,10 +96,7 @@ def hf_speed(model, ids: torch.Tensor, new: int, repeat: int) -> tuple[float, fl
             logits, pos = out.logits[:, -1], pos + 1
         return time.perf_counter() - t
 
-    p = _median_time(prefill, repeat)
-    decode()
-    d = statistics.median(decode() for _ in range(repeat))
-    return n / p, new / d
+    return _rates(prefill, decode, n, new, repeat)
 
 
 @torch.no_grad()
