@@ -1,4 +1,8 @@
+import atexit
+import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -6,6 +10,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 torch.set_num_threads(min(2, torch.get_num_threads()))
+# Compiled graphs of the tests go to a fresh directory, not the user's cache (llamablock.compile_cache).
+if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+    _inductor_dir = tempfile.mkdtemp(prefix="llamablock-inductor-")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = _inductor_dir
+    atexit.register(shutil.rmtree, _inductor_dir, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)

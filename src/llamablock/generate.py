@@ -20,6 +20,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from llamablock.compiled_decode import CompiledDecoder
 from llamablock.kv_cache import KVCache
 from llamablock.sampling import Sampling, next_token
 
@@ -85,12 +86,35 @@ class _TextStream:
         return stopped
 
 
+class _EagerRunner:
+    """The Decoder with a KVCache behind the interface of llamablock.compiled_decode.CompiledDecoder."""
+
+    def __init__(self, model, total: int, use_cache: bool):
+        self.model = model
+        self.cache = KVCache(model.cfg, 1, total, dtype=_model_dtype(model)) if use_cache else None
+
+    def start(self, total: int) -> None:
+        pass  # the cache was sized for this request
+
+    def prefill(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.model(ids, cache=self.cache, last_only=True)[:, -1]
+
+    def step(self, ids: torch.Tensor, pos: int) -> torch.Tensor:
+        return self.model(ids, cache=self.cache)[:, -1]  # the cache knows the position
+
+    def forward_all(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.model(ids, last_only=True)[:, -1]
+
+
 @torch.no_grad()
 def generate(model, prompt_ids: Sequence[int], max_new_tokens: int = 64, sampling: Sampling | None = None, *,
              seed: int | None = None, eos_ids: Sequence[int] = (), stop_strings: Sequence[str] = (),
              tokenizer=None, on_text: Callable[[str], None] | None = None, use_cache: bool = True) -> Generation:
-    """Continue one prompt. `use_cache=False` recomputes the whole sequence each step (a reference)."""
+    """Continue one prompt. `model` is a Decoder or a llamablock.compiled_decode.CompiledDecoder;
+    `use_cache=False` recomputes the whole sequence each step (a reference, Decoder only)."""
     prompt = list(prompt_ids)
+    if not use_cache and isinstance(model, CompiledDecoder):
+        raise ValueError("use_cache=False needs the eager Decoder, not a compiled engine")
     check_request(model, len(prompt), max_new_tokens)
     if stop_strings and tokenizer is None:
         raise ValueError("stop strings need the tokenizer")
@@ -101,10 +125,11 @@ def generate(model, prompt_ids: Sequence[int], max_new_tokens: int = 64, samplin
     seq[0, :n] = torch.tensor(prompt)
     eos = set(int(e) for e in eos_ids)
     stream = _TextStream(tokenizer, stop_strings, on_text) if tokenizer is not None else None
-    cache = KVCache(model.cfg, 1, n + max_new_tokens, dtype=_model_dtype(model)) if use_cache else None
+    runner = model if isinstance(model, CompiledDecoder) else _EagerRunner(model, n + max_new_tokens, use_cache)
+    runner.start(n + max_new_tokens)
 
     t0 = time.perf_counter()
-    logits = model(seq[:, :n], cache=cache, last_only=True)[:, -1]  # (1, V)
+    logits = runner.prefill(seq[:, :n])  # (1, V)
     t1 = time.perf_counter()
     new: list[int] = []
     reason, steps = "length", 0
@@ -121,7 +146,7 @@ def generate(model, prompt_ids: Sequence[int], max_new_tokens: int = 64, samplin
         if len(new) == max_new_tokens:
             break
         cur = n + len(new)
-        logits = (model(seq[:, cur - 1: cur], cache=cache) if use_cache else model(seq[:, :cur], last_only=True))[:, -1]
+        logits = runner.step(seq[:, cur - 1: cur], cur - 1) if use_cache else runner.forward_all(seq[:, :cur])
         steps += 1
     t2 = time.perf_counter()
     if stream is not None and reason != "stop_string":

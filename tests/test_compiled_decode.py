@@ -1,0 +1,155 @@
+"""The static layout and its compiled decode step against the eager Decoder.
+
+References: the eager `Decoder` with its KVCache (itself checked against transformers in
+test_hf_parity.py). Tolerances: the static layout runs the same float32 operations on the same
+numbers but fuses matmuls (different blocking of the sums) and softmaxes over all cache slots
+(exact zeros past the position), so logits agree to 1e-5 absolute on logits of size ~1; the
+compiled step (inductor's own kernels) to 1e-4. Greedy tokens must be equal.
+Compilation of a 2-layer model takes a few seconds (autotune off; the speed path's autotuning
+is the same graph with other GEMM kernels).
+"""
+
+import pytest
+import torch
+
+import llamablock
+from hf_reference import tiny_hf_model
+from llamablock.compiled_decode import CompiledDecoder
+from llamablock.config import ModelConfig
+from llamablock.generate import generate
+from llamablock.kv_cache import KVCache
+from llamablock.model import Decoder
+from llamablock.sampling import Sampling
+from llamablock.static_decode import MIN_CACHE, StaticDecoder, cache_length, unsupported_reason
+
+PROMPT = [5, 17, 3, 88, 42, 9, 61]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tiny")
+    tiny_hf_model("llama", n_heads=4, n_kv=2).save_pretrained(d)
+    return llamablock.load_pretrained(d)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()  # each test compiles its own graphs; no recompile limit carried over
+
+
+def _eager_logits(model, ids, steps):
+    """Logits of the prefill and of each greedy step, eager Decoder with KVCache."""
+    cache = KVCache(model.cfg, 1, ids.shape[1] + steps + 1, dtype=model.embed.weight.dtype)
+    out = [model(ids, cache=cache, last_only=True)[:, -1]]
+    for _ in range(steps):
+        out.append(model(out[-1].argmax(-1, keepdim=True), cache=cache)[:, -1])
+    return out
+
+
+def _static_logits(prefill, step, ids, steps):
+    out = [prefill(ids)]
+    for i in range(steps):
+        out.append(step(out[-1].argmax(-1, keepdim=True), ids.shape[1] + i))
+    return out
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("family,kw", [("llama", {"n_heads": 4, "n_kv": 2}), ("llama", {"n_heads": 4, "n_kv": 1}),
+                                       ("qwen2", {"n_heads": 4, "n_kv": 2}), ("gemma", {"n_heads": 4, "n_kv": 1})])
+def test_static_layout_equals_eager_decoder(tmp_path, family, kw):
+    tiny_hf_model(family, **kw).save_pretrained(tmp_path)
+    model = llamablock.load_pretrained(tmp_path)
+    ids = torch.tensor([PROMPT])
+    static = StaticDecoder(model, 64)
+    ref = _eager_logits(model, ids, 10)
+    got = _static_logits(static.prefill, lambda t, p: static.step(t, torch.tensor([p])), ids, 10)
+    for r, g in zip(ref, got):
+        torch.testing.assert_close(g, r, atol=1e-5, rtol=0)
+
+
+@torch.no_grad()
+def test_sliding_window_is_applied_in_the_static_step():
+    cfg = ModelConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, max_seq_len=64, sliding_window=5)
+    model = Decoder(cfg).eval()
+    ids = torch.randint(0, 64, (1, 9))  # longer than the window: the prefill and every step use it
+    static = StaticDecoder(model, 32)
+    ref = _eager_logits(model, ids, 6)
+    got = _static_logits(static.prefill, lambda t, p: static.step(t, torch.tensor([p])), ids, 6)
+    for r, g in zip(ref, got):
+        torch.testing.assert_close(g, r, atol=1e-5, rtol=0)
+
+
+@torch.no_grad()
+def test_compiled_step_equals_eager(tiny):
+    ids = torch.tensor([PROMPT])
+    ref = _eager_logits(tiny, ids, 12)
+    engine = CompiledDecoder(tiny, autotune=False)
+    got = _static_logits(engine.prefill, engine.step, ids, 12)
+    assert engine.compile_seconds > 0  # the first step compiled
+    for r, g in zip(ref, got):
+        torch.testing.assert_close(g, r, atol=1e-4, rtol=0)
+        assert int(r.argmax()) == int(g.argmax())
+
+
+def test_generate_with_the_compiled_engine_equals_eager(tiny):
+    engine = CompiledDecoder(tiny, autotune=False)
+    a = generate(tiny, PROMPT, max_new_tokens=20)
+    b = generate(engine, PROMPT, max_new_tokens=20)
+    assert a.tokens == b.tokens and len(b.tokens) == 20
+    s = Sampling(temperature=0.8, top_k=30, top_p=0.95, repetition_penalty=1.2)
+    a = generate(tiny, PROMPT, max_new_tokens=20, sampling=s, seed=3)
+    b = generate(engine, PROMPT, max_new_tokens=20, sampling=s, seed=3)
+    assert a.tokens == b.tokens
+    # A second request reuses the graph; stale slots from the first are masked out.
+    c = generate(engine, PROMPT[:3], max_new_tokens=20)
+    assert c.tokens == generate(tiny, PROMPT[:3], max_new_tokens=20).tokens
+
+
+@torch.no_grad()
+def test_quantized_engine_equals_quantized_eager_model(tiny):
+    """q8 in the engine (fused q/k/v quantized per row) equals q8 on the eager model: per-row
+    int8 quantization of a stacked matrix is the stack of the rows' quantizations."""
+    from llamablock.quant import quantize_model
+    import copy
+
+    bf16 = copy.deepcopy(tiny).to(torch.bfloat16)
+    eager = quantize_model(copy.deepcopy(bf16), "q8")
+    engine = CompiledDecoder(bf16, "q8", compile=False)
+    ids = torch.tensor([PROMPT])
+    ref = _eager_logits(eager, ids, 8)
+    got = _static_logits(engine.prefill, engine.step, ids, 8)
+    for r, g in zip(ref, got):
+        torch.testing.assert_close(g.float(), r.float(), atol=0.05, rtol=0.02)  # bfloat16 activations
+
+
+def test_cache_grows_for_longer_requests(tiny):
+    engine = CompiledDecoder(tiny, compile=False)
+    engine.start(10)
+    assert engine.length == MIN_CACHE
+    long_prompt = (PROMPT * 40)[:MIN_CACHE]
+    g = generate(engine, long_prompt, max_new_tokens=4)  # needs MIN_CACHE + 4 slots
+    assert engine.length == 2 * MIN_CACHE
+    assert g.tokens == generate(tiny, long_prompt, max_new_tokens=4).tokens
+
+
+def test_cache_length_rule():
+    assert cache_length(1, 8192) == MIN_CACHE and cache_length(MIN_CACHE + 1, 8192) == 2 * MIN_CACHE
+    assert cache_length(300, 400) == 400  # capped at the context
+    with pytest.raises(ValueError, match="exceed the model's context"):
+        cache_length(9000, 8192)
+
+
+def test_unsupported_configs_are_named(tiny):
+    base = dict(vocab_size=64, d_model=32, n_layers=1, n_heads=4)
+    assert "alibi" in unsupported_reason(ModelConfig(**base, position="alibi"))
+    assert "post-LN" in unsupported_reason(ModelConfig(**base, norm_placement="post", norm="layernorm"))
+    dyn = ModelConfig(**base, rope_scaling={"rope_type": "dynamic", "factor": 2.0})
+    assert "dynamic NTK" in unsupported_reason(dyn)
+    with pytest.raises(ValueError, match="does not support position 'learned'"):
+        CompiledDecoder(Decoder(ModelConfig(**base, position="learned")))
+    with pytest.raises(ValueError, match="needs the model loaded in torch.bfloat16"):
+        CompiledDecoder(tiny, "q8")
+    with pytest.raises(ValueError, match="format must be one of"):
+        CompiledDecoder(tiny, "q3")
+    with pytest.raises(ValueError, match="use_cache=False needs the eager Decoder"):
+        generate(CompiledDecoder(tiny, compile=False), PROMPT, 4, use_cache=False)
