@@ -50,6 +50,16 @@ def test_generate_json(capsys, tiny_gguf):
     assert again["tokens"] == d["tokens"]
 
 
+@pytest.mark.parametrize("dtype", ["float32", "q8"])
+def test_generate_compile_gives_the_eager_tokens(capsys, tiny_gguf, dtype):
+    argv = ("generate", "--model", tiny_gguf, "--prompt", "abc def", "--max-new-tokens", "12", "--dtype", dtype, "--json")
+    eager = json.loads(_run(capsys, *argv)[1])
+    torch._dynamo.reset()
+    code, out, err = _run(capsys, *argv, "--compile")
+    assert code == 0 and "compiling the decode step for 64 cache slots" in err  # the tiny model's context: 64
+    assert json.loads(out)["tokens"] == eager["tokens"]
+
+
 @pytest.mark.parametrize("argv,message", [
     (["--prompt", ""], "the prompt is empty"),
     (["--prompt", "abc", "--max-new-tokens", "0"], "--max-new-tokens must be a positive integer, got 0"),

@@ -44,9 +44,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from llamablock.compile_cache import use_persistent_cache
     from llamablock.malloc import tune_allocator
 
     tune_allocator()  # glibc: keep large tensor buffers instead of refaulting them (llamablock.malloc)
+    use_persistent_cache()  # torch.compile's caches under ~/.cache, not /tmp (llamablock.compile_cache)
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
