@@ -95,11 +95,12 @@ class Attention(nn.Module):
                 pad_mask: torch.Tensor | None = None) -> torch.Tensor:
         b, h, t, d = q.shape
         s = k.shape[2]
-        bias = self._mask(t, s, start, q.device)
         window_bites = self.cfg.sliding_window is not None and s > self.cfg.sliding_window
         if t > 1 and start == 0 and self.cfg.position != "alibi" and not window_bites and pad_mask is None:
-            # Plain causal prefill: one fused call; enable_gqa shares each kv head with its group.
+            # Plain causal prefill: one fused call, memory linear in t (no (t, s) mask or score matrix
+            # is built; bench long_prefill measures it); enable_gqa shares each kv head with its group.
             return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_kv != h)
+        bias = self._mask(t, s, start, q.device)
         g = h // self.n_kv
         qg = q.reshape(b, self.n_kv, g * t, d)  # (b, n_kv, g*t, d): a group's queries stacked
         scores = (qg @ k.transpose(-1, -2)) * d**-0.5  # (b, n_kv, g*t, s)
