@@ -34,9 +34,8 @@ ISSUE_LLAMACPP = 98.0  # tokens/s, llama.cpp on the Q4_1 file, measured on this 
 
 
 class _Ours:
-    def __init__(self, model, dtype, n_prompt, steps, step_model=None):
+    def __init__(self, model, dtype, n_prompt, steps):
         self.model, self.dtype, self.n, self.steps = model, dtype, n_prompt, steps
-        self.step_model = model if step_model is None else step_model  # a compiled module for the decode step, or the model
 
     def prefill(self, ids):
         cache = KVCache(self.model.cfg, 1, ids.shape[1] + self.steps + 8, dtype=self.dtype)
@@ -47,7 +46,7 @@ class _Ours:
         self.logits, self.cache = self.prefill(ids)
 
     def step(self):
-        self.logits = self.step_model(self.logits.argmax(-1, keepdim=True), cache=self.cache)[:, -1]
+        self.logits = self.model(self.logits.argmax(-1, keepdim=True), cache=self.cache)[:, -1]
 
 
 class _HF:
@@ -106,27 +105,40 @@ def _models(quick: bool):
     return ours, hf, ids, val_ids
 
 
-COMPILED = ("q8", "q4")
+class _Compiled:
+    """llamablock.compiled_decode.CompiledDecoder: the static layout, its step compiled."""
+
+    def __init__(self, model, fmt: str, steps: int, autotune: bool, **inductor):
+        from llamablock.compiled_decode import CompiledDecoder
+
+        self.engine = CompiledDecoder(model, fmt, autotune=autotune, inductor=inductor)
+        self.steps = steps
+
+    def prefill(self, ids):
+        return self.engine.prefill(ids)
+
+    def start(self, ids):
+        self.logits, self.pos = self.engine.prefill(ids), ids.shape[1]
+
+    def step(self):
+        self.logits = self.engine.step(self.logits.argmax(-1, keepdim=True), self.pos)
+        self.pos += 1
 
 
-def _add_compiled(runners: dict, ours: dict, prompt, steps: int) -> dict:
-    """Add 'llamablock <fmt> compiled' runners; check their logits against eager; return compile seconds."""
-    import time
-
+def _add_compiled(runners: dict, ours: dict, prompt, steps: int, quick: bool) -> dict:
+    """Add 'llamablock <fmt> compiled' runners (all four formats; --quick: float32 without
+    autotuning); check each against its eager twin; return the compile seconds."""
     out = {}
-    for fmt in COMPILED:
-        model, dtype = ours[fmt]
-        compiled = torch.compile(model, dynamic=True)
-        r = _Ours(model, dtype, prompt.shape[1], steps + 8, step_model=compiled)
-        ref = _Ours(model, dtype, prompt.shape[1], steps + 8)
+    for fmt in ("float32",) if quick else ("float32", "bfloat16", "q8", "q4"):
+        base = ours["float32" if fmt == "float32" else "bfloat16"][0]  # the float model: it fuses, then quantizes
+        r = _Compiled(base, fmt, steps, autotune=not quick)
+        r.engine.warm_up(prompt.shape[1] + steps + 8)
+        out[f"llamablock {fmt} compiled"] = r.engine.compile_seconds
         r.start(prompt)
+        ref = runners[f"llamablock {fmt}"]
         ref.start(prompt)
-        t0 = time.perf_counter()
-        r.step()
-        out[f"llamablock {fmt} compiled"] = time.perf_counter() - t0
-        for _ in range(2):
-            r.step()
         for _ in range(3):
+            r.step()
             ref.step()
         # bfloat16 over 30 layers: a reordered sum moves logits by a few bf16 ulps (0.125 at 16-32),
         # so the check is relative to the logit scale, as the model test in tests/test_quant.py.
@@ -157,7 +169,30 @@ def _profile(runner, bandwidth: float, steps: int = 5) -> Section:
                      f"{mm_s * 1e3:.1f} ms per step, reading {wb / 2**20:.0f} MiB of weights at {wb / mm_s / 1e9:.1f} GB/s "
                      f"(copy bandwidth in this run: {bandwidth / 1e9:.1f} GB/s read + write). The other "
                      f"{rest_s * 1e3:.1f} ms per step are {sum(e.count for e in events) / steps:.0f} op launches "
-                     "(eager PyTorch, one Python call each); removing them needs a compiled decode step.")
+                     "(eager PyTorch, one Python call each): what the compiled step removes.")
+    return sec
+
+
+def _compiled_profile(bf16_model, prompt, steps: int = 10) -> Section:
+    """The compiled q8 step by kernel: inductor built with kernel profiling (a separate compile)."""
+    r = _Compiled(bf16_model, "q8", steps, autotune=True, **{"cpp.enable_kernel_profile": True})
+    r.start(prompt)
+    r.step()
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            r.step()
+    events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+    total = sum(e.self_cpu_time_total for e in events)
+    sec = Section(f"Profile of {steps} compiled q8 decode steps (inductor kernel profile, self CPU time)",
+                  ["kernel or op", "calls per step", "self ms per step", "share"])
+    for e in events[:8]:
+        sec.rows.append([e.key[:70], f"{e.count / steps:.0f}", ms(e.self_cpu_time_total / 1e6 / steps),
+                         f"{100 * e.self_cpu_time_total / total:.1f}%"])
+    sec.notes.append("`graph_0_kernel` rows are the int8 weight matmuls (C++ GEMM templates, one call per linear layer); "
+                     "`Call CompiledFxGraph` is the Python wrapper that launches the kernels; `gemm_m...` rows are "
+                     "attention's small matmuls over the cache.")
     return sec
 
 
@@ -170,11 +205,11 @@ def run(quick: bool = False) -> list[Section]:
     prompt = ids[:, :32 if quick else 64]
     runners = {f"llamablock {k}": _Ours(m, dt, prompt.shape[1], steps + 4) for k, (m, dt) in ours.items()}
     runners.update({f"transformers {k}": _HF(m, steps + 4) for k, m in hf.items()})
+    compile_s = _add_compiled(runners, ours, prompt, steps, quick)
     for r in runners.values():
         r.start(prompt)
-    compile_s = {} if quick else _add_compiled(runners, ours, prompt, steps)
     dec = time_calls({k: r.step for k, r in runners.items()}, repeats=steps, warmup=2)
-    pre = time_calls({k: (lambda r=r: r.prefill(ids)) for k, r in runners.items() if "compiled" not in k},
+    pre = time_calls({k: (lambda r=r: r.prefill(ids)) for k, r in runners.items()},
                      repeats=2 if quick else 3, warmup=1)
     bw = copy_bandwidth()
     ppl = {}
@@ -189,30 +224,31 @@ def run(quick: bool = False) -> list[Section]:
                                               "ppl", "ppl vs float32"])
     for k, r in runners.items():
         fmt = k.split()[1]
-        model = r.model
-        wb = weight_bytes(model)
+        wb = weight_bytes(runners[k.removesuffix(" compiled")].model)  # the compiled twin reads the same weights
         d = 1 / dec[k]["median"]
-        p = f"{ids.shape[1] / pre[k]['median']:.0f}" if k in pre else "(eager's)"
+        p = f"{ids.shape[1] / pre[k]['median']:.0f}"
         ref = f"transformers {'bfloat16' if fmt in ('q8', 'q4') else fmt}"
         dx = f"{dec[ref]['median'] / dec[k]['median']:.2f}x" if ref in dec else ""
-        px = f"{pre[ref]['median'] / pre[k]['median']:.2f}x" if ref in pre and k in pre else ""
+        px = f"{pre[ref]['median'] / pre[k]['median']:.2f}x" if ref in pre else ""
         pp = f"{ppl[fmt]:.3f}" if k.startswith("llamablock") and fmt in ppl and "compiled" not in k else ""
         pr = f"{100 * (ppl[fmt] / ppl['float32'] - 1):+.2f}%" if pp else ""
         sec.rows.append([k, f"{wb / 2**20:.0f}", f"{d:.1f}", f"{1 / dec[k]['min']:.1f}", dx, f"{bw / wb:.0f}",
                          p, px, pp, pr])
     for k, secs in compile_s.items():
-        sec.notes.append(f"{k}: torch.compile(dynamic=True) of the decode step; its first call (compilation, "
-                         f"not in the timings) took {secs:.0f} s; its prefill is the eager model's.")
+        sec.notes.append(f"{k}: llamablock.compiled_decode (fused weights, static cache, torch.compile with freezing"
+                         f"{'' if quick else ' and C++ GEMM autotuning'}); compiling took {secs:.0f} s (not in the "
+                         "timings; a later run takes it from the on-disk cache); its prefill is the static layout's, eager.")
     sec.notes.append(f"Copy bandwidth {bw / 1e9:.1f} GB/s (read + write of 256 MiB) in this run; q8/q4 are "
                      "compared with transformers in bfloat16, their activation dtype.")
     if not quick:
         from llamablock.io.loading import resolve_model
 
         for fmt in ("float32", "bfloat16"):
-            x = dec[f"transformers {fmt}"]["median"] / dec[f"llamablock {fmt}"]["median"]
-            sec.notes.append(verdict(f"decode {fmt} vs transformers {fmt}", x, 3.0))
-            x = pre[f"transformers {fmt}"]["median"] / pre[f"llamablock {fmt}"]["median"]
-            sec.notes.append(verdict(f"prefill of {ids.shape[1]} tokens {fmt} vs transformers", x, 1.5))
+            for variant in (f"llamablock {fmt}", f"llamablock {fmt} compiled"):
+                x = dec[f"transformers {fmt}"]["median"] / dec[variant]["median"]
+                sec.notes.append(verdict(f"{variant} decode vs transformers {fmt}", x, 3.0))
+                x = pre[f"transformers {fmt}"]["median"] / pre[variant]["median"]
+                sec.notes.append(verdict(f"{variant} prefill of {ids.shape[1]} tokens vs transformers", x, 1.5))
         path = resolve_model(None)
         cpp = llamacpp_speed(path, ids[0, :64].tolist(), steps, torch.get_num_threads())
         if cpp is None:
@@ -225,4 +261,7 @@ def run(quick: bool = False) -> list[Section]:
                 sec.notes.append(verdict(f"{variant} decode vs {src}", rate / cpp_rate, target))
             rel = 100 * abs(ppl[fmt] / ppl["float32"] - 1)
             sec.notes.append(verdict(f"{fmt} perplexity change vs float32", rel, ppl_target, higher_is_better=False, unit="%"))
-    return [sec, _profile(runners["llamablock q8"], bw)]
+    sections = [sec, _profile(runners["llamablock q8"], bw)]
+    if not quick:
+        sections.append(_compiled_profile(ours["bfloat16"][0], prompt))
+    return sections

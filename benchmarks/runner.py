@@ -27,6 +27,7 @@ BENCHMARKS = {
     "train_step": "benchmarks.bench_train_step",
     "malloc": "benchmarks.bench_malloc",
     "decode": "benchmarks.bench_decode_quant",
+    "long_prefill": "benchmarks.bench_long_prefill",
 }
 
 

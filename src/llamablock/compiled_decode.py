@@ -15,6 +15,7 @@ which fuse the int8 scale into the matmul (measured here on SmolLM2-135M, q8: 94
 chooses the default mode. The first step at a new cache length compiles (`compile_seconds` adds
 up the time); inductor's on-disk cache (llamablock.compile_cache) makes that fast in later runs.
 `compile=False` runs the same static layout eagerly: the reference the tests compare against.
+`inductor` adds inductor settings (e.g. {"cpp.enable_kernel_profile": True} for a per-kernel profile).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from llamablock.static_decode import StaticDecoder, cache_length, unsupported_re
 ENGINE_FORMATS = ("float32", "bfloat16") + FORMATS
 
 
-def _inductor_config(autotune: bool):
+def _inductor_config(autotune: bool, extra: dict):
     """inductor settings for the step, as a context: compilation happens inside the first call,
     and `torch.compile(options=...)` did not apply freezing here (weights stayed graph inputs,
     so the C++ GEMM templates, which need constant weights, had no choice to offer)."""
@@ -38,13 +39,14 @@ def _inductor_config(autotune: bool):
     options = {"freezing": True}
     if autotune:
         options.update({"max_autotune": True, "max_autotune_gemm_backends": "CPP"})
-    return config.patch(options)
+    return config.patch({**options, **extra})
 
 
 class CompiledDecoder:
     """Prefill eagerly, decode with one compiled graph per cache length; batch 1."""
 
-    def __init__(self, model, fmt: str | None = None, *, compile: bool = True, autotune: bool = True):
+    def __init__(self, model, fmt: str | None = None, *, compile: bool = True, autotune: bool = True,
+                 inductor: dict | None = None):
         reason = unsupported_reason(model.cfg)
         if reason is not None:
             raise ValueError(f"the compiled decoder does not support {reason}; run without compilation")
@@ -59,6 +61,7 @@ class CompiledDecoder:
             raise ValueError("give the float model: the compiled decoder fuses q/k/v before quantizing them")
         self.model, self.cfg, self.fmt = model, model.cfg, fmt
         self.compile, self.autotune = compile, autotune
+        self.inductor = dict(inductor or {})  # more inductor settings (the benchmark's kernel profile)
         self.static: StaticDecoder | None = None
         self._step = None
         self.compile_seconds = 0.0
@@ -101,7 +104,7 @@ class CompiledDecoder:
             return self._step(ids, pos_t)
         first = self.length not in self._compiled_lengths
         t = time.perf_counter()
-        with _inductor_config(self.autotune):  # in force at every call, should dynamo ever recompile
+        with _inductor_config(self.autotune, self.inductor):  # in force at every call, should dynamo ever recompile
             out = self._step(ids, pos_t)
         if first:
             self.compile_seconds += time.perf_counter() - t
