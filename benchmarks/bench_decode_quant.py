@@ -250,11 +250,18 @@ def run(quick: bool = False) -> list[Section]:
                 x = pre[f"transformers {fmt}"]["median"] / pre[variant]["median"]
                 sec.notes.append(verdict(f"{variant} prefill of {ids.shape[1]} tokens vs transformers", x, 1.5))
         path = resolve_model(None)
-        cpp = llamacpp_speed(path, ids[0, :64].tolist(), steps, torch.get_num_threads())
-        if cpp is None:
-            cpp_rate, src = ISSUE_LLAMACPP, f"the issue's llama.cpp figure ({ISSUE_LLAMACPP:.0f} tok/s, measured unloaded; not installed here)"
+        cpp = llamacpp_speed(path, prompt[0].tolist(), steps, torch.get_num_threads(), ids[0].tolist())
+        if cpp is None or isinstance(cpp, str):
+            why = "not installed here" if cpp is None else cpp
+            cpp_rate, src = ISSUE_LLAMACPP, f"the issue's llama.cpp figure ({ISSUE_LLAMACPP:.0f} tok/s, measured unloaded; {why})"
         else:
             cpp_rate, src = cpp[1], f"llama.cpp measured in this run on {path.name} ({cpp[1]:.1f} tok/s)"
+            wb = path.stat().st_size
+            sec.rows.append([f"llama.cpp ({path.name.split('.')[-2]} file)", f"{wb / 2**20:.0f}", f"{cpp[1]:.1f}", "", "",
+                             f"{bw / wb:.0f}", f"{cpp[0]:.0f}", "", "", ""])
+            sec.notes.append("llama.cpp (llama-cpp-python, installed by hand; this project never installs it) ran in a "
+                             "child process after the others, not interleaved: best of 3 runs after a warm-up, the same "
+                             "prompt and steps, greedy; its 'weights MiB' is the file's size.")
         for fmt, target, ppl_target in (("q8", 1.75, 3.0), ("q4", 1.5, 1.0)):
             for variant in (f"llamablock {fmt}", f"llamablock {fmt} compiled"):
                 rate = 1 / dec[variant]["median"]

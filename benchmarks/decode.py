@@ -106,21 +106,51 @@ def generate_call_speed(fn, prefill_s: float, new: int, repeat: int) -> float:
     return (new - 1) / max(total - prefill_s, 1e-9)
 
 
-def llamacpp_speed(path: Path, ids: list[int], new: int, threads: int) -> tuple[float, float] | None:
-    try:
-        from llama_cpp import Llama
-    except ImportError:
-        return None
-    llm = Llama(model_path=str(path), n_ctx=len(ids) + new + 8, n_threads=threads, verbose=False)
+_LLAMACPP_CHILD = r"""
+import json, sys, time
+from llama_cpp import Llama
+path, ids, new, threads = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+pre = json.loads(sys.argv[5])  # the prefill's prompt (may be longer than the decode's)
+llm = Llama(model_path=path, n_ctx=max(len(ids) + new, len(pre)) + 8, n_batch=max(len(ids), len(pre)),
+            n_threads=threads, verbose=False)
+def run():
+    llm.reset()
     t = time.perf_counter()
-    llm.eval(ids)
+    llm.eval(pre)
     p = time.perf_counter() - t
+    llm.reset()
+    llm.eval(ids)
     t = time.perf_counter()
     for _ in range(new):
-        tok = llm.sample(temp=0.0)
-        llm.eval([tok])
-    d = time.perf_counter() - t
-    return len(ids) / p, new / d
+        llm.eval([llm.sample(temp=0.0)])
+    return p, time.perf_counter() - t
+run()  # warm-up
+runs = [run() for _ in range(3)]
+print(json.dumps([len(pre) / min(r[0] for r in runs), new / min(r[1] for r in runs)]))
+"""
+
+
+def llamacpp_speed(path: Path, ids: list[int], new: int, threads: int,
+                   prefill_ids: list[int] | None = None) -> tuple[float, float] | str | None:
+    """(prefill tokens/s over `prefill_ids` (default `ids`), decode tokens/s of `new` greedy steps after
+    `ids`) of llama.cpp on the file itself, best of 3 after a warm-up;
+    None when llama-cpp-python is not installed; a string saying what failed otherwise.
+
+    It runs in a child process: llama.cpp's own OpenMP and kernels then never share a process
+    with torch's, and a crash there (a build for the wrong CPU) cannot take the benchmark down.
+    """
+    import importlib.util
+    import json
+    import subprocess
+
+    if importlib.util.find_spec("llama_cpp") is None:
+        return None
+    r = subprocess.run([sys.executable, "-c", _LLAMACPP_CHILD, str(path), json.dumps(ids), str(new), str(threads),
+                        json.dumps(prefill_ids or ids)], capture_output=True, text=True)
+    if r.returncode != 0:
+        return f"llama-cpp-python failed (exit status {r.returncode}): {(r.stderr.strip().splitlines() or [''])[-1][:200]}"
+    prefill, decode = json.loads(r.stdout.strip().splitlines()[-1])
+    return prefill, decode
 
 
 def copy_bandwidth() -> float:
@@ -183,6 +213,8 @@ def main() -> None:
     cpp = llamacpp_speed(path, prompt, args.new_tokens, args.threads)
     if cpp is None:
         print("llama.cpp: llama-cpp-python is not installed (optional; not installed by this project)")
+    elif isinstance(cpp, str):
+        print(f"llama.cpp: {cpp}")
     else:
         print(f"{'gguf':<10}{'llama.cpp (' + path.suffix + ')':<22}{cpp[0]:>14.1f}{cpp[1]:>14.1f}")
 

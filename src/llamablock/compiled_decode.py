@@ -66,6 +66,8 @@ class CompiledDecoder:
         self._step = None
         self.compile_seconds = 0.0
         self._compiled_lengths: set[int] = set()
+        self._ids = torch.zeros(1, 1, dtype=torch.long)  # (1, 1): the step's token
+        self._pos = torch.zeros(1, dtype=torch.long)  # (1,): its position
 
     @property
     def length(self) -> int:
@@ -99,7 +101,11 @@ class CompiledDecoder:
         """ids (1, 1) at position `pos` (all earlier positions filled) -> logits (1, vocab)."""
         if not 0 <= pos < self.length:
             raise ValueError(f"position {pos} is outside the cache (0..{self.length - 1}); call start() first")
-        pos_t = torch.tensor([pos])
+        # The graph's inputs are always these two tensors: a caller's slice of a longer sequence has
+        # other strides, and dynamo would compile again for them.
+        self._ids.copy_(ids)
+        self._pos.fill_(pos)
+        ids, pos_t = self._ids, self._pos
         if not self.compile:
             return self._step(ids, pos_t)
         first = self.length not in self._compiled_lengths
