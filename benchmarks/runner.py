@@ -75,8 +75,8 @@ def run_benchmarks(names: list[str], quick: bool = False, output: Path | None = 
     cmd = "llamablock bench" + (" --quick" if quick else "") + f" --threads {torch.get_num_threads()}"
     cmd += " " + " ".join(names) if names != list(BENCHMARKS) else ""
     lines = ["# Benchmarks", "", *machine(), f"- Command: `{cmd}`", ""]
-    lines += ["The machine is shared (2 cores; other engineers' test runs were running during this run, see the load "
-              "average above), so absolute times move with the load. Within each table the implementations were "
+    lines += ["Absolute times move with the machine's load (see the load average above; a machine shared with "
+              "other jobs runs slower). Within each table the implementations were "
               "timed interleaved, round by round, in one process, so their ratios are the result to read. Every "
               "'Target' line is computed from this run's numbers. Regenerate with the command above "
               "(`llamablock bench` or `python -m benchmarks`; add `--threads N` to fix torch's thread count).", ""]
