@@ -106,15 +106,17 @@ def test_generate_with_the_compiled_engine_equals_eager(tiny):
 
 
 @torch.no_grad()
-def test_quantized_engine_equals_quantized_eager_model(tiny):
-    """q8 in the engine (fused q/k/v quantized per row) equals q8 on the eager model: per-row
-    int8 quantization of a stacked matrix is the stack of the rows' quantizations."""
+@pytest.mark.parametrize("fmt", ["q8", "q4"])
+def test_quantized_engine_equals_quantized_eager_model(tiny, fmt):
+    """q8/q4 in the engine (fused q/k/v quantized) equals the same format on the eager model:
+    int8 scales are per row and int4 groups lie within a row, so quantizing a stacked matrix is
+    stacking the rows' quantizations; only the matmul blocking differs."""
     from llamablock.quant import quantize_model
     import copy
 
     bf16 = copy.deepcopy(tiny).to(torch.bfloat16)
-    eager = quantize_model(copy.deepcopy(bf16), "q8")
-    engine = CompiledDecoder(bf16, "q8", compile=False)
+    eager = quantize_model(copy.deepcopy(bf16), fmt)
+    engine = CompiledDecoder(bf16, fmt, compile=False)
     ids = torch.tensor([PROMPT])
     ref = _eager_logits(eager, ids, 8)
     got = _static_logits(engine.prefill, engine.step, ids, 8)
@@ -153,3 +155,16 @@ def test_unsupported_configs_are_named(tiny):
         CompiledDecoder(tiny, "q3")
     with pytest.raises(ValueError, match="use_cache=False needs the eager Decoder"):
         generate(CompiledDecoder(tiny, compile=False), PROMPT, 4, use_cache=False)
+
+
+def test_persistent_compile_cache_location(monkeypatch, tmp_path):
+    import torch._inductor.runtime.cache_dir_utils
+
+    from llamablock.compile_cache import use_persistent_cache
+
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert use_persistent_cache() == tmp_path / "llamablock" / "inductor"
+    assert torch._inductor.runtime.cache_dir_utils.cache_dir() == str(tmp_path / "llamablock" / "inductor")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))
+    assert use_persistent_cache() == tmp_path / "mine"  # the user's choice wins

@@ -34,8 +34,8 @@ def add_arguments(p) -> None:
     p.add_argument("--dtype", choices=["float32", "bfloat16", "q8", "q4"], default="float32",
                    help="weights and activations; q8/q4: int8/int4 weights, bfloat16 activations (default: %(default)s)")
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=False,
-                   help="decode with the compiled static step (llamablock.compiled_decode): 1.5-2.7x the eager "
-                        "tokens/s, after compiling once (about 90 s, then about 13 s per run from the on-disk "
+                   help="decode with the compiled static step (llamablock.compiled_decode): 1.5-3x the eager "
+                        "tokens/s, after compiling once (about 100 s, then about 16 s per run from the on-disk "
                         "cache); pays off for long generations (default: eager)")
     p.add_argument("--json", action="store_true", help="print token ids and text as JSON instead of streaming")
 
@@ -64,7 +64,7 @@ def _one(model, tok, text: str, args, sampling, chat_history=None, engine=None):
         if not engine.ready:
             from llamablock.compile_cache import cache_dir
 
-            print(f"[compiling the decode step for {engine.length} cache slots: about 90 s the first time, "
+            print(f"[compiling the decode step for {engine.length} cache slots: about 100 s the first time, "
                   f"seconds from the cache in {cache_dir()}]", file=sys.stderr, flush=True)
             engine.warm_up(len(ids) + args.max_new_tokens)
     g = generate(model if engine is None else engine, ids, args.max_new_tokens, sampling, seed=args.seed, eos_ids=tok.eos_ids,
