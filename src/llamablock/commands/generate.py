@@ -65,7 +65,7 @@ def _one(model, tok, text: str, args, sampling, chat_history=None, engine=None):
             from llamablock.compile_cache import cache_dir
 
             print(f"[compiling the decode step for {engine.length} cache slots: about 100 s the first time, "
-                  f"seconds from the cache in {cache_dir()}]", file=sys.stderr, flush=True)
+                  f"under 20 s from the cache in {cache_dir()}]", file=sys.stderr, flush=True)
             engine.warm_up(len(ids) + args.max_new_tokens)
     g = generate(model if engine is None else engine, ids, args.max_new_tokens, sampling, seed=args.seed, eos_ids=tok.eos_ids,
                  stop_strings=args.stop, tokenizer=tok, on_text=on_text)
