@@ -47,22 +47,14 @@ def _copy_linear(dst, src):
     dst.weight.data.copy_(src.weight.data)
 
 
-def test_swiglu_equals_llama_mlp():
+@pytest.mark.parametrize("act,config,hf_act,mlp", [("swiglu", "LlamaConfig", "silu", LlamaMLP),
+                                                    ("geglu", "GemmaConfig", "gelu_pytorch_tanh", GemmaMLP)])
+def test_gated_ffn_equals_transformers_mlp(act, config, hf_act, mlp):
+    """SwiGLU is LlamaMLP and GeGLU is GemmaMLP, bit for bit, with the same weights."""
     import transformers
 
-    cfg = transformers.LlamaConfig(hidden_size=32, intermediate_size=48, hidden_act="silu")
-    ref, ours = LlamaMLP(cfg), GatedFFN(32, 48, "swiglu")
-    for a, b in (("w_gate", "gate_proj"), ("w_up", "up_proj"), ("w_down", "down_proj")):
-        _copy_linear(getattr(ours, a), getattr(ref, b))
-    x = torch.randn(3, 5, 32)
-    assert torch.equal(ours(x), ref(x))
-
-
-def test_geglu_equals_gemma_mlp():
-    import transformers
-
-    cfg = transformers.GemmaConfig(hidden_size=32, intermediate_size=48, hidden_act="gelu_pytorch_tanh")
-    ref, ours = GemmaMLP(cfg), GatedFFN(32, 48, "geglu")
+    cfg = getattr(transformers, config)(hidden_size=32, intermediate_size=48, hidden_act=hf_act)
+    ref, ours = mlp(cfg), GatedFFN(32, 48, act)
     for a, b in (("w_gate", "gate_proj"), ("w_up", "up_proj"), ("w_down", "down_proj")):
         _copy_linear(getattr(ours, a), getattr(ref, b))
     x = torch.randn(3, 5, 32)
