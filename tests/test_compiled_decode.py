@@ -83,7 +83,7 @@ def test_sliding_window_is_applied_in_the_static_step():
 def test_compiled_step_equals_eager(tiny):
     ids = torch.tensor([PROMPT])
     ref = _eager_logits(tiny, ids, 12)
-    engine = CompiledDecoder(tiny, autotune=False)
+    engine = CompiledDecoder(tiny, autotune=False, backend="inductor")
     got = _static_logits(engine.prefill, engine.step, ids, 12)
     assert engine.compile_seconds > 0  # the first step compiled
     for r, g in zip(ref, got):
@@ -92,7 +92,7 @@ def test_compiled_step_equals_eager(tiny):
 
 
 def test_generate_with_the_compiled_engine_equals_eager(tiny):
-    engine = CompiledDecoder(tiny, autotune=False)
+    engine = CompiledDecoder(tiny, autotune=False, backend="inductor")
     a = generate(tiny, PROMPT, max_new_tokens=20)
     b = generate(engine, PROMPT, max_new_tokens=20)
     assert a.tokens == b.tokens and len(b.tokens) == 20
@@ -168,3 +168,29 @@ def test_persistent_compile_cache_location(monkeypatch, tmp_path):
     assert torch._inductor.runtime.cache_dir_utils.cache_dir() == str(tmp_path / "llamablock" / "inductor")
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))
     assert use_persistent_cache() == tmp_path / "mine"  # the user's choice wins
+
+
+@torch.no_grad()
+def test_aoti_backend_equals_eager_and_reloads_from_its_package(tiny):
+    """The AOTInductor package gives the eager logits (1e-4) and tokens; a second engine with the
+    same weights loads the package instead of compiling; other weights get another package."""
+    ids = torch.tensor([PROMPT])
+    ref = _eager_logits(tiny, ids, 8)
+    engine = CompiledDecoder(tiny, autotune=False, backend="aoti")
+    got = _static_logits(engine.prefill, engine.step, ids, 8)
+    assert engine.compile_seconds > 0 and engine._step.path.is_file()
+    for r, g in zip(ref, got):
+        torch.testing.assert_close(g, r, atol=1e-4, rtol=0)
+    again = CompiledDecoder(tiny, autotune=False, backend="aoti")
+    assert generate(again, PROMPT, max_new_tokens=12).tokens == generate(tiny, PROMPT, max_new_tokens=12).tokens
+    assert again.compile_seconds == 0 and again._step.path == engine._step.path
+    import copy
+
+    other = copy.deepcopy(tiny)
+    other.layers[0].ffn.w_up.weight[0, 0] += 1.0
+    from llamablock.aoti_step import package_key
+
+    a, b = StaticDecoder(tiny, 64), StaticDecoder(other, 64)
+    assert package_key(a, "float32", False) != package_key(b, "float32", False)
+    with pytest.raises(ValueError, match="backend must be one of"):
+        CompiledDecoder(tiny, backend="tvm")

@@ -56,7 +56,7 @@ def test_generate_compile_gives_the_eager_tokens(capsys, tiny_gguf, dtype):
     eager = json.loads(_run(capsys, *argv)[1])
     torch._dynamo.reset()
     code, out, err = _run(capsys, *argv, "--compile")
-    assert code == 0 and "compiling the decode step for 64 cache slots" in err  # the tiny model's context: 64
+    assert code == 0 and "the compiled decode step" in err
     assert json.loads(out)["tokens"] == eager["tokens"]
 
 

@@ -22,6 +22,11 @@ def cache_dir() -> Path:
     return Path(base) / "llamablock" / "inductor"
 
 
+def active_dir() -> Path:
+    """The directory inductor uses now: TORCHINDUCTOR_CACHE_DIR when set, else ours."""
+    return Path(os.environ.get("TORCHINDUCTOR_CACHE_DIR") or cache_dir())
+
+
 def use_persistent_cache() -> Path:
     """Set TORCHINDUCTOR_CACHE_DIR (unless already set) and turn on the on-disk caches; the directory."""
     path = Path(os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir())))

@@ -8,12 +8,16 @@ the static layout are quantized (llamablock.quant) after fusing, so q, k and v s
 int4 matrix. The float model is kept: a request longer than the cache rebuilds the static layout
 at the next power-of-two length (llamablock.static_decode.cache_length) from it.
 
-Compilation: inductor with freezing (weights become constants, prepacked for the CPU's GEMM) and
-max-autotune restricted to its C++ GEMM templates, which the speed issue's probe found stable and
-which fuse the int8 scale into the matmul (measured here on SmolLM2-135M, q8: 94 tokens/s against
-58 with inductor's default mode; compiling takes about 80 s instead of 30). `autotune=False`
-chooses the default mode. The first step at a new cache length compiles (`compile_seconds` adds
-up the time); inductor's on-disk cache (llamablock.compile_cache) makes that fast in later runs.
+Compilation (`backend`): "aoti" (the default) exports the step and compiles it ahead of time
+with AOTInductor into a package on disk, named by a hash of the weights, which later processes
+load in about a second (llamablock.aoti_step); "inductor" is torch.compile in this process, which
+re-traces the step in every new process (~16 s warm) and launches kernels from Python (~3 ms per
+SmolLM2 step). Both use inductor with freezing (weights become constants, prepacked for the CPU's
+GEMM) and max-autotune restricted to its C++ GEMM templates, which the speed issue's probe found
+stable and which fuse the int8 scale into the matmul (measured here on SmolLM2-135M, q8 under
+torch.compile: 94 tokens/s against 58 with inductor's default mode; compiling takes about 80 s
+instead of 30). `autotune=False` chooses the default mode. `compile_seconds` adds up the time
+spent compiling (0 for a package loaded from disk).
 `compile=False` runs the same static layout eagerly: the reference the tests compare against.
 `inductor` adds inductor settings (e.g. {"cpp.enable_kernel_profile": True} for a per-kernel profile).
 """
@@ -28,6 +32,7 @@ from llamablock.quant import FORMATS, quantize_model
 from llamablock.static_decode import StaticDecoder, cache_length, unsupported_reason
 
 ENGINE_FORMATS = ("float32", "bfloat16") + FORMATS
+BACKENDS = ("inductor", "aoti")  # torch.compile in this process, or an AOTInductor package (llamablock.aoti_step)
 
 
 def _inductor_config(autotune: bool, extra: dict):
@@ -46,7 +51,7 @@ class CompiledDecoder:
     """Prefill eagerly, decode with one compiled graph per cache length; batch 1."""
 
     def __init__(self, model, fmt: str | None = None, *, compile: bool = True, autotune: bool = True,
-                 inductor: dict | None = None):
+                 inductor: dict | None = None, backend: str = "aoti"):
         reason = unsupported_reason(model.cfg)
         if reason is not None:
             raise ValueError(f"the compiled decoder does not support {reason}; run without compilation")
@@ -59,7 +64,9 @@ class CompiledDecoder:
             raise ValueError(f"format {fmt} needs the model loaded in {want}, not {dtype}")
         if any(not isinstance(getattr(layer.attn, "wq", None), torch.nn.Linear) for layer in model.layers):
             raise ValueError("give the float model: the compiled decoder fuses q/k/v before quantizing them")
-        self.model, self.cfg, self.fmt = model, model.cfg, fmt
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+        self.model, self.cfg, self.fmt, self.backend = model, model.cfg, fmt, backend
         self.compile, self.autotune = compile, autotune
         self.inductor = dict(inductor or {})  # more inductor settings (the benchmark's kernel profile)
         self.static: StaticDecoder | None = None
@@ -72,6 +79,10 @@ class CompiledDecoder:
     @property
     def length(self) -> int:
         return 0 if self.static is None else self.static.length
+
+    def covers(self, total_tokens: int) -> bool:
+        """True when a request of `total_tokens` can decode without building or compiling anything."""
+        return self.ready and total_tokens <= self.length
 
     @property
     def ready(self) -> bool:
@@ -88,7 +99,14 @@ class CompiledDecoder:
             if self.fmt in FORMATS:
                 quantize_model(static, self.fmt)
         self.static = static
-        self._step = torch.compile(static.step, fullgraph=True, dynamic=False) if self.compile else static.step
+        if self.compile and self.backend == "aoti":
+            from llamablock.aoti_step import AOTIStep
+
+            self._step = AOTIStep(static, self.fmt, self.autotune, self.inductor)  # loads or compiles now
+            self.compile_seconds += self._step.compile_seconds
+            self._compiled_lengths.add(length)
+        else:
+            self._step = torch.compile(static.step, fullgraph=True, dynamic=False) if self.compile else static.step
 
     @torch.no_grad()
     def prefill(self, ids: torch.Tensor) -> torch.Tensor:
@@ -106,7 +124,7 @@ class CompiledDecoder:
         self._ids.copy_(ids)
         self._pos.fill_(pos)
         ids, pos_t = self._ids, self._pos
-        if not self.compile:
+        if not self.compile or self.backend == "aoti":
             return self._step(ids, pos_t)
         first = self.length not in self._compiled_lengths
         t = time.perf_counter()

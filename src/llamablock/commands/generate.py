@@ -34,14 +34,14 @@ def add_arguments(p) -> None:
     p.add_argument("--dtype", choices=["float32", "bfloat16", "q8", "q4"], default="float32",
                    help="weights and activations; q8/q4: int8/int4 weights, bfloat16 activations (default: %(default)s)")
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=False,
-                   help="decode with the compiled static step (llamablock.compiled_decode): 1.5-3x the eager "
-                        "tokens/s, after compiling once (about 100 s, then about 16 s per run from the on-disk "
-                        "cache); pays off for long generations (default: eager)")
+                   help="decode with the static step compiled ahead of time (llamablock.compiled_decode, AOTInductor): "
+                        "about 1.7-4x the eager tokens/s; compiling takes about 100 s once per model, format and "
+                        "cache length, later runs load it in about a second (default: eager)")
     p.add_argument("--json", action="store_true", help="print token ids and text as JSON instead of streaming")
 
 
 def _summary(g, engine=None) -> str:
-    compiled = "" if engine is None else f", compiled decode (compiling took {engine.compile_seconds:.0f} s)"
+    compiled = "" if engine is None else f", compiled decode ({engine.compile_seconds:.0f} s compiling)"
     return (f"[{g.prompt_tokens} prompt tokens, {len(g.tokens)} new tokens, prefill {g.prefill_tokens_per_s:.1f} tok/s, "
             f"decode {g.decode_tokens_per_s:.1f} tok/s, stop: {g.stop_reason}{compiled}]")
 
@@ -59,14 +59,13 @@ def _one(model, tok, text: str, args, sampling, chat_history=None, engine=None):
 
         check_request(model, len(ids), args.max_new_tokens)
     on_text = None if args.json else (lambda s: (sys.stdout.write(s), sys.stdout.flush()))
-    if engine is not None:
-        engine.start(len(ids) + args.max_new_tokens)
-        if not engine.ready:
-            from llamablock.compile_cache import cache_dir
+    total = len(ids) + args.max_new_tokens
+    if engine is not None and not engine.covers(total):
+        from llamablock.compile_cache import active_dir
 
-            print(f"[compiling the decode step for {engine.length} cache slots: about 100 s the first time, "
-                  f"under 20 s from the cache in {cache_dir()}]", file=sys.stderr, flush=True)
-            engine.warm_up(len(ids) + args.max_new_tokens)
+        print(f"[the compiled decode step: loading it from {active_dir()}, or compiling it once (about 100 s)]",
+              file=sys.stderr, flush=True)
+        engine.warm_up(total)
     g = generate(model if engine is None else engine, ids, args.max_new_tokens, sampling, seed=args.seed, eos_ids=tok.eos_ids,
                  stop_strings=args.stop, tokenizer=tok, on_text=on_text)
     if chat_history is not None:
