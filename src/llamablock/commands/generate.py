@@ -2,7 +2,10 @@
 
 Ends with one summary line on stderr: prompt tokens, new tokens, prefill and decode tokens/s
 (decode = forward passes after the prefill, divided by their wall time). `--json` prints the
-token ids and the text instead, as one JSON object.
+token ids and the text instead, as one JSON object. `--compile` decodes with
+llamablock.compiled_decode.CompiledDecoder (an AOTInductor package, compiled once per model,
+format and cache length, then loaded); its compile time is reported in the summary, never
+counted as decode time.
 """
 
 from __future__ import annotations
