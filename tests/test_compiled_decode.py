@@ -191,6 +191,6 @@ def test_aoti_backend_equals_eager_and_reloads_from_its_package(tiny):
     from llamablock.aoti_step import package_key
 
     a, b = StaticDecoder(tiny, 64), StaticDecoder(other, 64)
-    assert package_key(a, "float32", False) != package_key(b, "float32", False)
+    assert package_key(a, "float32", {}) != package_key(b, "float32", {})
     with pytest.raises(ValueError, match="backend must be one of"):
         CompiledDecoder(tiny, backend="tvm")

@@ -3,18 +3,19 @@
 torch.compile re-traces the step in every new process (dynamo, AOTAutograd, freezing: ~16 s for
 SmolLM2 even with a warm cache) and launches its kernels from Python at every step. AOTInductor
 compiles an exported program into a shared library with a C++ launcher; a later process loads
-the package in well under a second. Measured here on SmolLM2-135M, q8: 112 tokens/s against
-80-94 with torch.compile, with logits equal to torch.compile's (the same inductor kernels).
+the package instead (2.7 s for SmolLM2 in q8: the package, 317 MB with its weights, is unpacked on
+every load). BENCHMARKS.md's decode table: q8 101 tokens/s, where torch.compile reached 80-86 in
+earlier runs. Tests check the package's logits against the eager step (1e-4, float32).
 
-    runner = load_or_compile(static, fmt, autotune)     # static: llamablock.static_decode.StaticDecoder
-    logits = runner(ids, pos)                           # writes the step's key/value into static's cache
+    runner = AOTIStep(static, fmt, options)     # static: llamablock.static_decode.StaticDecoder
+    logits = runner(ids, pos)                   # writes the step's key/value into static's cache
 
 Export: `torch.export` of `static.step` with the per-layer caches as inputs that the program
 writes in place (as module buffers they would alias those inputs, which export refuses), so the
 caches are un-registered from the layers and kept as plain attributes; the eager prefill keeps
 writing the same tensors. Weights become constants of the package (freezing), so the package is
 only valid for these exact weights: it is named by a hash of the static layout's state (weights
-and quantized buffers), the config, format, cache length, autotuning and the torch version.
+and quantized buffers), the config, format, cache length, inductor options and the torch version.
 Packages live in `<inductor cache dir>/llamablock-aoti/` (llamablock.compile_cache) and are
 written atomically (a temporary name, then a rename).
 """
@@ -63,11 +64,12 @@ def _unregister_caches(static) -> list[torch.Tensor]:
     return caches
 
 
-def package_key(static, fmt: str, autotune: bool) -> str:
+def package_key(static, fmt: str, options: dict) -> str:
     """A hash of everything the compiled package depends on (its weights are constants in it)."""
     h = hashlib.blake2b(digest_size=16)
     cfg = json.dumps(dataclasses.asdict(static.cfg), sort_keys=True, default=str)
-    h.update(f"{torch.__version__}|{fmt}|{static.length}|{static.batch}|{autotune}|{cfg}".encode())
+    opts = json.dumps(options, sort_keys=True, default=str)
+    h.update(f"{torch.__version__}|{fmt}|{static.length}|{static.batch}|{opts}|{cfg}".encode())
     for name, tensor in sorted(static.state_dict().items()):  # the caches are not in it (non-persistent)
         h.update(name.encode())
         h.update(str(tensor.dtype).encode())
@@ -85,23 +87,21 @@ class AOTIStep:
     """`runner(ids (b, 1), pos (1,)) -> logits (b, vocab)` for one StaticDecoder; `compile_seconds`
     is 0 when the package came from the disk cache."""
 
-    def __init__(self, static, fmt: str, autotune: bool, inductor: dict | None = None):
+    def __init__(self, static, fmt: str, options: dict):
         self.caches = _unregister_caches(static)
-        path = package_dir() / f"{package_key(static, fmt, autotune)}.pt2"
+        path = package_dir() / f"{package_key(static, fmt, options)}.pt2"
         self.compile_seconds = 0.0
         if not path.is_file():
             t = time.perf_counter()
-            self._compile(static, path, autotune, inductor or {})
+            self._compile(static, path, options)
             self.compile_seconds = time.perf_counter() - t
         self.runner = torch._inductor.aoti_load_package(str(path))
         self.path = path
 
-    def _compile(self, static, path: Path, autotune: bool, inductor: dict) -> None:
+    def _compile(self, static, path: Path, options: dict) -> None:
+        """options: inductor settings (llamablock.compiled_decode.inductor_options)."""
         ids, pos = torch.zeros(static.batch, 1, dtype=torch.long), torch.zeros(1, dtype=torch.long)
         program = torch.export.export(_StepWithCacheInputs(static), (ids, pos, *self.caches), strict=False)
-        options = {"freezing": True, **inductor}
-        if autotune:
-            options.update({"max_autotune": True, "max_autotune_gemm_backends": "CPP"})
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.stem}.{os.getpid()}.pt2")
         try:

@@ -28,6 +28,15 @@ from llamablock.rope import apply_rope, rope_cos_sin
 from llamablock.rope_scaling import rotates_cached_keys
 
 
+def allowed_slots(q_slot: torch.Tensor, k_slot: torch.Tensor, window: int | None) -> torch.Tensor:
+    """(t, s) bool: which cache slots each query slot may attend to. Causal, and with a sliding
+    window the last `window` tokens only, the query's own included."""
+    allowed = k_slot[None, :] <= q_slot[:, None]  # (t, s)
+    if window is not None:
+        allowed = allowed & (q_slot[:, None] - k_slot[None, :] < window)
+    return allowed
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int = 0):
         super().__init__()
@@ -83,9 +92,7 @@ class Attention(nn.Module):
             return None
         q_slot = torch.arange(start, start + t, device=device)  # (t,)
         k_slot = torch.arange(s, device=device)  # (s,)
-        allowed = k_slot[None, :] <= q_slot[:, None]  # (t, s)
-        if window is not None:
-            allowed &= q_slot[:, None] - k_slot[None, :] < window  # keeps `window` tokens, itself included
+        allowed = allowed_slots(q_slot, k_slot, window)  # (t, s)
         bias = torch.zeros(t, s, device=device).masked_fill(~allowed, float("-inf"))[None]  # (1, t, s)
         if alibi:
             bias = bias + alibi_bias(self.alibi_slopes, q_slot, k_slot)  # (h, t, s)

@@ -7,8 +7,10 @@ empty at boot; `use_persistent_cache` points it at the user's cache directory in
 
     $XDG_CACHE_HOME/llamablock/inductor   (default ~/.cache/llamablock/inductor)
 
-It must run before torch._inductor reads its configuration (the command line calls it at
-start-up). A TORCHINDUCTOR_CACHE_DIR the user set wins. `--no-compile` avoids the cache entirely.
+torch reads the variable each time it needs the directory, so this works after torch is imported
+(the command line calls it at start-up; tests/test_compiled_decode.py checks torch sees it). A
+TORCHINDUCTOR_CACHE_DIR the user set wins. llamablock.aoti_step keeps its packages in the
+`llamablock-aoti/` subdirectory. `--no-compile` avoids the cache entirely.
 """
 
 from __future__ import annotations
@@ -22,14 +24,7 @@ def cache_dir() -> Path:
     return Path(base) / "llamablock" / "inductor"
 
 
-def active_dir() -> Path:
-    """The directory inductor uses now: TORCHINDUCTOR_CACHE_DIR when set, else ours."""
-    return Path(os.environ.get("TORCHINDUCTOR_CACHE_DIR") or cache_dir())
-
-
 def use_persistent_cache() -> Path:
-    """Set TORCHINDUCTOR_CACHE_DIR (unless already set) and turn on the on-disk caches; the directory."""
-    path = Path(os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir())))
-    os.environ.setdefault("TORCHINDUCTOR_FX_GRAPH_CACHE", "1")
-    os.environ.setdefault("TORCHINDUCTOR_AUTOGRAD_CACHE", "1")
-    return path
+    """Set TORCHINDUCTOR_CACHE_DIR unless already set (the caches themselves are on by default in
+    torch 2.13); return the directory."""
+    return Path(os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir())))

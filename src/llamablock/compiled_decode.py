@@ -10,14 +10,16 @@ at the next power-of-two length (llamablock.static_decode.cache_length) from it.
 
 Compilation (`backend`): "aoti" (the default) exports the step and compiles it ahead of time
 with AOTInductor into a package on disk, named by a hash of the weights, which later processes
-load in about a second (llamablock.aoti_step); "inductor" is torch.compile in this process, which
-re-traces the step in every new process (~16 s warm) and launches kernels from Python (~3 ms per
-SmolLM2 step). Both use inductor with freezing (weights become constants, prepacked for the CPU's
-GEMM) and max-autotune restricted to its C++ GEMM templates, which the speed issue's probe found
-stable and which fuse the int8 scale into the matmul (measured here on SmolLM2-135M, q8 under
-torch.compile: 94 tokens/s against 58 with inductor's default mode; compiling takes about 80 s
-instead of 30). `autotune=False` chooses the default mode. `compile_seconds` adds up the time
-spent compiling (0 for a package loaded from disk).
+load instead of compiling (llamablock.aoti_step; BENCHMARKS.md's compile_cache table: the first
+decoded token 13 s after process start, against 23 s with torch.compile); "inductor" is
+torch.compile in this process, which re-traces the step in every new process and launches its
+kernels from Python (~4-6 ms of a SmolLM2 q8 step in BENCHMARKS.md's kernel profile). Both use
+inductor with freezing (weights become constants, prepacked for the CPU's GEMM) and max-autotune
+restricted to its C++ GEMM templates, which the speed issue's probe found stable and which fuse
+the int8 scale into the matmul (measured here on SmolLM2-135M, q8 under torch.compile: 94
+tokens/s against 58 with inductor's default mode; compiling takes about 80 s instead of 30).
+`autotune=False` chooses the default mode. `compile_seconds` adds up the time spent compiling
+(0 for a package loaded from disk).
 `compile=False` runs the same static layout eagerly: the reference the tests compare against.
 `inductor` adds inductor settings (e.g. {"cpp.enable_kernel_profile": True} for a per-kernel profile).
 """
@@ -28,23 +30,18 @@ import time
 
 import torch
 
-from llamablock.quant import FORMATS, quantize_model
+from llamablock.quant import DTYPE_CHOICES, FORMATS, load_dtype, quantize_model
 from llamablock.static_decode import StaticDecoder, cache_length, unsupported_reason
 
-ENGINE_FORMATS = ("float32", "bfloat16") + FORMATS
 BACKENDS = ("inductor", "aoti")  # torch.compile in this process, or an AOTInductor package (llamablock.aoti_step)
 
 
-def _inductor_config(autotune: bool, extra: dict):
-    """inductor settings for the step, as a context: compilation happens inside the first call,
-    and `torch.compile(options=...)` did not apply freezing here (weights stayed graph inputs,
-    so the C++ GEMM templates, which need constant weights, had no choice to offer)."""
-    import torch._inductor.config as config
-
+def inductor_options(autotune: bool, extra: dict | None = None) -> dict:
+    """The inductor settings of both backends: freezing, and with `autotune` the C++ GEMM templates."""
     options = {"freezing": True}
     if autotune:
         options.update({"max_autotune": True, "max_autotune_gemm_backends": "CPP"})
-    return config.patch({**options, **extra})
+    return {**options, **(extra or {})}
 
 
 class CompiledDecoder:
@@ -57,9 +54,9 @@ class CompiledDecoder:
             raise ValueError(f"the compiled decoder does not support {reason}; run without compilation")
         dtype = model.embed.weight.dtype
         fmt = fmt or {torch.float32: "float32", torch.bfloat16: "bfloat16"}.get(dtype)
-        if fmt not in ENGINE_FORMATS:
-            raise ValueError(f"format must be one of {', '.join(ENGINE_FORMATS)}, got {fmt!r}")
-        want = torch.float32 if fmt == "float32" else torch.bfloat16
+        if fmt not in DTYPE_CHOICES:
+            raise ValueError(f"format must be one of {', '.join(DTYPE_CHOICES)}, got {fmt!r}")
+        want = load_dtype(fmt)
         if dtype != want:
             raise ValueError(f"format {fmt} needs the model loaded in {want}, not {dtype}")
         if any(not isinstance(getattr(layer.attn, "wq", None), torch.nn.Linear) for layer in model.layers):
@@ -82,12 +79,9 @@ class CompiledDecoder:
 
     def covers(self, total_tokens: int) -> bool:
         """True when a request of `total_tokens` can decode without building or compiling anything."""
-        return self.ready and total_tokens <= self.length
+        compiled = not self.compile or self.length in self._compiled_lengths
+        return self.static is not None and compiled and total_tokens <= self.length
 
-    @property
-    def ready(self) -> bool:
-        """True when the step for the current cache length is compiled (or compilation is off)."""
-        return self.static is not None and (not self.compile or self.length in self._compiled_lengths)
 
     def start(self, total_tokens: int) -> None:
         """Make room for a request of `total_tokens` (prompt + new): rebuild if the cache is too short."""
@@ -102,7 +96,7 @@ class CompiledDecoder:
         if self.compile and self.backend == "aoti":
             from llamablock.aoti_step import AOTIStep
 
-            self._step = AOTIStep(static, self.fmt, self.autotune, self.inductor)  # loads or compiles now
+            self._step = AOTIStep(static, self.fmt, inductor_options(self.autotune, self.inductor))  # loads or compiles now
             self.compile_seconds += self._step.compile_seconds
             self._compiled_lengths.add(length)
         else:
@@ -128,7 +122,12 @@ class CompiledDecoder:
             return self._step(ids, pos_t)
         first = self.length not in self._compiled_lengths
         t = time.perf_counter()
-        with _inductor_config(self.autotune, self.inductor):  # in force at every call, should dynamo ever recompile
+        # A config patch in force at every call (should dynamo ever recompile): compilation happens
+        # inside the first call, and torch.compile(options=...) did not apply freezing here (weights
+        # stayed graph inputs, and the C++ GEMM templates, which need constant weights, offered nothing).
+        import torch._inductor.config
+
+        with torch._inductor.config.patch(inductor_options(self.autotune, self.inductor)):
             out = self._step(ids, pos_t)
         if first:
             self.compile_seconds += time.perf_counter() - t

@@ -46,9 +46,13 @@ class GatedFFN(nn.Module):
         self.w_down = nn.Linear(d_ff, d_model, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        g = self.w_gate(x)  # (b, t, d_ff)
-        g = swish(g) if self.act == "swiglu" else F.gelu(g, approximate="tanh")
+        g = gate_activation(self.w_gate(x), self.act)  # (b, t, d_ff)
         return self.w_down(g * self.w_up(x))
+
+
+def gate_activation(g: torch.Tensor, act: str) -> torch.Tensor:
+    """The gate's nonlinearity: Swish for SwiGLU, tanh-approximated GELU for GeGLU (Gemma)."""
+    return swish(g) if act == "swiglu" else F.gelu(g, approximate="tanh")
 
 
 class MLP(nn.Module):

@@ -93,9 +93,6 @@ class _EagerRunner:
         self.model = model
         self.cache = KVCache(model.cfg, 1, total, dtype=_model_dtype(model)) if use_cache else None
 
-    def start(self, total: int) -> None:
-        pass  # the cache was sized for this request
-
     def prefill(self, ids: torch.Tensor) -> torch.Tensor:
         return self.model(ids, cache=self.cache, last_only=True)[:, -1]
 
@@ -126,9 +123,8 @@ def generate(model, prompt_ids: Sequence[int], max_new_tokens: int = 64, samplin
     eos = set(int(e) for e in eos_ids)
     stream = _TextStream(tokenizer, stop_strings, on_text) if tokenizer is not None else None
     runner = model if isinstance(model, CompiledDecoder) else _EagerRunner(model, n + max_new_tokens, use_cache)
-    runner.start(n + max_new_tokens)
-    if isinstance(runner, CompiledDecoder) and not runner.ready:
-        runner.warm_up(n + max_new_tokens)  # compile before the clock starts: decode_seconds is decoding only
+    if isinstance(runner, CompiledDecoder) and not runner.covers(n + max_new_tokens):
+        runner.warm_up(n + max_new_tokens)  # build and compile before the clock: decode_seconds is decoding only
 
     t0 = time.perf_counter()
     logits = runner.prefill(seq[:, :n])  # (1, V)

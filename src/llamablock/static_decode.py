@@ -13,9 +13,8 @@ same model, rearranged so that torch.compile can turn the whole step into a few 
     to a power of two (`cache_length`), so a few graphs cover every request and reading the
     unused slots costs at most the used ones again;
   * cos/sin of every position 0..L-1 computed once (llamablock.rope), looked up per step;
-  * `torch.compile` of `step` (inductor, with freezing: weights become constants that it
-    prepacks for the CPU's GEMM kernels). Compiled graphs are cached on disk by inductor, so a
-    second process with the same model and L compiles in seconds (llamablock.compile_cache).
+  * `step` has no checks and no Python branching on values, so it compiles to one graph
+    (llamablock.compiled_decode: AOTInductor or torch.compile, with freezing).
 
 Prefill (t > 1 tokens) runs eagerly through the same fused layers, attention by
 scaled_dot_product_attention, and fills the cache's first t slots.
@@ -35,7 +34,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from llamablock.ffn import GatedFFN
+from llamablock.attention import allowed_slots
+from llamablock.ffn import GatedFFN, gate_activation
 from llamablock.rope import apply_rope, rope_cos_sin
 from llamablock.rope_scaling import rotates_cached_keys
 
@@ -101,8 +101,7 @@ class _Layer(nn.Module):
         if self.act is None:
             return self.mlp(x)
         gate, up = self.w_gate_up(x).chunk(2, dim=-1)  # (b, t, d_ff) each
-        gate = F.silu(gate) if self.act == "swiglu" else F.gelu(gate, approximate="tanh")
-        return self.w_down(gate * up)
+        return self.w_down(gate_activation(gate, self.act) * up)
 
     def _qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         b, t, _ = x.shape
@@ -119,8 +118,8 @@ class _Layer(nn.Module):
         self.v_cache[:, :, :t] = v
         if self.window is not None and t > self.window:
             slot = torch.arange(t)
-            allowed = (slot[None, :] <= slot[:, None]) & (slot[:, None] - slot[None, :] < self.window)  # (t, t)
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, enable_gqa=self.n_kv != self.h)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed_slots(slot, slot, self.window),
+                                                 enable_gqa=self.n_kv != self.h)
         else:
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_kv != self.h)
         x = x + self.wo(out.transpose(1, 2).reshape(b, t, self.h * self.d))
@@ -128,7 +127,7 @@ class _Layer(nn.Module):
 
     def step(self, x: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
              allowed: torch.Tensor) -> torch.Tensor:
-        """x (b, 1, d) at position pos (1,); allowed (L,) bool: the slots this token may see."""
+        """x (b, 1, d) at position pos (1,); allowed (1, L) bool: the slots this token may see."""
         b = x.shape[0]
         q, k, v = self._qkv(self.norm1(x), cos, sin)
         self.k_cache.index_copy_(2, pos, k)  # in place: the compiled graph writes one slot
@@ -147,7 +146,7 @@ class StaticDecoder(nn.Module):
     """`model`'s weights in the static layout, with a cache of `length` slots for `batch` rows.
 
     The fused matrices are new tensors; the norms, output projections, embedding and head are
-    shared with `model` (no copy). `step` is the function to compile (see `compile_step`).
+    shared with `model` (no copy). `step` is the function to compile (llamablock.compiled_decode).
     """
 
     def __init__(self, model, length: int, batch: int = 1):
@@ -195,9 +194,7 @@ class StaticDecoder(nn.Module):
         """
         x = self._embed(ids)
         cos, sin = self.cos[pos][None], self.sin[pos][None]  # (1, 1, r/2)
-        allowed = self.slots <= pos  # (L,)
-        if self.cfg.sliding_window is not None:
-            allowed = allowed & (pos - self.slots < self.cfg.sliding_window)
+        allowed = allowed_slots(pos, self.slots, self.cfg.sliding_window)  # (1, L)
         for layer in self.layers:
             x = layer.step(x, pos, cos, sin, allowed)
         return self._logits(x)

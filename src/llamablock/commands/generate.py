@@ -17,8 +17,8 @@ import sys
 import torch
 
 from llamablock.cli import UsageError
+from llamablock.quant import DTYPE_CHOICES
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 def add_arguments(p) -> None:
@@ -34,7 +34,7 @@ def add_arguments(p) -> None:
     p.add_argument("--repetition-penalty", type=float, default=1.0, help="CTRL penalty, 1 = off (default: %(default)s)")
     p.add_argument("--seed", type=int, default=None, help="random seed for sampling (default: none)")
     p.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop when this text appears (repeatable)")
-    p.add_argument("--dtype", choices=["float32", "bfloat16", "q8", "q4"], default="float32",
+    p.add_argument("--dtype", choices=DTYPE_CHOICES, default="float32",
                    help="weights and activations; q8/q4: int8/int4 weights, bfloat16 activations (default: %(default)s)")
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=False,
                    help="decode with the static step compiled ahead of time (llamablock.compiled_decode, AOTInductor): "
@@ -64,9 +64,9 @@ def _one(model, tok, text: str, args, sampling, chat_history=None, engine=None):
     on_text = None if args.json else (lambda s: (sys.stdout.write(s), sys.stdout.flush()))
     total = len(ids) + args.max_new_tokens
     if engine is not None and not engine.covers(total):
-        from llamablock.compile_cache import active_dir
+        from llamablock.aoti_step import package_dir
 
-        print(f"[the compiled decode step: loading it from {active_dir()}, or compiling it once (about 100 s)]",
+        print(f"[the compiled decode step: loading it from {package_dir()}, or compiling it once (about 100 s)]",
               file=sys.stderr, flush=True)
         engine.warm_up(total)
     g = generate(model if engine is None else engine, ids, args.max_new_tokens, sampling, seed=args.seed, eos_ids=tok.eos_ids,

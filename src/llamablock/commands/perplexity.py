@@ -16,6 +16,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from llamablock.quant import DTYPE_CHOICES
+
 
 def add_arguments(p) -> None:
     p.add_argument("file", metavar="FILE", help="a UTF-8 text file")
@@ -24,7 +26,7 @@ def add_arguments(p) -> None:
     p.add_argument("--context", type=int, default=512, help="tokens per window (default: %(default)s)")
     p.add_argument("--stride", type=int, default=None, help="tokens the window advances (default: context / 2)")
     p.add_argument("--max-tokens", type=int, default=None, help="score only the first N tokens of the file")
-    p.add_argument("--dtype", choices=["float32", "bfloat16", "q8", "q4"], default="float32",
+    p.add_argument("--dtype", choices=DTYPE_CHOICES, default="float32",
                    help="weights and activations; q8/q4: int8/int4 weights, bfloat16 activations (default: %(default)s)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
 
