@@ -152,7 +152,9 @@ def _add_compiled(runners: dict, ours: dict, prompt, steps: int, quick: bool) ->
     return out
 
 
-def _profile(runner, bandwidth: float, steps: int = 5) -> Section:
+def _profiled_steps(runner, steps: int, title: str, first: str, rows: int) -> tuple[Section, list, float]:
+    """torch.profiler over `steps` decode steps: a table of the top `rows` events by self CPU time,
+    the events (sorted) and their total self time in microseconds."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU]) as prof:
@@ -160,11 +162,16 @@ def _profile(runner, bandwidth: float, steps: int = 5) -> Section:
             runner.step()
     events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
     total = sum(e.self_cpu_time_total for e in events)
-    sec = Section(f"Profile of {steps} q8 decode steps (torch.profiler, self CPU time)",
-                  ["op", "calls per step", "self ms per step", "share"])
-    for e in events[:10]:
-        sec.rows.append([e.key, f"{e.count / steps:.0f}", ms(e.self_cpu_time_total / 1e6 / steps),
+    sec = Section(title, [first, "calls per step", "self ms per step", "share"])
+    for e in events[:rows]:
+        sec.rows.append([e.key[:70], f"{e.count / steps:.0f}", ms(e.self_cpu_time_total / 1e6 / steps),
                          f"{100 * e.self_cpu_time_total / total:.1f}%"])
+    return sec, events, total
+
+
+def _profile(runner, bandwidth: float, steps: int = 5) -> Section:
+    sec, events, total = _profiled_steps(runner, steps, f"Profile of {steps} q8 decode steps (torch.profiler, "
+                                         "self CPU time)", "op", 10)
     mm = sum(e.self_cpu_time_total for e in events if "pack_mm" in e.key or e.key in ("aten::mm", "aten::bmm"))
     wb = weight_bytes(runner.model)
     mm_s, rest_s = mm / 1e6 / steps, (total - mm) / 1e6 / steps
@@ -181,18 +188,8 @@ def _compiled_profile(bf16_model, prompt, steps: int = 10) -> Section:
     r = _Compiled(bf16_model, "q8", steps, autotune=True, backend="inductor", **{"cpp.enable_kernel_profile": True})
     r.start(prompt)
     r.step()
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        for _ in range(steps):
-            r.step()
-    events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
-    total = sum(e.self_cpu_time_total for e in events)
-    sec = Section(f"Profile of {steps} q8 decode steps compiled by torch.compile (inductor kernel profile, self CPU time)",
-                  ["kernel or op", "calls per step", "self ms per step", "share"])
-    for e in events[:8]:
-        sec.rows.append([e.key[:70], f"{e.count / steps:.0f}", ms(e.self_cpu_time_total / 1e6 / steps),
-                         f"{100 * e.self_cpu_time_total / total:.1f}%"])
+    sec, events, total = _profiled_steps(r, steps, f"Profile of {steps} q8 decode steps compiled by torch.compile "
+                                         "(inductor kernel profile, self CPU time)", "kernel or op", 8)
     sec.notes.append("`graph_N_kernel` rows are the int8 weight matmuls (C++ GEMM templates, one call per linear layer); "
                      "`Call CompiledFxGraph` is the Python wrapper that launches the kernels; `gemm_m...` rows are "
                      "attention's small matmuls over the cache. The 'compiled' rows of the table above run the same "

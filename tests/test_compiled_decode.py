@@ -46,6 +46,15 @@ def _eager_logits(model, ids, steps):
     return out
 
 
+def _assert_static_equals_eager(model, ids, steps, length):
+    """The static layout, run eagerly, against the eager Decoder: prefill and each greedy step."""
+    static = StaticDecoder(model, length)
+    ref = _eager_logits(model, ids, steps)
+    got = _static_logits(static.prefill, lambda t, p: static.step(t, torch.tensor([p])), ids, steps)
+    for r, g in zip(ref, got):
+        torch.testing.assert_close(g, r, atol=1e-5, rtol=0)
+
+
 def _static_logits(prefill, step, ids, steps):
     out = [prefill(ids)]
     for i in range(steps):
@@ -58,13 +67,7 @@ def _static_logits(prefill, step, ids, steps):
                                        ("qwen2", {"n_heads": 4, "n_kv": 2}), ("gemma", {"n_heads": 4, "n_kv": 1})])
 def test_static_layout_equals_eager_decoder(tmp_path, family, kw):
     tiny_hf_model(family, **kw).save_pretrained(tmp_path)
-    model = llamablock.load_pretrained(tmp_path)
-    ids = torch.tensor([PROMPT])
-    static = StaticDecoder(model, 64)
-    ref = _eager_logits(model, ids, 10)
-    got = _static_logits(static.prefill, lambda t, p: static.step(t, torch.tensor([p])), ids, 10)
-    for r, g in zip(ref, got):
-        torch.testing.assert_close(g, r, atol=1e-5, rtol=0)
+    _assert_static_equals_eager(llamablock.load_pretrained(tmp_path), torch.tensor([PROMPT]), 10, 64)
 
 
 @torch.no_grad()
@@ -72,11 +75,7 @@ def test_sliding_window_is_applied_in_the_static_step():
     cfg = ModelConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, max_seq_len=64, sliding_window=5)
     model = Decoder(cfg).eval()
     ids = torch.randint(0, 64, (1, 9))  # longer than the window: the prefill and every step use it
-    static = StaticDecoder(model, 32)
-    ref = _eager_logits(model, ids, 6)
-    got = _static_logits(static.prefill, lambda t, p: static.step(t, torch.tensor([p])), ids, 6)
-    for r, g in zip(ref, got):
-        torch.testing.assert_close(g, r, atol=1e-5, rtol=0)
+    _assert_static_equals_eager(model, ids, 6, 32)
 
 
 @torch.no_grad()
