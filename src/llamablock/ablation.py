@@ -23,6 +23,7 @@ import time
 import torch
 
 from llamablock.config import ModelConfig
+from llamablock.io.hf_checkpoint import atomic_write
 from llamablock.model import Decoder
 from llamablock.presets import preset
 from llamablock.train import TrainConfig, train
@@ -141,7 +142,6 @@ def format_table(summary: list[dict]) -> str:
 
 
 def plot_compare(records: list[dict], summary: list[dict], path) -> None:
-    import os
     from pathlib import Path
 
     import matplotlib
@@ -165,7 +165,5 @@ def plot_compare(records: list[dict], summary: list[dict], path) -> None:
     b.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)
     b.set(ylabel="final validation loss", title="equal parameters, equal steps")
     fig.tight_layout()
-    tmp = Path(path).with_name(f".{Path(path).stem}.tmp-{os.getpid()}.png")
-    fig.savefig(tmp, dpi=100)
+    atomic_write(Path(path), lambda p: fig.savefig(p, dpi=100, format="png"))
     plt.close(fig)
-    os.replace(tmp, path)

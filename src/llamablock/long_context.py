@@ -22,13 +22,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+from llamablock.io.hf_checkpoint import atomic_write
 from llamablock.model import Decoder
 from llamablock.presets import preset
 from llamablock.train import TrainConfig, get_data, train
@@ -152,10 +152,8 @@ def plot(result: dict, path) -> None:
     axes[0].set_ylabel("loss (nats/char)")
     axes[-1].legend(fontsize=7)
     fig.tight_layout()
-    tmp = Path(path).with_name(f".{Path(path).stem}.tmp-{os.getpid()}.png")
-    fig.savefig(tmp, dpi=100)
+    atomic_write(Path(path), lambda p: fig.savefig(p, dpi=100, format="png"))
     plt.close(fig)
-    os.replace(tmp, path)
 
 
 def main(argv=None) -> int:
@@ -168,7 +166,7 @@ def main(argv=None) -> int:
     result = run_long_context(args.L, args.steps, args.finetune_steps, log=lambda line: print(line, flush=True))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(result))
+    atomic_write(out / "results.json", lambda p: p.write_text(json.dumps(result)))
     plot(result, out / "loss_by_position.png")
     print(format_table(result))
     return 0

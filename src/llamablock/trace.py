@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from llamablock.io.hf_checkpoint import atomic_write
 from llamablock.train import TrainConfig, load_trained, train
 
 PAIR = {"2017": "gpt-2017-small", "2024": "llama-2024-small"}
@@ -190,7 +191,5 @@ def plot_pair(result: dict, path: str | Path, token: int = -1) -> None:
     axes[1].set(ylabel="variance over features", yscale="log", title="variance by stage")
     axes[0].legend()
     fig.tight_layout()
-    tmp = Path(path).with_name(f".{Path(path).stem}.tmp-{os.getpid()}.png")
-    fig.savefig(tmp, dpi=100)
+    atomic_write(Path(path), lambda p: fig.savefig(p, dpi=100, format="png"))
     plt.close(fig)
-    os.replace(tmp, path)

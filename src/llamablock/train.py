@@ -20,7 +20,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +31,7 @@ from llamablock import data as D
 from llamablock import distributed as dd
 from llamablock import train_state as ckpt
 from llamablock.config import ModelConfig
+from llamablock.io.hf_checkpoint import atomic_write
 from llamablock.model import Decoder
 
 
@@ -232,9 +232,7 @@ def load_trained(run_dir: str | Path) -> tuple[Decoder, object, dict]:
 # Logs and curves -------------------------------------------------------------------------
 def _write_log(run_dir: Path, history: list[dict]) -> None:
     """Rewrite log.jsonl from the history (on resume this drops lines after the checkpoint)."""
-    tmp = run_dir / f".log.jsonl.tmp-{os.getpid()}"
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in history))
-    os.replace(tmp, run_dir / "log.jsonl")
+    atomic_write(run_dir / "log.jsonl", lambda p: p.write_text("".join(json.dumps(r) + "\n" for r in history)))
 
 
 def _append_log(run_dir: Path, record: dict) -> None:
@@ -257,7 +255,5 @@ def plot_curves(history: list[dict], path: Path, title: str = "") -> None:
     b.plot([r["step"] for r in history], [r["lr"] for r in history])
     b.set(xlabel="step", ylabel="learning rate")
     fig.tight_layout()
-    tmp = path.with_name(f".{path.stem}.tmp-{os.getpid()}.png")
-    fig.savefig(tmp, dpi=100)
+    atomic_write(Path(path), lambda p: fig.savefig(p, dpi=100, format="png"))
     plt.close(fig)
-    os.replace(tmp, path)

@@ -24,6 +24,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, load_model, save_file, save_model
 
+from llamablock.io.hf_checkpoint import atomic_write
+
 KEEP = 2  # complete checkpoints kept on disk
 
 
@@ -55,9 +57,7 @@ def save_checkpoint(run_dir: str | Path, step: int, model: torch.nn.Module, opt:
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
-    pointer = root / f".latest.tmp-{os.getpid()}"
-    pointer.write_text(name)
-    os.replace(pointer, root / "latest")
+    atomic_write(root / "latest", lambda p: p.write_text(name))
     _prune(root, keep=name)
     return final
 

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
+
+from llamablock.io.hf_checkpoint import atomic_write
 
 
 def add_arguments(p) -> None:
@@ -34,9 +35,7 @@ def run(args) -> int:
     summary = summarize(records)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    tmp = out / f".compare.json.tmp-{os.getpid()}"
-    tmp.write_text(json.dumps({"summary": summary, "records": records}, indent=1))
-    os.replace(tmp, out / "compare.json")
+    atomic_write(out / "compare.json", lambda p: p.write_text(json.dumps({"summary": summary, "records": records}, indent=1)))
     plot_compare(records, summary, out / "compare.png")
     print()
     print(format_table(summary))
