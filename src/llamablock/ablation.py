@@ -17,6 +17,7 @@ RoPE spend what they save on a wider feed-forward. Equal compute: same data, sam
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 
@@ -95,7 +96,7 @@ def run_compare(steps: int = 200, seeds: tuple[int, ...] = (0, 1, 2), size: dict
             if name not in (names or DEFAULT_VARIANTS):
                 continue
             start = time.perf_counter()
-            r = train(cfg, TrainConfig(**{**t.__dict__, "seed": seed}), None, progress=progress)
+            r = train(cfg, dataclasses.replace(t, seed=seed), None, progress=progress)
             rec = {"variant": name, "seed": seed, "val_loss": r["val_loss"], "tokens_per_s": r["tokens_per_s"],
                    "params": r["params"], "d_ff": cfg.d_ff, "kv_bytes_per_token": cfg.kv_bytes_per_token(2),
                    "train_loss": r["history"][-1]["train_loss"], "seconds": time.perf_counter() - start,

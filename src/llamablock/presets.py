@@ -47,6 +47,10 @@ PRESETS: dict[str, dict] = {
 }
 
 
+# The Shakespeare pair by architecture year (`llamablock train --arch`, the tracer).
+ARCH_PRESETS = {"2017": "gpt-2017-small", "2024": "llama-2024-small"}
+
+
 def preset(name: str, **overrides) -> ModelConfig:
     if name not in PRESETS:
         raise ValueError(f"unknown preset {name!r}; known presets: {', '.join(sorted(PRESETS))}")

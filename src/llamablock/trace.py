@@ -18,7 +18,6 @@ cores, `TRACE_RECIPE`) and caches the checkpoints under ~/.cache/llamablock/trac
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import shutil
 from pathlib import Path
@@ -27,9 +26,10 @@ import torch
 import torch.nn.functional as F
 
 from llamablock.io.hf_checkpoint import atomic_write
+from llamablock.presets import ARCH_PRESETS
 from llamablock.train import TrainConfig, load_trained, train
 
-PAIR = {"2017": "gpt-2017-small", "2024": "llama-2024-small"}
+PAIR = ARCH_PRESETS  # the two models traced side by side
 # Trained on first use: 150 steps of 16 x 128 characters, ~2.5 s of data each model.
 TRACE_RECIPE = TrainConfig(steps=150, batch_size=16, context=128, lr=1e-3, warmup=60, eval_every=75,
                            eval_windows=32, seed=0)
@@ -89,7 +89,7 @@ def trace_model(model, tokenizer, text: str, top_k: int = 5) -> dict:
     if model.positions is not None:
         stages.append({"name": "+ positions", **_stats(seen["stream_in"])})
     for i, layer in enumerate(model.layers):
-        for part, norm in (("attn", getattr(layer, "norm1")), ("ffn", getattr(layer, "norm2"))):
+        for part, norm in (("attn", layer.norm1), ("ffn", layer.norm2)):
             stage = {"name": f"block {i + 1} after {'attention' if part == 'attn' else 'feed-forward'}",
                      **_stats(seen[f"{i}.{part}"])}
             if post:
@@ -126,7 +126,7 @@ def ensure_pair(cache_dir: str | Path | None = None, progress: bool = False,
             shutil.rmtree(tmp, ignore_errors=True)
             if progress:
                 print(f"training the {arch} model ({name}) for the tracer, {recipe.steps} steps; cached in {run}")
-            train(preset(name, max_seq_len=max(recipe.context, 256)), dataclasses.replace(recipe), tmp,
+            train(preset(name, max_seq_len=max(recipe.context, 256)), recipe, tmp,
                   progress=progress)
             if run.exists():
                 shutil.rmtree(run)
@@ -135,12 +135,13 @@ def ensure_pair(cache_dir: str | Path | None = None, progress: bool = False,
     return runs
 
 
-def trace_pair(text: str, cache_dir: str | Path | None = None, top_k: int = 5, progress: bool = False) -> dict:
+def trace_pair(text: str, cache_dir: str | Path | None = None, top_k: int = 5, progress: bool = False,
+               recipe: TrainConfig = TRACE_RECIPE) -> dict:
     """{"text", "models": {"2017": trace, "2024": trace}}; each trace has "stages" (per-token rms,
     mean, var lists; "normalized" for post-LN), "tokens", "top" predictions after the last token,
     and "preset", "params", "val_loss", "steps"."""
     out = {"text": text, "models": {}}
-    for arch, run in ensure_pair(cache_dir, progress).items():
+    for arch, run in ensure_pair(cache_dir, progress, recipe).items():
         model, tok, state = load_trained(run)
         t = trace_model(model, tok, text, top_k)
         t.pop("logits")

@@ -90,9 +90,7 @@ def read_state(path: str | Path) -> dict:
 
 
 def load_weights(path: str | Path, model: torch.nn.Module) -> None:
-    missing, unexpected = load_model(model, str(Path(path) / "model.safetensors"), strict=True)
-    if missing or unexpected:  # load_model raises on these when strict; kept for clarity
-        raise ValueError(f"checkpoint {path} does not fit the model: missing {missing}, unexpected {unexpected}")
+    load_model(model, str(Path(path) / "model.safetensors"), strict=True)  # raises on missing or extra tensors
 
 
 def load_optimizer(path: str | Path, opt: torch.optim.Optimizer, state: dict) -> None:

@@ -9,9 +9,8 @@ import typing
 
 from llamablock.cli import UsageError
 from llamablock.config import ModelConfig
+from llamablock.presets import ARCH_PRESETS as ARCHS
 from llamablock.presets import PRESETS, preset
-
-ARCHS = {"2017": "gpt-2017-small", "2024": "llama-2024-small"}
 
 
 def _field_types() -> dict[str, tuple]:

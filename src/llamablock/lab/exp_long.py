@@ -11,7 +11,6 @@ from pathlib import Path
 
 from llamablock import long_context, trace
 from llamablock.lab.record import Claim
-from llamablock.train import load_trained
 
 TEXT = "ROMEO:\nBut soft, what light through yonder window breaks?"
 
@@ -52,14 +51,7 @@ def claim_residual_stream(quick: bool, out) -> Claim:
     """Pre-LN: the stream grows block by block; post-LN: reset to mean 0, variance 1 after every add."""
     if quick:  # a short recipe in the report's folder, so the quick lab never waits on the full pair
         recipe = dataclasses.replace(trace.TRACE_RECIPE, steps=20, warmup=10, eval_every=20, eval_windows=8)
-        runs = trace.ensure_pair(Path(out or ".") / "trace-cache" if out else None, recipe=recipe)
-        result = {"text": TEXT, "models": {}}
-        for arch, run in runs.items():
-            model, tok, state = load_trained(run)
-            t = trace.trace_model(model, tok, TEXT)
-            t.pop("logits")
-            result["models"][arch] = {"preset": trace.PAIR[arch], "params": model.num_parameters(),
-                                      "steps": state["step"], "val_loss": state["history"][-1].get("val_loss"), **t}
+        result = trace.trace_pair(TEXT, Path(out) / "trace-cache" if out else None, recipe=recipe)
     else:
         result = trace.trace_pair(TEXT)
     old, new = result["models"]["2017"], result["models"]["2024"]
