@@ -19,9 +19,14 @@ import os
 from pathlib import Path
 
 
-def cache_dir() -> Path:
+def user_cache_dir() -> Path:
+    """llamablock's cache root, $XDG_CACHE_HOME/llamablock (the tracer's models live there too)."""
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "llamablock" / "inductor"
+    return Path(base) / "llamablock"
+
+
+def cache_dir() -> Path:
+    return user_cache_dir() / "inductor"
 
 
 def use_persistent_cache() -> Path:

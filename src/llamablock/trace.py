@@ -106,8 +106,19 @@ def trace_model(model, tokenizer, text: str, top_k: int = 5) -> dict:
 
 
 def default_cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "llamablock"
+    from llamablock.compile_cache import user_cache_dir
+
+    return user_cache_dir()
+
+
+def pair_dirs(cache_dir: str | Path | None = None) -> dict[str, Path]:
+    """arch -> the run directory its traced model is (or will be) cached in."""
+    root = Path(cache_dir or default_cache_dir()) / CACHE_VERSION
+    return {arch: root / name for arch, name in PAIR.items()}
+
+
+def is_trained(run: Path) -> bool:
+    return (run / "checkpoints" / "latest").is_file()
 
 
 def ensure_pair(cache_dir: str | Path | None = None, progress: bool = False,
@@ -116,12 +127,11 @@ def ensure_pair(cache_dir: str | Path | None = None, progress: bool = False,
     folder and renamed into place, so a half-trained model is never picked up)."""
     from llamablock.presets import preset
 
-    root = Path(cache_dir or default_cache_dir()) / CACHE_VERSION
-    root.mkdir(parents=True, exist_ok=True)
-    runs = {}
-    for arch, name in PAIR.items():
-        run = root / name
-        if not (run / "checkpoints" / "latest").is_file():
+    runs = pair_dirs(cache_dir)
+    for arch, run in runs.items():
+        name, root = run.name, run.parent
+        root.mkdir(parents=True, exist_ok=True)
+        if not is_trained(run):
             tmp = root / f".tmp-{name}-{os.getpid()}"
             shutil.rmtree(tmp, ignore_errors=True)
             if progress:
@@ -131,7 +141,6 @@ def ensure_pair(cache_dir: str | Path | None = None, progress: bool = False,
             if run.exists():
                 shutil.rmtree(run)
             os.replace(tmp, run)
-        runs[arch] = run
     return runs
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import importlib
 import threading
-from pathlib import Path
 
 from fastapi import APIRouter, Query, Request
 
@@ -34,9 +33,8 @@ def _trace_module():
 
 
 def _trained(trace, cache_dir: str | None) -> bool:
-    """Whether both models are already cached (the test `ensure_pair` makes before training)."""
-    root = Path(cache_dir or trace.default_cache_dir()) / trace.CACHE_VERSION
-    return all((root / name / "checkpoints" / "latest").is_file() for name in trace.PAIR.values())
+    """Whether both models are already cached (so the first trace will not train)."""
+    return all(trace.is_trained(run) for run in trace.pair_dirs(cache_dir).values())
 
 
 def status(cache_dir: str | None = None) -> dict:
