@@ -29,7 +29,7 @@ from llamablock.model import Decoder
 from llamablock.presets import preset
 from llamablock.train import TrainConfig, train
 
-SIZE = dict(d_model=128, n_heads=4, n_layers=4)  # ~0.8M parameters: trains in ~30 s on 2 cores
+SIZE = dict(d_model=128, n_heads=4, n_layers=4)  # ~0.8M parameters; the default compare (18 runs) took 406 s on 2 idle cores (README)
 
 
 def count_params(cfg: ModelConfig) -> int:

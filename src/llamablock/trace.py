@@ -12,8 +12,8 @@ Stages are read with forward hooks on the model's own modules (model.py is uncha
 logits are the model's): pre-LN's stream after attention is the input of norm2, after the
 feed-forward it is the block's output; post-LN's are the outputs of norm1 and norm2.
 
-`trace_pair(text, cache_dir=None)` trains the pair on first use (about two minutes on two CPU
-cores, `TRACE_RECIPE`) and caches the checkpoints under ~/.cache/llamablock/trace-v1.
+`trace_pair(text, cache_dir=None)` trains the pair on first use (85 s on an idle 2-core machine, measured once in development;
+`TRACE_RECIPE`) and caches the checkpoints under ~/.cache/llamablock/trace-v1.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from llamablock.presets import ARCH_PRESETS
 from llamablock.train import TrainConfig, load_trained, train
 
 PAIR = ARCH_PRESETS  # the two models traced side by side
-# Trained on first use: 150 steps of 16 x 128 characters, ~2.5 s of data each model.
+# Trained on first use: 150 steps of 16 x 128 characters each model.
 TRACE_RECIPE = TrainConfig(steps=150, batch_size=16, context=128, lr=1e-3, warmup=60, eval_every=75,
                            eval_windows=32, seed=0)
 CACHE_VERSION = "trace-v1"  # bump when TRACE_RECIPE changes so old checkpoints are not reused
