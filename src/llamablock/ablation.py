@@ -25,7 +25,7 @@ import torch
 
 from llamablock.config import ModelConfig
 from llamablock.io.hf_checkpoint import atomic_write
-from llamablock.model import Decoder
+from llamablock.model import empty_decoder
 from llamablock.presets import preset
 from llamablock.train import TrainConfig, train
 
@@ -33,8 +33,7 @@ SIZE = dict(d_model=128, n_heads=4, n_layers=4)  # ~0.8M parameters; the default
 
 
 def count_params(cfg: ModelConfig) -> int:
-    with torch.device("meta"):  # no memory, no init: only shapes
-        return Decoder(cfg).num_parameters()
+    return empty_decoder(cfg).num_parameters()
 
 
 def match_budget(cfg: ModelConfig, target: int) -> ModelConfig:

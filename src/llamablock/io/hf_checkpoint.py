@@ -19,7 +19,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from llamablock.config import ModelConfig
-from llamablock.model import Decoder
+from llamablock.model import Decoder, empty_decoder
 
 _LAYER = {
     "attn.wq": "self_attn.q_proj", "attn.wk": "self_attn.k_proj", "attn.wv": "self_attn.v_proj",
@@ -69,8 +69,7 @@ def load_hf_dir(path: str | Path, dtype: torch.dtype | None = None) -> Decoder:
         raise FileNotFoundError(f"{path} has no config.json; expected a transformers checkpoint directory")
     cfg = ModelConfig.from_hf(json.loads(cfg_file.read_text()))
     tensors = read_safetensors(path)
-    with torch.device("meta"):
-        model = Decoder(cfg)
+    model = empty_decoder(cfg)
     state = {}
     for name, p in model.state_dict(keep_vars=True).items():
         if cfg.tie_embeddings and name == "head.weight":
