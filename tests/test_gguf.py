@@ -13,7 +13,7 @@ import torch
 import llamablock
 from gguf_tiny import random_kquant_blocks, to_torch, write_tiny_gguf
 from hf_reference import tiny_hf_model
-from llamablock.io.gguf import llamacpp_permute, load_gguf, open_gguf
+from llamablock.io.gguf import dequantize, llamacpp_permute, load_gguf, open_gguf
 from llamablock.io.loading import resolve_model
 from llamablock.rope import permute_qk
 
@@ -53,6 +53,18 @@ def test_smollm2_greedy_ids_match_transformers(smol_pair):
 def test_default_and_named_model_resolve_to_the_embedded_file():
     assert resolve_model(None) == resolve_model("smollm2-135m-instruct") == SMOL
     assert SMOL.name == "SmolLM2-135M-Instruct.Q4_1.gguf" and SMOL.is_file()
+
+
+def test_smollm2_dequantizes_bit_for_bit_as_gguf_does():
+    # The loader runs gguf's block kernels on chunks of rows (and reads through a plain view of
+    # the memory map); every tensor of the real file, the 49,152-row embedding in 28 chunks
+    # included, must equal gguf.quants.dequantize's float32 output exactly.
+    reader = open_gguf(SMOL)
+    assert {t.tensor_type.name for t in reader.tensors} == {"Q4_1", "Q8_0", "F32"}
+    for t in reader.tensors:
+        ours = dequantize(t)
+        ref = np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32).reshape(ours.shape)
+        assert np.array_equal(ours.view(np.uint32), ref.view(np.uint32)), t.name
 
 
 def test_llamacpp_permutation_round_trips():
