@@ -1,11 +1,10 @@
-"""The static decode step compiled ahead of time by AOTInductor, cached as a package on disk.
+"""The static decode step compiled ahead of time by AOTInductor, cached on disk.
 
 torch.compile re-traces the step in every new process (dynamo, AOTAutograd, freezing: ~16 s for
 SmolLM2 even with a warm cache) and launches its kernels from Python at every step. AOTInductor
 compiles an exported program into a shared library with a C++ launcher; a later process loads
-the package instead (2.7 s for SmolLM2 in q8: the package, 317 MB with its weights, is unpacked on
-every load). BENCHMARKS.md's decode table: q8 101 tokens/s, where torch.compile reached 80-86 in
-earlier runs. Tests check the package's logits against the eager step (1e-4, float32).
+that library instead. BENCHMARKS.md's decode table: q8 101 tokens/s, where torch.compile reached
+80-86 in earlier runs. Tests check the library's logits against the eager step (1e-4, float32).
 
     runner = AOTIStep(static, fmt, options)     # static: llamablock.static_decode.StaticDecoder
     logits = runner(ids, pos)                   # writes the step's key/value into static's cache
@@ -13,11 +12,17 @@ earlier runs. Tests check the package's logits against the eager step (1e-4, flo
 Export: `torch.export` of `static.step` with the per-layer caches as inputs that the program
 writes in place (as module buffers they would alias those inputs, which export refuses), so the
 caches are un-registered from the layers and kept as plain attributes; the eager prefill keeps
-writing the same tensors. Weights become constants of the package (freezing), so the package is
-only valid for these exact weights: it is named by a hash of the static layout's state (weights
-and quantized buffers), the config, format, cache length, inductor options and the torch version.
-Packages live in `<inductor cache dir>/llamablock-aoti/` (llamablock.compile_cache) and are
-written atomically (a temporary name, then a rename).
+writing the same tensors. Weights become constants of the library (freezing), so it is only valid
+for these exact weights: it is named by a hash of the static layout's state (weights and
+quantized buffers), the config, format, cache length, inductor options and the torch version.
+
+Cache layout: `<inductor cache dir>/llamablock-aoti/<hash>/`, the .pt2 package that
+`aoti_compile_and_package` writes, unpacked once (a temporary directory, then a rename: an
+interrupted compile leaves nothing). Why unpacked: `aoti_load_package` unpacks the archive into a
+temporary directory on every load, 2.8 s of its 3.2 s for SmolLM2 in q8 (a 331 MB library, the
+weights inside), while the same library loads in 0.4 s from a directory (measured here, torch
+2.13). The library is run through `torch._C._aoti.AOTIModelContainerRunnerCpu`, the runner that
+the package loader and `torch._export.aot_load` wrap, given the flat list of input tensors.
 """
 
 from __future__ import annotations
@@ -26,7 +31,9 @@ import dataclasses
 import hashlib
 import json
 import os
+import shutil
 import time
+import zipfile
 from pathlib import Path
 
 import torch
@@ -78,37 +85,65 @@ def package_key(static, fmt: str, options: dict) -> str:
 
 
 def package_dir() -> Path:
-    from torch._inductor.runtime.cache_dir_utils import cache_dir
+    """`<inductor cache dir>/llamablock-aoti`. The variable is read here first, as inductor's
+    cache_dir() does, because importing inductor to ask it costs 2 s of a warm start."""
+    root = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if root is None:
+        from torch._inductor.runtime.cache_dir_utils import cache_dir
 
-    return Path(cache_dir()) / "llamablock-aoti"
+        root = cache_dir()
+    return Path(root).absolute() / "llamablock-aoti"
+
+
+def _library(directory: Path) -> Path | None:
+    """The compiled shared library inside an unpacked package, or None when there is none."""
+    found = sorted(directory.glob("*/data/aotinductor/model/*.so")) if directory.is_dir() else []
+    return found[0] if len(found) == 1 else None
 
 
 class AOTIStep:
     """`runner(ids (b, 1), pos (1,)) -> logits (b, vocab)` for one StaticDecoder; `compile_seconds`
-    is 0 when the package came from the disk cache."""
+    is 0 when the library came from the disk cache."""
 
     def __init__(self, static, fmt: str, options: dict):
         self.caches = _unregister_caches(static)
-        path = package_dir() / f"{package_key(static, fmt, options)}.pt2"
+        self.path = package_dir() / package_key(static, fmt, options)
         self.compile_seconds = 0.0
-        if not path.is_file():
+        library = _library(self.path)
+        if library is None:
             t = time.perf_counter()
-            self._compile(static, path, options)
+            self._compile(static, options)
             self.compile_seconds = time.perf_counter() - t
-        self.runner = torch._inductor.aoti_load_package(str(path))
-        self.path = path
+            library = _library(self.path)
+        self.runner = torch._C._aoti.AOTIModelContainerRunnerCpu(str(library), 1)
 
-    def _compile(self, static, path: Path, options: dict) -> None:
+    def _compile(self, static, options: dict) -> None:
         """options: inductor settings (llamablock.compiled_decode.inductor_options)."""
+        import torch._inductor
+
         ids, pos = torch.zeros(static.batch, 1, dtype=torch.long), torch.zeros(1, dtype=torch.long)
         program = torch.export.export(_StepWithCacheInputs(static), (ids, pos, *self.caches), strict=False)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.stem}.{os.getpid()}.pt2")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
         try:
-            torch._inductor.aoti_compile_and_package(program, package_path=str(tmp), inductor_configs=options)
-            os.replace(tmp, path)  # atomic: an interrupted compile leaves no half-written package
+            tmp.mkdir()
+            package = tmp / "package.pt2"
+            torch._inductor.aoti_compile_and_package(program, package_path=str(package), inductor_configs=options)
+            with zipfile.ZipFile(package) as archive:
+                archive.extractall(tmp)
+            package.unlink()
+            if _library(tmp) is None:
+                raise RuntimeError(f"AOTInductor's package has no single shared library under {tmp}")
+            if self.path.exists() and _library(self.path) is None:
+                shutil.rmtree(self.path, ignore_errors=True)  # a stale entry without a library
+            try:
+                os.replace(tmp, self.path)  # atomic: a reader sees the whole directory or none
+            except OSError:
+                if _library(self.path) is None:  # not another process that finished first
+                    raise
         finally:
-            tmp.unlink(missing_ok=True)
+            shutil.rmtree(tmp, ignore_errors=True)
 
     def __call__(self, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        return self.runner(ids, pos, *self.caches)
+        return self.runner.run([ids, pos, *self.caches])[0]
