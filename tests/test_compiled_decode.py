@@ -64,6 +64,36 @@ def _static_logits(prefill, step, ids, steps):
     return out
 
 
+def _chunked_prefill(static, ids, c):
+    """StaticDecoder.chunk over `ids` in pieces of c tokens, the last padded: CompiledDecoder's loop."""
+    t = ids.shape[1]
+    for begin in range(0, t, c):
+        piece = ids[:, begin:begin + c]
+        n = piece.shape[1]
+        piece = torch.cat([piece, piece.new_zeros(1, c - n)], dim=1)
+        logits = static.chunk(piece, torch.tensor([begin]), torch.tensor([n - 1]))
+    return logits
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("family,kw", [("llama", {"n_heads": 4, "n_kv": 2}), ("qwen2", {"n_heads": 4, "n_kv": 1}),
+                                       ("gemma", {"n_heads": 4, "n_kv": 1}), ("mistral", {"n_heads": 4, "n_kv": 2})])
+def test_chunked_prefill_equals_eager_decoder(tmp_path, family, kw):
+    """150 tokens in chunks of 64 (the last padded with 42 junk tokens): the last logits, the cache
+    of the real slots and the greedy steps after it equal the eager Decoder's (1e-5, float32)."""
+    tiny_hf_model(family, **kw).save_pretrained(tmp_path)
+    model = llamablock.load_pretrained(tmp_path)
+    ids = torch.randint(0, model.cfg.vocab_size, (1, 150), generator=torch.Generator().manual_seed(0))
+    static, plain = StaticDecoder(model, 256), StaticDecoder(model, 256)
+    ref = _eager_logits(model, ids, 6)
+    got = _static_logits(lambda x: _chunked_prefill(static, x, 64), lambda t, p: static.step(t, torch.tensor([p])), ids, 6)
+    for r, g in zip(ref, got):
+        torch.testing.assert_close(g, r, atol=1e-5, rtol=0)
+    plain.prefill(ids)
+    for a, b in zip(static.layers, plain.layers):
+        torch.testing.assert_close(a.k_cache[:, :, :150], b.k_cache[:, :, :150], atol=1e-5, rtol=0)
+
+
 @torch.no_grad()
 @pytest.mark.parametrize("family,kw", [("llama", {"n_heads": 4, "n_kv": 2}), ("llama", {"n_heads": 4, "n_kv": 1}),
                                        ("qwen2", {"n_heads": 4, "n_kv": 2}), ("gemma", {"n_heads": 4, "n_kv": 1})])
@@ -177,15 +207,20 @@ def test_persistent_compile_cache_location(monkeypatch, tmp_path):
 
 @torch.no_grad()
 def test_aoti_backend_equals_eager_and_reloads_from_its_package(tiny):
-    """The AOTInductor library gives the eager logits (1e-4) and tokens; a second engine with the
-    same weights loads the unpacked package instead of compiling; other weights get another key."""
-    ids = torch.tensor([PROMPT])
-    ref = _eager_logits(tiny, ids, 8)
+    """The AOTInductor step and prefill chunk give the eager logits (1e-4) and tokens; a second
+    engine with the same weights loads the unpacked packages instead of compiling; other weights
+    get another key."""
     engine = CompiledDecoder(tiny, autotune=False, backend="aoti")
-    got = _static_logits(engine.prefill, engine.step, ids, 8)
-    assert engine.compile_seconds > 0 and len(list(engine._step.path.glob("*/data/aotinductor/model/*.so"))) == 1
-    for r, g in zip(ref, got):
-        torch.testing.assert_close(g, r, atol=1e-4, rtol=0)
+    long = torch.randint(0, tiny.cfg.vocab_size, (1, 150), generator=torch.Generator().manual_seed(0))
+    for ids in (torch.tensor([PROMPT]), long):  # prefill in one chunk of 128, and in two (the last padded)
+        ref = _eager_logits(tiny, ids, 8)
+        got = _static_logits(engine.prefill, engine.step, ids, 8)
+        for r, g in zip(ref, got):
+            torch.testing.assert_close(g, r, atol=1e-4, rtol=0)
+    assert engine._chunk is not None and engine.length == 256
+    for program in (engine._step, engine._chunk):
+        assert len(list(program.path.glob("*/data/aotinductor/model/*.so"))) == 1
+    assert engine.compile_seconds > 0
     again = CompiledDecoder(tiny, autotune=False, backend="aoti")
     assert generate(again, PROMPT, max_new_tokens=12).tokens == generate(tiny, PROMPT, max_new_tokens=12).tokens
     assert again.compile_seconds == 0 and again._step.path == engine._step.path

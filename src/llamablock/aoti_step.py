@@ -1,4 +1,4 @@
-"""The static decode step compiled ahead of time by AOTInductor, cached on disk.
+"""The static decode step (and chunked prefill) compiled ahead of time by AOTInductor, cached on disk.
 
 torch.compile re-traces the step in every new process (dynamo, AOTAutograd, freezing: ~16 s for
 SmolLM2 even with a warm cache) and launches its kernels from Python at every step. AOTInductor
@@ -6,8 +6,9 @@ compiles an exported program into a shared library with a C++ launcher; a later 
 that library instead. BENCHMARKS.md's decode table: q8 101 tokens/s, where torch.compile reached
 80-86 in earlier runs. Tests check the library's logits against the eager step (1e-4, float32).
 
-    runner = AOTIStep(static, fmt, options)     # static: llamablock.static_decode.StaticDecoder
-    logits = runner(ids, pos)                   # writes the step's key/value into static's cache
+    step = AOTIProgram(static, fmt, options)    # static: llamablock.static_decode.StaticDecoder
+    logits = step(ids, pos)                     # writes the step's key/value into static's cache
+    chunk = AOTIProgram(static, fmt, options, "chunk", (ids_c, start, last))   # the chunked prefill
 
 Export: `torch.export` of `static.step` with the per-layer caches as inputs that the program
 writes in place (as module buffers they would alias those inputs, which export refuses), so the
@@ -40,20 +41,21 @@ import torch
 from torch import nn
 
 
-class _StepWithCacheInputs(nn.Module):
-    """step(ids, pos, k0, v0, k1, v1, ...) -> logits: the caches are inputs, written in place."""
+class _WithCacheInputs(nn.Module):
+    """static.<method>(*args, k0, v0, k1, v1, ...) -> logits: the caches are inputs, written in place."""
 
-    def __init__(self, static):
+    def __init__(self, static, method: str, n_args: int):
         super().__init__()
-        self.static = static
+        self.static, self.method, self.n_args = static, method, n_args
 
-    def forward(self, ids, pos, *caches):
+    def forward(self, *inputs):
+        args, caches = inputs[:self.n_args], inputs[self.n_args:]
         layers = self.static.layers
         saved = [(layer.k_cache, layer.v_cache) for layer in layers]
         try:
             for i, layer in enumerate(layers):
                 layer.k_cache, layer.v_cache = caches[2 * i], caches[2 * i + 1]
-            return self.static.step(ids, pos)
+            return getattr(self.static, self.method)(*args)
         finally:  # tracing hands in stand-ins; the layers keep the real tensors for the eager prefill
             for layer, (k, v) in zip(layers, saved):
                 layer.k_cache, layer.v_cache = k, v
@@ -71,16 +73,27 @@ def _unregister_caches(static) -> list[torch.Tensor]:
     return caches
 
 
-def package_key(static, fmt: str, options: dict) -> str:
-    """A hash of everything the compiled package depends on (its weights are constants in it)."""
+def weights_digest(static) -> str:
+    """A hash of the static layout's weights and quantized buffers (the caches are not in its
+    state_dict: non-persistent). ~0.3 s for SmolLM2: computed once per layout, shared by its programs."""
     h = hashlib.blake2b(digest_size=16)
-    cfg = json.dumps(dataclasses.asdict(static.cfg), sort_keys=True, default=str)
-    opts = json.dumps(options, sort_keys=True, default=str)
-    h.update(f"{torch.__version__}|{fmt}|{static.length}|{static.batch}|{opts}|{cfg}".encode())
-    for name, tensor in sorted(static.state_dict().items()):  # the caches are not in it (non-persistent)
+    for name, tensor in sorted(static.state_dict().items()):
         h.update(name.encode())
         h.update(str(tensor.dtype).encode())
         h.update(tensor.detach().contiguous().reshape(-1).view(torch.uint8).numpy())
+    return h.hexdigest()
+
+
+def package_key(static, fmt: str, options: dict, method: str = "step", example: tuple = (),
+                digest: str | None = None) -> str:
+    """A hash of everything a compiled program depends on: its weights (constants in it), the
+    config, format, cache length, the function and its input shapes, inductor options, torch."""
+    h = hashlib.blake2b(digest_size=16)
+    cfg = json.dumps(dataclasses.asdict(static.cfg), sort_keys=True, default=str)
+    opts = json.dumps(options, sort_keys=True, default=str)
+    shapes = [tuple(t.shape) for t in example]
+    h.update(f"{torch.__version__}|{fmt}|{static.length}|{static.batch}|{method}|{shapes}|{opts}|{cfg}".encode())
+    h.update((digest or weights_digest(static)).encode())
     return h.hexdigest()
 
 
@@ -101,13 +114,19 @@ def _library(directory: Path) -> Path | None:
     return found[0] if len(found) == 1 else None
 
 
-class AOTIStep:
-    """`runner(ids (b, 1), pos (1,)) -> logits (b, vocab)` for one StaticDecoder; `compile_seconds`
-    is 0 when the library came from the disk cache."""
+class AOTIProgram:
+    """One method of a StaticDecoder compiled: `program(*args) -> logits (b, vocab)`, the caches
+    passed in behind `args`. method "step": args (ids (b, 1), pos (1,)); "chunk": (ids (b, c),
+    start (1,), last (1,)). `example` gives the argument shapes; `compile_seconds` is 0 when the
+    library came from the disk cache."""
 
-    def __init__(self, static, fmt: str, options: dict):
+    def __init__(self, static, fmt: str, options: dict, method: str = "step", example: tuple = (),
+                 digest: str | None = None):
+        if not example:
+            example = (torch.zeros(static.batch, 1, dtype=torch.long), torch.zeros(1, dtype=torch.long))
+        self.method, self.example = method, example
         self.caches = _unregister_caches(static)
-        self.path = package_dir() / package_key(static, fmt, options)
+        self.path = package_dir() / package_key(static, fmt, options, method, example, digest)
         self.compile_seconds = 0.0
         library = _library(self.path)
         if library is None:
@@ -121,15 +140,16 @@ class AOTIStep:
         """options: inductor settings (llamablock.compiled_decode.inductor_options)."""
         import torch._inductor
 
-        ids, pos = torch.zeros(static.batch, 1, dtype=torch.long), torch.zeros(1, dtype=torch.long)
-        program = torch.export.export(_StepWithCacheInputs(static), (ids, pos, *self.caches), strict=False)
+        wrapper = _WithCacheInputs(static, self.method, len(self.example))
+        program = torch.export.export(wrapper, (*self.example, *self.caches), strict=False)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}")
         shutil.rmtree(tmp, ignore_errors=True)
         try:
             tmp.mkdir()
             package = tmp / "package.pt2"
-            torch._inductor.aoti_compile_and_package(program, package_path=str(package), inductor_configs=options)
+            # a copy: aoti_compile_and_package adds keys to the dict it is given
+            torch._inductor.aoti_compile_and_package(program, package_path=str(package), inductor_configs=dict(options))
             with zipfile.ZipFile(package) as archive:
                 archive.extractall(tmp)
             package.unlink()
@@ -145,5 +165,5 @@ class AOTIStep:
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
 
-    def __call__(self, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        return self.runner.run([ids, pos, *self.caches])[0]
+    def __call__(self, *args: torch.Tensor) -> torch.Tensor:
+        return self.runner.run([*args, *self.caches])[0]

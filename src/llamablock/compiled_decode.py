@@ -31,9 +31,19 @@ import time
 import torch
 
 from llamablock.quant import DTYPE_CHOICES, FORMATS, load_dtype, quantize_model
-from llamablock.static_decode import StaticDecoder, cache_length, unsupported_reason
+from llamablock.static_decode import MIN_CACHE, StaticDecoder, cache_length, unsupported_reason
 
 BACKENDS = ("inductor", "aoti")  # torch.compile in this process, or an AOTInductor package (llamablock.aoti_step)
+PREFILL_CHUNK = 128  # tokens per compiled prefill call: divides every cache length (powers of two from 256)
+
+
+def chunk_options(options: dict) -> dict:
+    """The prefill chunk's settings: with autotuning, ATen's GEMMs compete with the C++ templates.
+    Its matmuls have `chunk` rows, not one, where oneDNN/MKL can win (float32 prefill here was 1.37x
+    slower with the C++ templates alone than eagerly)."""
+    if options.get("max_autotune"):
+        return {**options, "max_autotune_gemm_backends": "CPP,ATEN"}
+    return options
 
 
 def inductor_options(autotune: bool, extra: dict | None = None) -> dict:
@@ -48,7 +58,7 @@ class CompiledDecoder:
     """Prefill eagerly, decode with one compiled graph per cache length; batch 1."""
 
     def __init__(self, model, fmt: str | None = None, *, compile: bool = True, autotune: bool = True,
-                 inductor: dict | None = None, backend: str = "aoti"):
+                 inductor: dict | None = None, backend: str = "aoti", chunk: int = PREFILL_CHUNK):
         reason = unsupported_reason(model.cfg)
         if reason is not None:
             raise ValueError(f"the compiled decoder does not support {reason}; run without compilation")
@@ -63,11 +73,15 @@ class CompiledDecoder:
             raise ValueError("give the float model: the compiled decoder fuses q/k/v before quantizing them")
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+        if chunk < 0 or (chunk and MIN_CACHE % chunk):
+            raise ValueError(f"chunk must be 0 (eager prefill) or divide {MIN_CACHE}, got {chunk}")
+        # The chunked prefill is an AOTInductor program; torch.compile would re-trace it per process.
+        self.chunk = chunk if compile and backend == "aoti" else 0
         self.model, self.cfg, self.fmt, self.backend = model, model.cfg, fmt, backend
         self.compile, self.autotune = compile, autotune
         self.inductor = dict(inductor or {})  # more inductor settings (the benchmark's kernel profile)
         self.static: StaticDecoder | None = None
-        self._step = None
+        self._step = self._chunk = None
         self.compile_seconds = 0.0
         self._compiled_lengths: set[int] = set()
         self._ids = torch.zeros(1, 1, dtype=torch.long)  # (1, 1): the step's token
@@ -92,12 +106,18 @@ class CompiledDecoder:
             static = StaticDecoder(self.model, length)
             if self.fmt in FORMATS:
                 quantize_model(static, self.fmt)
-        self.static = static
+        self.static, self._chunk = static, None
         if self.compile and self.backend == "aoti":
-            from llamablock.aoti_step import AOTIStep
+            from llamablock.aoti_step import AOTIProgram, weights_digest
 
-            self._step = AOTIStep(static, self.fmt, inductor_options(self.autotune, self.inductor))  # loads or compiles now
-            self.compile_seconds += self._step.compile_seconds
+            digest = weights_digest(static)
+            options = inductor_options(self.autotune, self.inductor)
+            self._step = AOTIProgram(static, self.fmt, options, digest=digest)  # loads or compiles now
+            if self.chunk and length % self.chunk == 0:  # a context capped below a multiple: eager prefill
+                example = (torch.zeros(1, self.chunk, dtype=torch.long), torch.zeros(1, dtype=torch.long),
+                           torch.zeros(1, dtype=torch.long))
+                self._chunk = AOTIProgram(static, self.fmt, chunk_options(options), "chunk", example, digest)
+            self.compile_seconds += self._step.compile_seconds + (self._chunk.compile_seconds if self._chunk else 0.0)
             self._compiled_lengths.add(length)
         else:
             self._step = torch.compile(static.step, fullgraph=True, dynamic=False) if self.compile else static.step
@@ -105,8 +125,18 @@ class CompiledDecoder:
     @torch.no_grad()
     def prefill(self, ids: torch.Tensor) -> torch.Tensor:
         """ids (1, t) at positions 0..t-1 -> logits (1, vocab)."""
-        self.start(ids.shape[1] + 1)
-        return self.static.prefill(ids)
+        t = ids.shape[1]
+        self.start(t + 1)
+        if self._chunk is None:
+            return self.static.prefill(ids)
+        c = self._chunk.example[0].shape[1]
+        for begin in range(0, t, c):  # the cache length is a multiple of c (cache_length, MIN_CACHE)
+            piece = ids[:, begin:begin + c]
+            n = piece.shape[1]
+            if n < c:  # the last piece: padded at its end (StaticDecoder.chunk says why that is safe)
+                piece = torch.cat([piece, piece.new_zeros(1, c - n)], dim=1)
+            logits = self._chunk(piece.contiguous(), torch.tensor([begin]), torch.tensor([n - 1]))
+        return logits
 
     @torch.no_grad()
     def step(self, ids: torch.Tensor, pos: int) -> torch.Tensor:

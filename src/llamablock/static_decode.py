@@ -17,7 +17,8 @@ same model, rearranged so that torch.compile can turn the whole step into a few 
     (llamablock.compiled_decode: AOTInductor or torch.compile, with freezing).
 
 Prefill (t > 1 tokens) runs eagerly through the same fused layers, attention by
-scaled_dot_product_attention, and fills the cache's first t slots.
+scaled_dot_product_attention, and fills the cache's first t slots; `chunk` is the same work in
+fixed-shape pieces of c tokens (attention over all L slots under a mask), for compiling it.
 Equality with `llamablock.model.Decoder`: the same operations on the same numbers, except that
 attention's softmax sums over L slots (zeros past `pos`) and the fused matmuls may block their
 sums differently, so logits agree to float rounding, not bit for bit (tests state the tolerance).
@@ -125,6 +126,18 @@ class _Layer(nn.Module):
         x = x + self.wo(out.transpose(1, 2).reshape(b, t, self.h * self.d))
         return x + self._ffn(self.norm2(x))
 
+    def chunk(self, x: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+              allowed: torch.Tensor) -> torch.Tensor:
+        """x (b, c, d) at positions pos (c,); allowed (c, L) bool: write c slots, attend over all L."""
+        b, c, _ = x.shape
+        q, k, v = self._qkv(self.norm1(x), cos, sin)
+        self.k_cache.index_copy_(2, pos, k)
+        self.v_cache.index_copy_(2, pos, v)
+        out = F.scaled_dot_product_attention(q, self.k_cache, self.v_cache, attn_mask=allowed,
+                                             enable_gqa=self.n_kv != self.h)  # (b, h, c, d)
+        x = x + self.wo(out.transpose(1, 2).reshape(b, c, self.h * self.d))
+        return x + self._ffn(self.norm2(x))
+
     def step(self, x: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
              allowed: torch.Tensor) -> torch.Tensor:
         """x (b, 1, d) at position pos (1,); allowed (1, L) bool: the slots this token may see."""
@@ -186,6 +199,24 @@ class StaticDecoder(nn.Module):
         for layer in self.layers:
             x = layer.prefill(x, cos, sin)
         return self._logits(x)
+
+    def chunk(self, ids: torch.Tensor, start: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
+        """ids (b, c) at positions start..start+c-1 (start: a (1,) long tensor, slots before it
+        filled; start + c <= L) -> logits (b, vocab) of chunk position `last` (a (1,) long tensor).
+
+        The prefill as fixed-shape pieces, so that it compiles like the step: the prompt is cut
+        into chunks of c tokens, the last one padded at its end. Padding writes slots after the
+        prompt, which no real token attends to (causal mask) and each decode step overwrites
+        before reading. No checks here: this is a compiled graph (llamablock.compiled_decode).
+        """
+        c = ids.shape[1]
+        pos = start + self.slots[:c]  # (c,)
+        x = self._embed(ids)
+        cos, sin = self.cos[pos][None], self.sin[pos][None]  # (1, c, r/2)
+        allowed = allowed_slots(pos, self.slots, self.cfg.sliding_window)  # (c, L)
+        for layer in self.layers:
+            x = layer.chunk(x, pos, cos, sin, allowed)
+        return self._logits(x.index_select(1, last))
 
     def step(self, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         """ids (b, 1) at position pos (a (1,) long tensor, slots before it filled) -> logits (b, vocab).
