@@ -141,7 +141,10 @@ class AOTIProgram:
         import torch._inductor
 
         wrapper = _WithCacheInputs(static, self.method, len(self.example))
-        program = torch.export.export(wrapper, (*self.example, *self.caches), strict=False)
+        # Stand-ins for the caches, so that nothing done while compiling (autotuning runs kernels)
+        # can touch a prompt already in the real ones: programs are compiled on first use.
+        caches = [torch.zeros_like(c) for c in self.caches]
+        program = torch.export.export(wrapper, (*self.example, *caches), strict=False)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}")
         shutil.rmtree(tmp, ignore_errors=True)

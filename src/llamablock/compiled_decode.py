@@ -82,6 +82,7 @@ class CompiledDecoder:
         self.inductor = dict(inductor or {})  # more inductor settings (the benchmark's kernel profile)
         self.static: StaticDecoder | None = None
         self._step = self._chunk = None
+        self._digest: str | None = None
         self.compile_seconds = 0.0
         self._compiled_lengths: set[int] = set()
         self._ids = torch.zeros(1, 1, dtype=torch.long)  # (1, 1): the step's token
@@ -92,13 +93,18 @@ class CompiledDecoder:
         return 0 if self.static is None else self.static.length
 
     def covers(self, total_tokens: int) -> bool:
-        """True when a request of `total_tokens` can decode without building or compiling anything."""
-        compiled = not self.compile or self.length in self._compiled_lengths
-        return self.static is not None and compiled and total_tokens <= self.length
-
+        """True when a request of `total_tokens` can prefill and decode without building or compiling."""
+        if self.static is None or total_tokens > self.length:
+            return False
+        if not self.compile:
+            return True
+        if self.backend == "inductor":
+            return self.length in self._compiled_lengths
+        return self._step is not None and (self._chunk is not None or not self._chunks_prefill())
 
     def start(self, total_tokens: int) -> None:
-        """Make room for a request of `total_tokens` (prompt + new): rebuild if the cache is too short."""
+        """Make room for a request of `total_tokens` (prompt + new): rebuild if the cache is too short.
+        AOTInductor programs are loaded or compiled on first use (`warm_up` does both now)."""
         if total_tokens <= self.length:
             return
         length = cache_length(total_tokens, self.cfg.max_seq_len)
@@ -106,30 +112,42 @@ class CompiledDecoder:
             static = StaticDecoder(self.model, length)
             if self.fmt in FORMATS:
                 quantize_model(static, self.fmt)
-        self.static, self._chunk = static, None
-        if self.compile and self.backend == "aoti":
-            from llamablock.aoti_step import AOTIProgram, weights_digest
-
-            digest = weights_digest(static)
-            options = inductor_options(self.autotune, self.inductor)
-            self._step = AOTIProgram(static, self.fmt, options, digest=digest)  # loads or compiles now
-            if self.chunk and length % self.chunk == 0:  # a context capped below a multiple: eager prefill
-                example = (torch.zeros(1, self.chunk, dtype=torch.long), torch.zeros(1, dtype=torch.long),
-                           torch.zeros(1, dtype=torch.long))
-                self._chunk = AOTIProgram(static, self.fmt, chunk_options(options), "chunk", example, digest)
-            self.compile_seconds += self._step.compile_seconds + (self._chunk.compile_seconds if self._chunk else 0.0)
-            self._compiled_lengths.add(length)
-        else:
+        self.static, self._step, self._chunk, self._digest = static, None, None, None
+        if self.backend == "inductor" or not self.compile:
             self._step = torch.compile(static.step, fullgraph=True, dynamic=False) if self.compile else static.step
+
+    def _chunks_prefill(self) -> bool:
+        """Whether prefill runs as compiled chunks: AOTI, and a cache length that is a multiple of the
+        chunk (a context capped below one, e.g. max_seq_len 200, prefills eagerly)."""
+        return bool(self.chunk) and self.length % self.chunk == 0
+
+    def _aoti(self, method: str):
+        """The AOTInductor program for `method` at this length: loaded from the cache or compiled."""
+        from llamablock.aoti_step import AOTIProgram, weights_digest
+
+        if self._digest is None:
+            self._digest = weights_digest(self.static)  # one hash of the weights for both programs
+        options = inductor_options(self.autotune, self.inductor)
+        if method == "step":
+            program = AOTIProgram(self.static, self.fmt, options, "step", (self._ids, self._pos), self._digest)
+        else:
+            # three distinct tensors: export would take one tensor passed twice for a single input
+            example = (torch.zeros(1, self.chunk, dtype=torch.long), torch.zeros(1, dtype=torch.long),
+                       torch.zeros(1, dtype=torch.long))
+            program = AOTIProgram(self.static, self.fmt, chunk_options(options), "chunk", example, self._digest)
+        self.compile_seconds += program.compile_seconds
+        return program
 
     @torch.no_grad()
     def prefill(self, ids: torch.Tensor) -> torch.Tensor:
         """ids (1, t) at positions 0..t-1 -> logits (1, vocab)."""
         t = ids.shape[1]
         self.start(t + 1)
-        if self._chunk is None:
+        if not self._chunks_prefill():
             return self.static.prefill(ids)
-        c = self._chunk.example[0].shape[1]
+        if self._chunk is None:
+            self._chunk = self._aoti("chunk")
+        c = self.chunk
         for begin in range(0, t, c):  # the cache length is a multiple of c (cache_length, MIN_CACHE)
             piece = ids[:, begin:begin + c]
             n = piece.shape[1]
@@ -148,6 +166,8 @@ class CompiledDecoder:
         self._ids.copy_(ids)
         self._pos.fill_(pos)
         ids, pos_t = self._ids, self._pos
+        if self.compile and self.backend == "aoti" and self._step is None:
+            self._step = self._aoti("step")
         if not self.compile or self.backend == "aoti":
             return self._step(ids, pos_t)
         first = self.length not in self._compiled_lengths
@@ -165,8 +185,11 @@ class CompiledDecoder:
         return out
 
     def warm_up(self, total_tokens: int) -> float:
-        """Compile for `total_tokens` now (one step on slot 0, overwritten by the next prefill); seconds taken."""
+        """Compile for `total_tokens` now (one step on slot 0, overwritten by the next prefill, and
+        the prefill chunk); seconds taken."""
         self.start(total_tokens)
         before = self.compile_seconds
         self.step(torch.zeros(1, 1, dtype=torch.long), 0)
+        if self._chunks_prefill() and self._chunk is None:
+            self._chunk = self._aoti("chunk")
         return self.compile_seconds - before
