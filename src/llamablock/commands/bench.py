@@ -26,7 +26,8 @@ def _import_runner():
 
 def add_arguments(p) -> None:
     p.add_argument("names", nargs="*", metavar="NAME",
-                   help="benchmarks to run (default: all): attention, norm, rope, swiglu, train_step, malloc, decode")
+                   help="benchmarks to run (default: all; benchmarks/runner.py's BENCHMARKS names them, and an "
+                        "unknown name is answered with the list)")
     p.add_argument("--quick", action="store_true", help="tiny sizes and few repeats (seconds; for CI), no file written")
     p.add_argument("--output", type=Path, default=None,
                    help="where to write the markdown report (default: BENCHMARKS.md at the repository root "
