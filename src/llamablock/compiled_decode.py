@@ -1,4 +1,4 @@
-"""The fast generation engine: a StaticDecoder with its decode step compiled by torch.compile.
+"""The fast generation engine: a StaticDecoder with its decode step and prefill compiled.
 
     engine = CompiledDecoder(model, fmt="q8")     # model: a Decoder in float32 or bfloat16
     generate(engine, prompt_ids, ...)             # llamablock.generate takes it in place of the model
@@ -8,18 +8,23 @@ the static layout are quantized (llamablock.quant) after fusing, so q, k and v s
 int4 matrix. The float model is kept: a request longer than the cache rebuilds the static layout
 at the next power-of-two length (llamablock.static_decode.cache_length) from it.
 
-Compilation (`backend`): "aoti" (the default) exports the step and compiles it ahead of time
-with AOTInductor into a package on disk, named by a hash of the weights, which later processes
-load instead of compiling (llamablock.aoti_step; BENCHMARKS.md's compile_cache table: the first
-decoded token 13 s after process start, against 23 s with torch.compile); "inductor" is
+Compilation (`backend`): "aoti" (the default) exports the step, and the prefill as chunks of
+`chunk` tokens (StaticDecoder.chunk), and compiles each ahead of time with AOTInductor into a
+package on disk, named by a hash of the weights, which later processes load instead of compiling
+(llamablock.aoti_step; BENCHMARKS.md's compile_cache table gives the start-up of a second run).
+Each program is loaded or compiled when first used at a cache length. "inductor" is
 torch.compile in this process, which re-traces the step in every new process and launches its
 kernels from Python (~4-6 ms of a SmolLM2 q8 step in BENCHMARKS.md's kernel profile). Both use
 inductor with freezing (weights become constants, prepacked for the CPU's GEMM) and max-autotune
 restricted to its C++ GEMM templates, which the speed issue's probe found stable and which fuse
 the int8 scale into the matmul (measured here on SmolLM2-135M, q8 under torch.compile: 94
 tokens/s against 58 with inductor's default mode; compiling takes about 80 s instead of 30).
-`autotune=False` chooses the default mode. `compile_seconds` adds up the time spent compiling
-(0 for a package loaded from disk).
+`autotune=False` chooses the default mode. The prefill chunk lets ATen's GEMMs (oneDNN, MKL)
+compete too: its matmuls have `chunk` rows, where the C++ templates alone made a float32 prefill
+slower than eager (`chunk_options`). `chunk=0`, the inductor backend and a context that is not a
+multiple of the chunk prefill eagerly. Each program's library carries its own copy of the frozen
+weights, so disk and memory hold the weights once more per program and cache length.
+`compile_seconds` adds up the time spent compiling (0 for packages loaded from disk).
 `compile=False` runs the same static layout eagerly: the reference the tests compare against.
 `inductor` adds inductor settings (e.g. {"cpp.enable_kernel_profile": True} for a per-kernel profile).
 """

@@ -66,7 +66,8 @@ def _one(model, tok, text: str, args, sampling, chat_history=None, engine=None):
     if engine is not None and not engine.covers(total):
         from llamablock.aoti_step import package_dir
 
-        print(f"[the compiled decode step: loading it from {package_dir()}, or compiling it once (about 100 s)]",
+        print(f"[the compiled decode step and prefill: loading them from {package_dir()}, or compiling them once "
+              "(a few minutes)]",
               file=sys.stderr, flush=True)
         engine.warm_up(total)
     g = generate(model if engine is None else engine, ids, args.max_new_tokens, sampling, seed=args.seed, eos_ids=tok.eos_ids,
