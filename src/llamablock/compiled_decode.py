@@ -60,7 +60,7 @@ def inductor_options(autotune: bool, extra: dict | None = None) -> dict:
 
 
 class CompiledDecoder:
-    """Prefill eagerly, decode with one compiled graph per cache length; batch 1."""
+    """Prefill in compiled chunks (or eagerly), decode with one compiled step per cache length; batch 1."""
 
     def __init__(self, model, fmt: str | None = None, *, compile: bool = True, autotune: bool = True,
                  inductor: dict | None = None, backend: str = "aoti", chunk: int = PREFILL_CHUNK):
