@@ -9,6 +9,7 @@ Compilation of a 2-layer model takes a few seconds (autotune off; the speed path
 is the same graph with other GEMM kernels).
 """
 
+import os
 from pathlib import Path
 
 import pytest
@@ -203,6 +204,20 @@ def test_persistent_compile_cache_location(monkeypatch, tmp_path):
 
     # aoti_step reads the variable without importing inductor: it must name inductor's directory
     assert package_dir() == Path(torch._inductor.runtime.cache_dir_utils.cache_dir()) / "llamablock-aoti"
+
+
+def test_prune_deletes_least_recently_used_packages_beyond_the_limit(tmp_path):
+    from llamablock.aoti_step import prune
+
+    for i, name in enumerate(["old", "mid", "new", "kept", ".compiling.123"]):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "lib.so").write_bytes(b"x" * 1000)
+        os.utime(tmp_path / name, (1000 + i, 1000 + i))
+    os.utime(tmp_path / "kept", (1, 1))  # the oldest, but the package just compiled
+    removed = prune(tmp_path, keep=tmp_path / "kept", max_bytes=2500)
+    assert removed == [tmp_path / "old", tmp_path / "mid"]  # oldest first, until 2 x 1000 remain
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".compiling.123", "kept", "new"]
+    assert prune(tmp_path, keep=tmp_path / "kept", max_bytes=10**6) == []
 
 
 @torch.no_grad()

@@ -19,7 +19,8 @@ quantized buffers), the config, format, cache length, inductor options and the t
 
 Cache layout: `<inductor cache dir>/llamablock-aoti/<hash>/`, the .pt2 package that
 `aoti_compile_and_package` writes, unpacked once (a temporary directory, then a rename: an
-interrupted compile leaves nothing). Why unpacked: `aoti_load_package` unpacks the archive into a
+interrupted compile leaves nothing). After each compile the least recently used packages are
+deleted beyond MAX_CACHE_BYTES (`prune`). Why unpacked: `aoti_load_package` unpacks the archive into a
 temporary directory on every load, 2.8 s of its 3.2 s for SmolLM2 in q8 (a 331 MB library, the
 weights inside), while the same library loads in 0.4 s from a directory (measured here, torch
 2.13). The library is run through `torch._C._aoti.AOTIModelContainerRunnerCpu`, the runner that
@@ -108,6 +109,31 @@ def package_dir() -> Path:
     return Path(root).absolute() / "llamablock-aoti"
 
 
+MAX_CACHE_BYTES = 8 << 30  # the packages kept on disk (SmolLM2: 0.2-0.7 GB per program and cache length)
+
+
+def _size(directory: Path) -> int:
+    return sum(f.stat().st_size for f in directory.rglob("*") if f.is_file())
+
+
+def prune(directory: Path, keep: Path, max_bytes: int = MAX_CACHE_BYTES) -> list[Path]:
+    """Delete the least recently used packages (by modification time, which every load refreshes)
+    until `directory` holds at most `max_bytes`; never `keep`, nor a compile in progress (a dot
+    name). A process that has a deleted package's library loaded keeps running it (Linux keeps an
+    unlinked file while it is mapped). Returns what was deleted."""
+    entries = sorted((p.stat().st_mtime, p) for p in directory.iterdir() if p.is_dir() and not p.name.startswith("."))
+    sizes = {p: _size(p) for _, p in entries}
+    total, removed = sum(sizes.values()), []
+    for _, p in entries:  # oldest first
+        if total <= max_bytes:
+            break
+        if p != keep:
+            shutil.rmtree(p, ignore_errors=True)
+            total -= sizes[p]
+            removed.append(p)
+    return removed
+
+
 def _library(directory: Path) -> Path | None:
     """The compiled shared library inside an unpacked package, or None when there is none."""
     found = sorted(directory.glob("*/data/aotinductor/model/*.so")) if directory.is_dir() else []
@@ -134,6 +160,9 @@ class AOTIProgram:
             self._compile(static, options)
             self.compile_seconds = time.perf_counter() - t
             library = _library(self.path)
+            prune(self.path.parent, keep=self.path)
+        else:
+            os.utime(self.path)  # recently used: pruned last
         self.runner = torch._C._aoti.AOTIModelContainerRunnerCpu(str(library), 1)
 
     def _compile(self, static, options: dict) -> None:
