@@ -163,6 +163,10 @@ class AOTIProgram:
             prune(self.path.parent, keep=self.path)
         else:
             os.utime(self.path)  # recently used: pruned last
+        # Linux lets a process use AMX tiles only after it asks (arch_prctl XTILEDATA). Inductor asks
+        # while compiling; a process that only loads a library whose GEMMs use AMX (the bfloat16 and
+        # int8 prefill chunk, here) died of SIGILL at its first call without this.
+        torch.cpu._init_amx()
         self.runner = torch._C._aoti.AOTIModelContainerRunnerCpu(str(library), 1)
 
     def _compile(self, static, options: dict) -> None:
