@@ -225,7 +225,7 @@ def test_aoti_backend_equals_eager_and_reloads_from_its_package(tiny):
     """The AOTInductor step and prefill chunk give the eager logits (1e-4) and tokens; a second
     engine with the same weights loads the unpacked packages instead of compiling; other weights
     get another key."""
-    engine = CompiledDecoder(tiny, autotune=False, backend="aoti")
+    engine = CompiledDecoder(tiny, autotune=False, backend="aoti", chunk=128)  # float32 prefills eagerly by default
     long = torch.randint(0, tiny.cfg.vocab_size, (1, 150), generator=torch.Generator().manual_seed(0))
     for ids in (torch.tensor([PROMPT]), long):  # prefill in one chunk of 128, and in two (the last padded)
         ref = _eager_logits(tiny, ids, 8)
@@ -236,7 +236,7 @@ def test_aoti_backend_equals_eager_and_reloads_from_its_package(tiny):
     for program in (engine._step, engine._chunk):
         assert len(list(program.path.glob("*/data/aotinductor/model/*.so"))) == 1
     assert engine.compile_seconds > 0
-    again = CompiledDecoder(tiny, autotune=False, backend="aoti")
+    again = CompiledDecoder(tiny, autotune=False, backend="aoti", chunk=128)
     assert generate(again, PROMPT, max_new_tokens=12).tokens == generate(tiny, PROMPT, max_new_tokens=12).tokens
     assert again.compile_seconds == 0 and again._step.path == engine._step.path
     import copy

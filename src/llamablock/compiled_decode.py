@@ -21,8 +21,9 @@ the int8 scale into the matmul (measured here on SmolLM2-135M, q8 under torch.co
 tokens/s against 58 with inductor's default mode; compiling takes about 80 s instead of 30).
 `autotune=False` chooses the default mode. The prefill chunk lets ATen's GEMMs (oneDNN, MKL)
 compete too: its matmuls have `chunk` rows, where the C++ templates alone made a float32 prefill
-slower than eager (`chunk_options`). `chunk=0`, the inductor backend and a context that is not a
-multiple of the chunk prefill eagerly. Each program's library carries its own copy of the frozen
+slower than eager (`chunk_options`). By default only q8 and q4 prefill in compiled chunks
+(PREFILL_CHUNK says why); `chunk=0`, float formats, the inductor backend and a context that is
+not a multiple of the chunk prefill eagerly. Each program's library carries its own copy of the frozen
 weights, so disk and memory hold the weights once more per program and cache length.
 `compile_seconds` adds up the time spent compiling (0 for packages loaded from disk).
 `compile=False` runs the same static layout eagerly: the reference the tests compare against.
@@ -39,7 +40,13 @@ from llamablock.quant import DTYPE_CHOICES, FORMATS, load_dtype, quantize_model
 from llamablock.static_decode import MIN_CACHE, StaticDecoder, cache_length, unsupported_reason
 
 BACKENDS = ("inductor", "aoti")  # torch.compile in this process, or an AOTInductor package (llamablock.aoti_step)
-PREFILL_CHUNK = 128  # tokens per compiled prefill call: divides every cache length (powers of two from 256)
+# Tokens per compiled prefill call (divides every cache length: powers of two from 256), for q8 and
+# q4 only. BENCHMARKS.md, SmolLM2 512-token prefill against transformers in the same run: q8
+# 0.85x eager -> 1.03x in compiled chunks, q4 0.59x -> 1.03x (the eager int8/int4 weight-only
+# kernels are slow with 512 rows); float32 0.98x -> 0.78x and bfloat16 1.08x -> 1.01x, so those
+# prefill eagerly. One graph of all 512 tokens ran bfloat16 1.87x faster than eager: chunks of 128
+# attending over the whole cache under a mask lose that (4 x 71-76 ms against 167 ms).
+PREFILL_CHUNK = 128
 
 
 def chunk_options(options: dict) -> dict:
@@ -63,7 +70,7 @@ class CompiledDecoder:
     """Prefill in compiled chunks (or eagerly), decode with one compiled step per cache length; batch 1."""
 
     def __init__(self, model, fmt: str | None = None, *, compile: bool = True, autotune: bool = True,
-                 inductor: dict | None = None, backend: str = "aoti", chunk: int = PREFILL_CHUNK):
+                 inductor: dict | None = None, backend: str = "aoti", chunk: int | None = None):
         reason = unsupported_reason(model.cfg)
         if reason is not None:
             raise ValueError(f"the compiled decoder does not support {reason}; run without compilation")
@@ -78,6 +85,8 @@ class CompiledDecoder:
             raise ValueError("give the float model: the compiled decoder fuses q/k/v before quantizing them")
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+        if chunk is None:  # the default: where compiling the prefill was measured to pay (PREFILL_CHUNK)
+            chunk = PREFILL_CHUNK if fmt in FORMATS else 0
         if chunk < 0 or (chunk and MIN_CACHE % chunk):
             raise ValueError(f"chunk must be 0 (eager prefill) or divide {MIN_CACHE}, got {chunk}")
         # The chunked prefill is an AOTInductor program; torch.compile would re-trace it per process.
