@@ -27,7 +27,6 @@ import time
 import torch
 
 from benchmarks.common import Section, ms, verdict
-from llamablock.compiled_decode import PREFILL_CHUNK
 from llamablock.kv_cache import KVCache
 from llamablock.lab.timing import time_calls
 from llamablock.quant import quantize_model, weight_bytes
@@ -299,9 +298,11 @@ def run(quick: bool = False) -> list[Section]:
         sec.rows.append([k, f"{wb / 2**20:.0f}", f"{d:.1f}", f"{1 / dec[k]['min']:.1f}", dx, f"{bw / wb:.0f}",
                          p, px, pp, pr])
     for k, secs in compile_s.items():
+        chunk = runners[k].engine.chunk
+        prefill = f"runs as compiled chunks of {chunk} tokens" if chunk else "is the static layout's, eager"
         sec.notes.append(f"{k}: llamablock.compiled_decode (fused weights, static cache, compiled ahead of time by "
-                         f"AOTInductor with freezing{'' if quick else ' and C++ GEMM autotuning'}); its prefill runs "
-                         f"as compiled chunks of {PREFILL_CHUNK} tokens. Compiling took {secs:.0f} s in all (each program at "
+                         f"AOTInductor with freezing{'' if quick else ' and C++ GEMM autotuning'}); its prefill "
+                         f"{prefill}. Compiling took {secs:.0f} s in all (each program at "
                          "each cache length this run used: the prefill's may be longer than the decode rows'), not "
                          "in the timings (0 when the packages were already on disk: see compile_cache).")
     sec.notes.append(f"Copy bandwidth {bw / 1e9:.1f} GB/s (read + write of 256 MiB) in this run; q8/q4 are "
