@@ -206,4 +206,6 @@ class CompiledDecoder:
         self.step(torch.zeros(1, 1, dtype=torch.long), 0)
         if self._chunks_prefill() and self._chunk is None:
             self._chunk = self._aoti("chunk")
+            zeros = torch.zeros(1, self.chunk, dtype=torch.long)  # a first call, as for the step: it touches
+            self._chunk(zeros, torch.zeros(1, dtype=torch.long), torch.zeros(1, dtype=torch.long))  # the weights
         return self.compile_seconds - before
