@@ -206,6 +206,38 @@ def test_persistent_compile_cache_location(monkeypatch, tmp_path):
     assert package_dir() == Path(torch._inductor.runtime.cache_dir_utils.cache_dir()) / "llamablock-aoti"
 
 
+_FRESH_PROCESS = r"""
+import sys, torch, llamablock
+from llamablock.compiled_decode import CompiledDecoder
+model = llamablock.load_pretrained(sys.argv[1], torch.bfloat16)
+engine = CompiledDecoder(model, "bfloat16", chunk=128)  # autotuned: bfloat16 GEMM templates may use AMX
+with torch.no_grad():
+    logits = engine.prefill(torch.arange(1, 21)[None])
+    logits = engine.step(logits.argmax(-1, keepdim=True), 20)
+print(engine.compile_seconds > 0, logits.float().sum().item())
+"""
+
+
+@pytest.mark.slow
+def test_a_fresh_process_runs_the_cached_programs(tmp_path):
+    """The second process only loads the libraries the first compiled (autotuned bfloat16 step and
+    chunk); it must run them and get the same logits. A library whose GEMMs use AMX killed such a
+    process with SIGILL (exit -4, checked by removing the fix) until AOTIProgram asked Linux for AMX
+    tiles itself. On a CPU without AMX the libraries do not use it and this checks the reload only."""
+    import subprocess
+    import sys
+
+    tiny_hf_model("llama", n_heads=4, n_kv=2).save_pretrained(tmp_path / "model")
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "cache")}
+    runs = [subprocess.run([sys.executable, "-c", _FRESH_PROCESS, str(tmp_path / "model")], env=env,
+                           capture_output=True, text=True) for _ in range(2)]
+    for r in runs:
+        assert r.returncode == 0, r.stderr[-2000:]
+    first, second = (r.stdout.split()[-2:] for r in runs)
+    assert first[0] == "True" and second[0] == "False"  # compiled, then loaded
+    assert first[1] == second[1]
+
+
 def test_prune_deletes_least_recently_used_packages_beyond_the_limit(tmp_path):
     from llamablock.aoti_step import prune
 
