@@ -119,11 +119,17 @@ def _size(directory: Path) -> int:
 def prune(directory: Path, keep: Path, max_bytes: int = MAX_CACHE_BYTES) -> list[Path]:
     """Delete the least recently used packages (by modification time, which every load refreshes)
     until `directory` holds at most `max_bytes`; never `keep`, nor a compile in progress (a dot
-    name). A process that has a deleted package's library loaded keeps running it (Linux keeps an
-    unlinked file while it is mapped). Returns what was deleted."""
+    name). Archives of the earlier one-file-per-package layout (`<hash>.pt2`) are deleted too. A
+    process that has a deleted package's library loaded keeps running it (Linux keeps an unlinked
+    file while it is mapped). Returns what was deleted."""
+    removed = []
+    for old in directory.glob("*.pt2"):  # packages of the earlier layout (one archive per key): never read now
+        if not old.name.startswith("."):  # an older version's compile in progress
+            old.unlink(missing_ok=True)
+            removed.append(old)
     entries = sorted((p.stat().st_mtime, p) for p in directory.iterdir() if p.is_dir() and not p.name.startswith("."))
     sizes = {p: _size(p) for _, p in entries}
-    total, removed = sum(sizes.values()), []
+    total = sum(sizes.values())
     for _, p in entries:  # oldest first
         if total <= max_bytes:
             break
