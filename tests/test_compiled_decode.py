@@ -65,17 +65,6 @@ def _static_logits(prefill, step, ids, steps):
     return out
 
 
-def _chunked_prefill(static, ids, c):
-    """StaticDecoder.chunk over `ids` in pieces of c tokens, the last padded: CompiledDecoder's loop."""
-    t = ids.shape[1]
-    for begin in range(0, t, c):
-        piece = ids[:, begin:begin + c]
-        n = piece.shape[1]
-        piece = torch.cat([piece, piece.new_zeros(1, c - n)], dim=1)
-        logits = static.chunk(piece, torch.tensor([begin]), torch.tensor([n - 1]))
-    return logits
-
-
 @torch.no_grad()
 @pytest.mark.parametrize("family,kw", [("llama", {"n_heads": 4, "n_kv": 2}), ("qwen2", {"n_heads": 4, "n_kv": 1}),
                                        ("gemma", {"n_heads": 4, "n_kv": 1}), ("mistral", {"n_heads": 4, "n_kv": 2})])
@@ -87,7 +76,7 @@ def test_chunked_prefill_equals_eager_decoder(tmp_path, family, kw):
     ids = torch.randint(0, model.cfg.vocab_size, (1, 150), generator=torch.Generator().manual_seed(0))
     static, plain = StaticDecoder(model, 256), StaticDecoder(model, 256)
     ref = _eager_logits(model, ids, 6)
-    got = _static_logits(lambda x: _chunked_prefill(static, x, 64), lambda t, p: static.step(t, torch.tensor([p])), ids, 6)
+    got = _static_logits(lambda x: static.prefill_in_chunks(x, 64), lambda t, p: static.step(t, torch.tensor([p])), ids, 6)
     for r, g in zip(ref, got):
         torch.testing.assert_close(g, r, atol=1e-5, rtol=0)
     plain.prefill(ids)

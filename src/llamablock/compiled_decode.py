@@ -163,14 +163,7 @@ class CompiledDecoder:
             return self.static.prefill(ids)
         if self._chunk is None:
             self._chunk = self._aoti("chunk")
-        c = self.chunk
-        for begin in range(0, t, c):  # the cache length is a multiple of c (cache_length, MIN_CACHE)
-            piece = ids[:, begin:begin + c]
-            n = piece.shape[1]
-            if n < c:  # the last piece: padded at its end (StaticDecoder.chunk says why that is safe)
-                piece = torch.cat([piece, piece.new_zeros(1, c - n)], dim=1)
-            logits = self._chunk(piece.contiguous(), torch.tensor([begin]), torch.tensor([n - 1]))
-        return logits
+        return self.static.prefill_in_chunks(ids, self.chunk, self._chunk)
 
     @torch.no_grad()
     def step(self, ids: torch.Tensor, pos: int) -> torch.Tensor:

@@ -218,6 +218,20 @@ class StaticDecoder(nn.Module):
             x = layer.chunk(x, pos, cos, sin, allowed)
         return self._logits(x.index_select(1, last))
 
+    def prefill_in_chunks(self, ids: torch.Tensor, c: int, chunk=None) -> torch.Tensor:
+        """ids (b, t) at positions 0..t-1 -> the last position's logits, through `chunk` (this
+        layout's own method, or its compiled program) on pieces of c tokens, the last one padded
+        at its end with token 0; L must be a multiple of c."""
+        chunk = chunk or self.chunk
+        t = ids.shape[1]
+        for begin in range(0, t, c):
+            piece = ids[:, begin:begin + c]
+            n = piece.shape[1]
+            if n < c:
+                piece = torch.cat([piece, piece.new_zeros(piece.shape[0], c - n)], dim=1)
+            logits = chunk(piece.contiguous(), torch.tensor([begin]), torch.tensor([n - 1]))
+        return logits
+
     def step(self, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         """ids (b, 1) at position pos (a (1,) long tensor, slots before it filled) -> logits (b, vocab).
 
