@@ -194,13 +194,11 @@ class CompiledDecoder:
         return out
 
     def warm_up(self, total_tokens: int) -> float:
-        """Compile for `total_tokens` now (one step on slot 0, overwritten by the next prefill, and
-        the prefill chunk); seconds taken."""
+        """Compile for `total_tokens` now (one step on slot 0, overwritten by the next prefill; the
+        prefill chunk is loaded or compiled); seconds taken."""
         self.start(total_tokens)
         before = self.compile_seconds
         self.step(torch.zeros(1, 1, dtype=torch.long), 0)
         if self._chunks_prefill() and self._chunk is None:
             self._chunk = self._aoti("chunk")
-            zeros = torch.zeros(1, self.chunk, dtype=torch.long)  # a first call, as for the step: it touches
-            self._chunk(zeros, torch.zeros(1, dtype=torch.long), torch.zeros(1, dtype=torch.long))  # the weights
         return self.compile_seconds - before
