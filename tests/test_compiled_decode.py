@@ -270,6 +270,7 @@ def test_aoti_backend_equals_eager_and_reloads_from_its_package(tiny):
     from llamablock.aoti_step import package_key
 
     a, b = StaticDecoder(tiny, 64), StaticDecoder(other, 64)
-    assert package_key(a, "float32", {}) != package_key(b, "float32", {})
+    example = (torch.zeros(1, 1, dtype=torch.long), torch.zeros(1, dtype=torch.long))
+    assert package_key(a, "float32", {}, "step", example) != package_key(b, "float32", {}, "step", example)
     with pytest.raises(ValueError, match="backend must be one of"):
         CompiledDecoder(tiny, backend="tvm")

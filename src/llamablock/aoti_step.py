@@ -3,10 +3,10 @@
 torch.compile re-traces the step in every new process (dynamo, AOTAutograd, freezing: ~16 s for
 SmolLM2 even with a warm cache) and launches its kernels from Python at every step. AOTInductor
 compiles an exported program into a shared library with a C++ launcher; a later process loads
-that library instead. BENCHMARKS.md's decode table: q8 101 tokens/s, where torch.compile reached
+that library instead. BENCHMARKS.md's decode table: q8 95 tokens/s, where torch.compile reached
 80-86 in earlier runs. Tests check the library's logits against the eager step (1e-4, float32).
 
-    step = AOTIProgram(static, fmt, options)    # static: llamablock.static_decode.StaticDecoder
+    step = AOTIProgram(static, fmt, options, "step", (ids, pos))   # static: a StaticDecoder
     logits = step(ids, pos)                     # writes the step's key/value into static's cache
     chunk = AOTIProgram(static, fmt, options, "chunk", (ids_c, start, last))   # the chunked prefill
 
@@ -85,8 +85,7 @@ def weights_digest(static) -> str:
     return h.hexdigest()
 
 
-def package_key(static, fmt: str, options: dict, method: str = "step", example: tuple = (),
-                digest: str | None = None) -> str:
+def package_key(static, fmt: str, options: dict, method: str, example: tuple, digest: str | None = None) -> str:
     """A hash of everything a compiled program depends on: its weights (constants in it), the
     config, format, cache length, the function and its input shapes, inductor options, torch."""
     h = hashlib.blake2b(digest_size=16)
@@ -152,10 +151,7 @@ class AOTIProgram:
     start (1,), last (1,)). `example` gives the argument shapes; `compile_seconds` is 0 when the
     library came from the disk cache."""
 
-    def __init__(self, static, fmt: str, options: dict, method: str = "step", example: tuple = (),
-                 digest: str | None = None):
-        if not example:
-            example = (torch.zeros(static.batch, 1, dtype=torch.long), torch.zeros(1, dtype=torch.long))
+    def __init__(self, static, fmt: str, options: dict, method: str, example: tuple, digest: str | None = None):
         self.method, self.example = method, example
         self.caches = _unregister_caches(static)
         self.path = package_dir() / package_key(static, fmt, options, method, example, digest)
