@@ -65,6 +65,7 @@ def run(quick: bool = False) -> list[Section]:
     warm = runs["second run (warm cache)"]["first_token"]
     sec.notes.append(verdict("second run's first decoded token", warm, 10.0, higher_is_better=False, unit=" s"))
     sec.notes.append("The compiled decoder's default backend is an AOTInductor package (llamablock.aoti_step): the "
-                     "warm run hashes the weights to name the package and loads its shared library instead of "
-                     "compiling; the rest of its time is importing torch and loading the model.")
+                     "warm run hashes the weights to name the packages and loads their shared libraries instead of "
+                     "compiling. 'Model loaded at' is importing torch and loading the checkpoint; the rest builds "
+                     "and quantizes the static layout, loads the libraries and runs the prompt and one step.")
     return [sec]
