@@ -17,7 +17,7 @@ import torch
 
 import llamablock
 from hf_reference import tiny_hf_model
-from llamablock.compiled_decode import CompiledDecoder
+from llamablock.compiled_decode import PREFILL_MIN, CompiledDecoder
 from llamablock.config import ModelConfig
 from llamablock.generate import generate
 from llamablock.kv_cache import KVCache
@@ -68,15 +68,20 @@ def _static_logits(prefill, step, ids, steps):
 @torch.no_grad()
 @pytest.mark.parametrize("family,kw", [("llama", {"n_heads": 4, "n_kv": 2}), ("qwen2", {"n_heads": 4, "n_kv": 1}),
                                        ("gemma", {"n_heads": 4, "n_kv": 1}), ("mistral", {"n_heads": 4, "n_kv": 2})])
-def test_chunked_prefill_equals_eager_decoder(tmp_path, family, kw):
-    """150 tokens in chunks of 64 (the last padded with 42 junk tokens): the last logits, the cache
-    of the real slots and the greedy steps after it equal the eager Decoder's (1e-5, float32)."""
+def test_padded_prefill_equals_eager_decoder(tmp_path, family, kw):
+    """150 tokens padded at their end with 42 junk tokens (as the compiled prefill pads short
+    prompts), logits taken at the last real one: those logits, the cache of the real slots and the
+    greedy steps after it equal the eager Decoder's (1e-5, float32). The tiny Mistral's window of
+    8 tokens runs the windowed mask."""
     tiny_hf_model(family, **kw).save_pretrained(tmp_path)
     model = llamablock.load_pretrained(tmp_path)
-    ids = torch.randint(0, model.cfg.vocab_size, (1, 150), generator=torch.Generator().manual_seed(0))
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, model.cfg.vocab_size, (1, 150), generator=gen)
+    padded = torch.cat([ids, torch.randint(0, model.cfg.vocab_size, (1, 42), generator=gen)], dim=1)
     static, plain = StaticDecoder(model, 256), StaticDecoder(model, 256)
     ref = _eager_logits(model, ids, 6)
-    got = _static_logits(lambda x: static.prefill_in_chunks(x, 64), lambda t, p: static.step(t, torch.tensor([p])), ids, 6)
+    got = _static_logits(lambda x: static.prefill(padded, torch.tensor([149])),
+                         lambda t, p: static.step(t, torch.tensor([p])), ids, 6)
     for r, g in zip(ref, got):
         torch.testing.assert_close(g, r, atol=1e-5, rtol=0)
     plain.prefill(ids)
@@ -197,9 +202,9 @@ def test_persistent_compile_cache_location(monkeypatch, tmp_path):
 
 _FRESH_PROCESS = r"""
 import sys, torch, llamablock
-from llamablock.compiled_decode import CompiledDecoder
+from llamablock.compiled_decode import PREFILL_MIN, CompiledDecoder
 model = llamablock.load_pretrained(sys.argv[1], torch.bfloat16)
-engine = CompiledDecoder(model, "bfloat16", chunk=128)  # autotuned: bfloat16 GEMM templates may use AMX
+engine = CompiledDecoder(model, "bfloat16")  # autotuned: bfloat16 GEMM templates may use AMX
 with torch.no_grad():
     logits = engine.prefill(torch.arange(1, 21)[None])
     logits = engine.step(logits.argmax(-1, keepdim=True), 20)
@@ -210,7 +215,7 @@ print(engine.compile_seconds > 0, logits.float().sum().item())
 @pytest.mark.slow
 def test_a_fresh_process_runs_the_cached_programs(tmp_path):
     """The second process only loads the libraries the first compiled (autotuned bfloat16 step and
-    chunk); it must run them and get the same logits. A library whose GEMMs use AMX killed such a
+    prefill); it must run them and get the same logits. A library whose GEMMs use AMX killed such a
     process with SIGILL (exit -4, checked by removing the fix) until AOTIProgram asked Linux for AMX
     tiles itself. On a CPU without AMX the libraries do not use it and this checks the reload only."""
     import subprocess
@@ -246,21 +251,23 @@ def test_prune_deletes_least_recently_used_packages_beyond_the_limit(tmp_path):
 
 @torch.no_grad()
 def test_aoti_backend_equals_eager_and_reloads_from_its_package(tiny):
-    """The AOTInductor step and prefill chunk give the eager logits (1e-4) and tokens; a second
+    """The AOTInductor step and prefill give the eager logits (1e-4) and tokens, the prefill at
+    lengths below its minimum (padded), inside its range and at its maximum (L - 1); a second
     engine with the same weights loads the unpacked packages instead of compiling; other weights
     get another key."""
-    engine = CompiledDecoder(tiny, autotune=False, backend="aoti", chunk=128)  # float32 prefills eagerly by default
-    long = torch.randint(0, tiny.cfg.vocab_size, (1, 150), generator=torch.Generator().manual_seed(0))
-    for ids in (torch.tensor([PROMPT]), long):  # prefill in one chunk of 128, and in two (the last padded)
-        ref = _eager_logits(tiny, ids, 8)
-        got = _static_logits(engine.prefill, engine.step, ids, 8)
+    engine = CompiledDecoder(tiny, autotune=False, backend="aoti")
+    gen = torch.Generator().manual_seed(0)
+    for n, steps in ((len(PROMPT), 8), (150, 8), (255, 0)):  # 7 < PREFILL_MIN, 150, and 255 = L - 1
+        ids = torch.tensor([PROMPT]) if n == len(PROMPT) else torch.randint(0, tiny.cfg.vocab_size, (1, n), generator=gen)
+        ref = _eager_logits(tiny, ids, steps)
+        got = _static_logits(engine.prefill, engine.step, ids, steps)
         for r, g in zip(ref, got):
             torch.testing.assert_close(g, r, atol=1e-4, rtol=0)
-    assert engine._chunk is not None and engine.length == 256
-    for program in (engine._step, engine._chunk):
+    assert engine._prefill is not None and engine.length == 256 and PREFILL_MIN > len(PROMPT)
+    for program in (engine._step, engine._prefill):
         assert len(list(program.path.glob("*/data/aotinductor/model/*.so"))) == 1
     assert engine.compile_seconds > 0
-    again = CompiledDecoder(tiny, autotune=False, backend="aoti", chunk=128)
+    again = CompiledDecoder(tiny, autotune=False, backend="aoti")
     assert generate(again, PROMPT, max_new_tokens=12).tokens == generate(tiny, PROMPT, max_new_tokens=12).tokens
     assert again.compile_seconds == 0 and again._step.path == engine._step.path
     import copy

@@ -1,4 +1,4 @@
-"""The static decode step (and chunked prefill) compiled ahead of time by AOTInductor, cached on disk.
+"""The static decode step and prefill compiled ahead of time by AOTInductor, cached on disk.
 
 torch.compile re-traces the step in every new process (dynamo, AOTAutograd, freezing: ~16 s for
 SmolLM2 even with a warm cache) and launches its kernels from Python at every step. AOTInductor
@@ -8,7 +8,8 @@ that library instead. BENCHMARKS.md's decode table: q8 95 tokens/s, where torch.
 
     step = AOTIProgram(static, fmt, options, "step", (ids, pos))   # static: a StaticDecoder
     logits = step(ids, pos)                     # writes the step's key/value into static's cache
-    chunk = AOTIProgram(static, fmt, options, "chunk", (ids_c, start, last))   # the chunked prefill
+    prefill = AOTIProgram(static, fmt, options, "prefill", (ids_t, last), lengths=(32, 1023))
+    logits = prefill(ids, last)                 # any prompt length t in 32..1023 (t symbolic)
 
 Export: `torch.export` of `static.step` with the per-layer caches as inputs that the program
 writes in place (as module buffers they would alias those inputs, which export refuses), so the
@@ -85,14 +86,16 @@ def weights_digest(static) -> str:
     return h.hexdigest()
 
 
-def package_key(static, fmt: str, options: dict, method: str, example: tuple, digest: str | None = None) -> str:
+def package_key(static, fmt: str, options: dict, method: str, example: tuple, digest: str | None = None,
+                lengths: tuple[int, int] | None = None) -> str:
     """A hash of everything a compiled program depends on: its weights (constants in it), the
-    config, format, cache length, the function and its input shapes, inductor options, torch."""
+    config, format, cache length, the function, its input shapes and length range, inductor
+    options, torch."""
     h = hashlib.blake2b(digest_size=16)
     cfg = json.dumps(dataclasses.asdict(static.cfg), sort_keys=True, default=str)
     opts = json.dumps(options, sort_keys=True, default=str)
     shapes = [tuple(t.shape) for t in example]
-    h.update(f"{torch.__version__}|{fmt}|{static.length}|{static.batch}|{method}|{shapes}|{opts}|{cfg}".encode())
+    h.update(f"{torch.__version__}|{fmt}|{static.length}|{static.batch}|{method}|{shapes}|{lengths}|{opts}|{cfg}".encode())
     h.update((digest or weights_digest(static)).encode())
     return h.hexdigest()
 
@@ -147,14 +150,16 @@ def _library(directory: Path) -> Path | None:
 
 class AOTIProgram:
     """One method of a StaticDecoder compiled: `program(*args) -> logits (b, vocab)`, the caches
-    passed in behind `args`. method "step": args (ids (b, 1), pos (1,)); "chunk": (ids (b, c),
-    start (1,), last (1,)). `example` gives the argument shapes; `compile_seconds` is 0 when the
-    library came from the disk cache."""
+    passed in behind `args`. method "step": args (ids (b, 1), pos (1,)); "prefill": (ids (b, t),
+    last (1,)). `example` gives the argument shapes; `lengths` (min, max) makes the first
+    argument's dimension 1 symbolic over that range (the prefill: one program for every prompt
+    length; export needs min >= 2). `compile_seconds` is 0 when the library came from the disk cache."""
 
-    def __init__(self, static, fmt: str, options: dict, method: str, example: tuple, digest: str | None = None):
-        self.method, self.example = method, example
+    def __init__(self, static, fmt: str, options: dict, method: str, example: tuple, digest: str | None = None,
+                 lengths: tuple[int, int] | None = None):
+        self.method, self.example, self.lengths = method, example, lengths
         self.caches = _unregister_caches(static)
-        self.path = package_dir() / package_key(static, fmt, options, method, example, digest)
+        self.path = package_dir() / package_key(static, fmt, options, method, example, digest, lengths)
         self.compile_seconds = 0.0
         library = _library(self.path)
         if library is None:
@@ -167,7 +172,7 @@ class AOTIProgram:
             os.utime(self.path)  # recently used: pruned last
         # Linux lets a process use AMX tiles only after it asks (arch_prctl XTILEDATA). Inductor asks
         # while compiling; a process that only loads a library whose GEMMs use AMX (the bfloat16 and
-        # int8 prefill chunk, here) died of SIGILL at its first call without this.
+        # int8 prefill, here) died of SIGILL at its first call without this.
         torch.cpu._init_amx()
         self.runner = torch._C._aoti.AOTIModelContainerRunnerCpu(str(library), 1)
 
@@ -179,7 +184,11 @@ class AOTIProgram:
         # Stand-ins for the caches, so that nothing done while compiling (autotuning runs kernels)
         # can touch a prompt already in the real ones: programs are compiled on first use.
         caches = [torch.zeros_like(c) for c in self.caches]
-        program = torch.export.export(wrapper, (*self.example, *caches), strict=False)
+        dynamic = None
+        if self.lengths is not None:
+            t = torch.export.Dim("t", min=self.lengths[0], max=self.lengths[1])
+            dynamic = (({1: t}, *[None] * (len(self.example) - 1 + len(caches))),)  # forward(*inputs)
+        program = torch.export.export(wrapper, (*self.example, *caches), dynamic_shapes=dynamic, strict=False)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}")
         shutil.rmtree(tmp, ignore_errors=True)

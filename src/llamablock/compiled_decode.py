@@ -8,23 +8,22 @@ the static layout are quantized (llamablock.quant) after fusing, so q, k and v s
 int4 matrix. The float model is kept: a request longer than the cache rebuilds the static layout
 at the next power-of-two length (llamablock.static_decode.cache_length) from it.
 
-Compilation (`backend`): "aoti" (the default) exports the step, and the prefill as chunks of
-`chunk` tokens (StaticDecoder.chunk), and compiles each ahead of time with AOTInductor into a
-package on disk, named by a hash of the weights, which later processes load instead of compiling
-(llamablock.aoti_step; BENCHMARKS.md's compile_cache table gives the start-up of a second run).
-Each program is loaded or compiled when first used at a cache length. "inductor" is
+Compilation (`backend`): "aoti" (the default) exports the step, and the prefill with the prompt
+length symbolic (one program for every length), and compiles each ahead of time with AOTInductor
+into a package on disk, named by a hash of the weights, which later processes load instead of
+compiling (llamablock.aoti_step; BENCHMARKS.md's compile_cache table gives the start-up of a second
+run). Each program is loaded or compiled when first used at a cache length. "inductor" is
 torch.compile in this process, which re-traces the step in every new process and launches its
-kernels from Python (~4-6 ms of a SmolLM2 q8 step in BENCHMARKS.md's kernel profile). Both use
-inductor with freezing (weights become constants, prepacked for the CPU's GEMM) and max-autotune
-restricted to its C++ GEMM templates, which the speed issue's probe found stable and which fuse
-the int8 scale into the matmul (measured here on SmolLM2-135M, q8 under torch.compile: 94
-tokens/s against 58 with inductor's default mode; compiling takes about 80 s instead of 30).
-`autotune=False` chooses the default mode. The prefill chunk lets ATen's GEMMs (oneDNN, MKL)
-compete too: its matmuls have `chunk` rows, where the C++ templates alone made a float32 prefill
-slower than eager (`chunk_options`). By default only q8 and q4 prefill in compiled chunks
-(PREFILL_CHUNK says why); `chunk=0`, float formats, the inductor backend and a context that is
-not a multiple of the chunk prefill eagerly. Each program's library carries its own copy of the frozen
-weights, so disk and memory hold the weights once more per program and cache length.
+kernels from Python (~4-6 ms of a SmolLM2 q8 step in BENCHMARKS.md's kernel profile); it prefills
+eagerly. Both use inductor with freezing (weights become constants, prepacked for the CPU's GEMM)
+and max-autotune restricted to its C++ GEMM templates, which the speed issue's probe found stable
+and which fuse the int8 scale into the matmul (measured here on SmolLM2-135M, q8 under
+torch.compile: 94 tokens/s against 58 with inductor's default mode; compiling takes about 80 s
+instead of 30). `autotune=False` chooses the default mode. The prefill lets ATen's GEMMs (oneDNN,
+MKL) compete too (`prefill_options`). `compile_prefill=False` prefills eagerly (so do the inductor
+backend and a context too short for the program's lengths, PREFILL_MIN). Each program's library
+carries its own copy of the frozen weights, so disk and memory hold the weights once more per
+program and cache length.
 `compile_seconds` adds up the time spent compiling (0 for packages loaded from disk).
 `compile=False` runs the same static layout eagerly: the reference the tests compare against.
 `inductor` adds inductor settings (e.g. {"cpp.enable_kernel_profile": True} for a per-kernel profile).
@@ -36,25 +35,24 @@ import time
 
 import torch
 
-from llamablock.quant import DTYPE_CHOICES, FORMATS, load_dtype, quantize_model
-from llamablock.static_decode import MIN_CACHE, StaticDecoder, cache_length, unsupported_reason
+from llamablock.quant import DTYPE_CHOICES, FORMATS, PREFILL_ROWS, load_dtype, quantize_model
+from llamablock.static_decode import StaticDecoder, cache_length, unsupported_reason
 
 BACKENDS = ("inductor", "aoti")  # torch.compile in this process, or an AOTInductor package (llamablock.aoti_step)
-# Tokens per compiled prefill call (divides every cache length: powers of two from 256), for q8 and
-# q4 only. BENCHMARKS.md, SmolLM2 512-token prefill against transformers in the same run: q8
-# 0.85x eager -> 1.03x in compiled chunks, q4 0.59x -> 1.03x (the eager int8/int4 weight-only
-# kernels are slow with 512 rows); float32 0.98x -> 0.78x and bfloat16 1.08x -> 1.01x, so those
-# prefill eagerly. One graph of all 512 tokens ran bfloat16 1.87x faster than eager: chunks of 128
-# attending over the whole cache under a mask lose that (4 x 71-76 ms against 167 ms). A short
-# prompt still pays for a whole chunk: q8, cache of 256, 46 ms for 4 to 128 tokens, where eager
-# took 39 ms for 4 tokens, 71 for 16 and 148 for 64 (measured here in one run).
-PREFILL_CHUNK = 128
+# The compiled prefill takes prompts of PREFILL_MIN to L - 1 tokens (L the cache length; a longer
+# one would leave no slot to decode into) and pads shorter ones at their end to PREFILL_MIN. Why a
+# minimum: q8/q4 layers switch to dequantized bfloat16 GEMMs at llamablock.quant.PREFILL_ROWS rows,
+# a branch on the length that a program for every length cannot hold (export would have to fix it).
+# SmolLM2, 512 tokens, against transformers in one run here (BENCHMARKS.md has the suite's run):
+# float32 1.19x (eager 0.93x), bfloat16 1.67x (1.08x), q8 1.73x (0.73x), q4 1.78x (0.50x); the
+# earlier chunks of 128 tokens attending over the whole cache under a mask reached 1.03-1.09x.
+PREFILL_MIN = PREFILL_ROWS
 
 
-def chunk_options(options: dict) -> dict:
-    """The prefill chunk's settings: with autotuning, ATen's GEMMs compete with the C++ templates.
-    Its matmuls have `chunk` rows, not one, where oneDNN/MKL can win (float32 prefill here was 1.37x
-    slower with the C++ templates alone than eagerly)."""
+def prefill_options(options: dict) -> dict:
+    """The prefill's settings: with autotuning, ATen's GEMMs compete with the C++ templates. Its
+    matmuls have t rows, not one, where oneDNN/MKL can win (a float32 prefill here was 1.37x slower
+    with the C++ templates alone than eagerly). The templates are tuned for a length of L / 2."""
     if options.get("max_autotune"):
         return {**options, "max_autotune_gemm_backends": "CPP,ATEN"}
     return options
@@ -69,10 +67,10 @@ def inductor_options(autotune: bool, extra: dict | None = None) -> dict:
 
 
 class CompiledDecoder:
-    """Prefill in compiled chunks (or eagerly), decode with one compiled step per cache length; batch 1."""
+    """Prefill and decode with one compiled program each per cache length; batch 1."""
 
     def __init__(self, model, fmt: str | None = None, *, compile: bool = True, autotune: bool = True,
-                 inductor: dict | None = None, backend: str = "aoti", chunk: int | None = None):
+                 inductor: dict | None = None, backend: str = "aoti", compile_prefill: bool = True):
         reason = unsupported_reason(model.cfg)
         if reason is not None:
             raise ValueError(f"the compiled decoder does not support {reason}; run without compilation")
@@ -87,17 +85,13 @@ class CompiledDecoder:
             raise ValueError("give the float model: the compiled decoder fuses q/k/v before quantizing them")
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
-        if chunk is None:  # the default: where compiling the prefill was measured to pay (PREFILL_CHUNK)
-            chunk = PREFILL_CHUNK if fmt in FORMATS else 0
-        if chunk < 0 or (chunk and MIN_CACHE % chunk):
-            raise ValueError(f"chunk must be 0 (eager prefill) or divide {MIN_CACHE}, got {chunk}")
-        # The chunked prefill is an AOTInductor program; torch.compile would re-trace it per process.
-        self.chunk = chunk if compile and backend == "aoti" else 0
+        # The compiled prefill is an AOTInductor program; torch.compile would re-trace it per process.
+        self.compile_prefill = compile_prefill and compile and backend == "aoti"
         self.model, self.cfg, self.fmt, self.backend = model, model.cfg, fmt, backend
         self.compile, self.autotune = compile, autotune
         self.inductor = dict(inductor or {})  # more inductor settings (the benchmark's kernel profile)
         self.static: StaticDecoder | None = None
-        self._step = self._chunk = None
+        self._step = self._prefill = None
         self._digest: str | None = None
         self.compile_seconds = 0.0
         self._compiled_lengths: set[int] = set()
@@ -116,7 +110,7 @@ class CompiledDecoder:
             return True
         if self.backend == "inductor":
             return self.length in self._compiled_lengths
-        return self._step is not None and (self._chunk is not None or not self._chunks_prefill())
+        return self._step is not None and (self._prefill is not None or not self._compiles_prefill())
 
     def start(self, total_tokens: int) -> None:
         """Make room for a request of `total_tokens` (prompt + new): rebuild if the cache is too short.
@@ -128,14 +122,14 @@ class CompiledDecoder:
             static = StaticDecoder(self.model, length)
             if self.fmt in FORMATS:
                 quantize_model(static, self.fmt)
-        self.static, self._step, self._chunk, self._digest = static, None, None, None
+        self.static, self._step, self._prefill, self._digest = static, None, None, None
         if self.backend == "inductor" or not self.compile:
             self._step = torch.compile(static.step, fullgraph=True, dynamic=False) if self.compile else static.step
 
-    def _chunks_prefill(self) -> bool:
-        """Whether prefill runs as compiled chunks: AOTI, and a cache length that is a multiple of the
-        chunk (a context capped below one, e.g. max_seq_len 200, prefills eagerly)."""
-        return bool(self.chunk) and self.length % self.chunk == 0
+    def _compiles_prefill(self) -> bool:
+        """Whether prefill runs as a compiled program: AOTI, and a cache with room for its lengths
+        (PREFILL_MIN .. L - 1; a context capped below that, e.g. a 64-token toy, prefills eagerly)."""
+        return self.compile_prefill and self.length > 2 * PREFILL_MIN
 
     def _aoti(self, method: str):
         """The AOTInductor program for `method` at this length: loaded from the cache or compiled."""
@@ -147,10 +141,9 @@ class CompiledDecoder:
         if method == "step":
             program = AOTIProgram(self.static, self.fmt, options, "step", (self._ids, self._pos), self._digest)
         else:
-            # three distinct tensors: export would take one tensor passed twice for a single input
-            example = (torch.zeros(1, self.chunk, dtype=torch.long), torch.zeros(1, dtype=torch.long),
-                       torch.zeros(1, dtype=torch.long))
-            program = AOTIProgram(self.static, self.fmt, chunk_options(options), "chunk", example, self._digest)
+            example = (torch.zeros(1, self.length // 2, dtype=torch.long), torch.zeros(1, dtype=torch.long))
+            program = AOTIProgram(self.static, self.fmt, prefill_options(options), "prefill", example, self._digest,
+                                  lengths=(PREFILL_MIN, self.length - 1))
         self.compile_seconds += program.compile_seconds
         return program
 
@@ -159,11 +152,13 @@ class CompiledDecoder:
         """ids (1, t) at positions 0..t-1 -> logits (1, vocab)."""
         t = ids.shape[1]
         self.start(t + 1)
-        if not self._chunks_prefill():
+        if not self._compiles_prefill():
             return self.static.prefill(ids)
-        if self._chunk is None:
-            self._chunk = self._aoti("chunk")
-        return self.static.prefill_in_chunks(ids, self.chunk, self._chunk)
+        if self._prefill is None:
+            self._prefill = self._aoti("prefill")
+        if t < PREFILL_MIN:  # padded at its end (StaticDecoder.prefill says why that is safe)
+            ids = torch.cat([ids, ids.new_zeros(1, PREFILL_MIN - t)], dim=1)
+        return self._prefill(ids.contiguous(), torch.tensor([t - 1]))
 
     @torch.no_grad()
     def step(self, ids: torch.Tensor, pos: int) -> torch.Tensor:
@@ -195,10 +190,10 @@ class CompiledDecoder:
 
     def warm_up(self, total_tokens: int) -> float:
         """Compile for `total_tokens` now (one step on slot 0, overwritten by the next prefill; the
-        prefill chunk is loaded or compiled); seconds taken."""
+        prefill program is loaded or compiled); seconds taken."""
         self.start(total_tokens)
         before = self.compile_seconds
         self.step(torch.zeros(1, 1, dtype=torch.long), 0)
-        if self._chunks_prefill() and self._chunk is None:
-            self._chunk = self._aoti("chunk")
+        if self._compiles_prefill() and self._prefill is None:
+            self._prefill = self._aoti("prefill")
         return self.compile_seconds - before

@@ -16,9 +16,11 @@ same model, rearranged so that torch.compile can turn the whole step into a few 
   * `step` has no checks and no Python branching on values, so it compiles to one graph
     (llamablock.compiled_decode: AOTInductor or torch.compile, with freezing).
 
-Prefill (t > 1 tokens) runs eagerly through the same fused layers, attention by
-scaled_dot_product_attention, and fills the cache's first t slots; `chunk` is the same work in
-fixed-shape pieces of c tokens (attention over all L slots under a mask), for compiling it.
+Prefill (t > 1 tokens) runs through the same fused layers from an empty cache, attention by
+scaled_dot_product_attention over the t tokens only, and fills the cache's first t slots. It has
+no branch on t, so one program compiled with t symbolic serves every prompt length
+(llamablock.compiled_decode), and it returns the logits of a position it is given, so that a
+caller may pad a prompt at its end.
 Equality with `llamablock.model.Decoder`: the same operations on the same numbers, except that
 attention's softmax sums over L slots (zeros past `pos`) and the fused matmuls may block their
 sums differently, so logits agree to float rounding, not bit for bit (tests state the tolerance).
@@ -117,25 +119,13 @@ class _Layer(nn.Module):
         q, k, v = self._qkv(self.norm1(x), cos, sin)
         self.k_cache[:, :, :t] = k
         self.v_cache[:, :, :t] = v
-        if self.window is not None and t > self.window:
-            slot = torch.arange(t)
+        if self.window is None:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_kv != self.h)
+        else:  # the window's mask at every length: a branch on t > window would fix t in a compiled program
+            slot = torch.arange(t, device=x.device)
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed_slots(slot, slot, self.window),
                                                  enable_gqa=self.n_kv != self.h)
-        else:
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_kv != self.h)
         x = x + self.wo(out.transpose(1, 2).reshape(b, t, self.h * self.d))
-        return x + self._ffn(self.norm2(x))
-
-    def chunk(self, x: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-              allowed: torch.Tensor) -> torch.Tensor:
-        """x (b, c, d) at positions pos (c,); allowed (c, L) bool: write c slots, attend over all L."""
-        b, c, _ = x.shape
-        q, k, v = self._qkv(self.norm1(x), cos, sin)
-        self.k_cache.index_copy_(2, pos, k)
-        self.v_cache.index_copy_(2, pos, v)
-        out = F.scaled_dot_product_attention(q, self.k_cache, self.v_cache, attn_mask=allowed,
-                                             enable_gqa=self.n_kv != self.h)  # (b, h, c, d)
-        x = x + self.wo(out.transpose(1, 2).reshape(b, c, self.h * self.d))
         return x + self._ffn(self.norm2(x))
 
     def step(self, x: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
@@ -189,8 +179,14 @@ class StaticDecoder(nn.Module):
         return self.head(self.final_norm(x[:, -1]))  # (b, vocab)
 
     @torch.no_grad()
-    def prefill(self, ids: torch.Tensor) -> torch.Tensor:
-        """ids (b, t) at positions 0..t-1 -> the last position's logits (b, vocab); fills the cache."""
+    def prefill(self, ids: torch.Tensor, last: torch.Tensor | None = None) -> torch.Tensor:
+        """ids (b, t) at positions 0..t-1 -> logits (b, vocab) of position `last` (a (1,) long
+        tensor; default t - 1); fills the cache's first t slots.
+
+        A caller that pads the prompt at its end names its last real token: the causal mask keeps
+        the padding out of every real position, and each decode step overwrites the padding's
+        slot before it reads it (slots after the step's position are masked).
+        """
         b, t = ids.shape
         if b != self.batch or not 0 < t <= self.length:
             raise ValueError(f"prefill takes ({self.batch}, 1..{self.length}) token ids, got {tuple(ids.shape)}")
@@ -198,39 +194,7 @@ class StaticDecoder(nn.Module):
         cos, sin = self.cos[None, :t], self.sin[None, :t]  # (1, t, r/2)
         for layer in self.layers:
             x = layer.prefill(x, cos, sin)
-        return self._logits(x)
-
-    def chunk(self, ids: torch.Tensor, start: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
-        """ids (b, c) at positions start..start+c-1 (start: a (1,) long tensor, slots before it
-        filled; start + c <= L) -> logits (b, vocab) of chunk position `last` (a (1,) long tensor).
-
-        The prefill as fixed-shape pieces, so that it compiles like the step: the prompt is cut
-        into chunks of c tokens, the last one padded at its end. Padding writes slots after the
-        prompt, which no real token attends to (causal mask) and each decode step overwrites
-        before reading. No checks here: this is a compiled graph (llamablock.compiled_decode).
-        """
-        c = ids.shape[1]
-        pos = start + self.slots[:c]  # (c,)
-        x = self._embed(ids)
-        cos, sin = self.cos[pos][None], self.sin[pos][None]  # (1, c, r/2)
-        allowed = allowed_slots(pos, self.slots, self.cfg.sliding_window)  # (c, L)
-        for layer in self.layers:
-            x = layer.chunk(x, pos, cos, sin, allowed)
-        return self._logits(x.index_select(1, last))
-
-    def prefill_in_chunks(self, ids: torch.Tensor, c: int, chunk=None) -> torch.Tensor:
-        """ids (b, t) at positions 0..t-1 -> the last position's logits, through `chunk` (this
-        layout's own method, or its compiled program) on pieces of c tokens, the last one padded
-        at its end with token 0; L must be a multiple of c."""
-        chunk = chunk or self.chunk
-        t = ids.shape[1]
-        for begin in range(0, t, c):
-            piece = ids[:, begin:begin + c]
-            n = piece.shape[1]
-            if n < c:
-                piece = torch.cat([piece, piece.new_zeros(piece.shape[0], c - n)], dim=1)
-            logits = chunk(piece.contiguous(), torch.tensor([begin]), torch.tensor([n - 1]))
-        return logits
+        return self._logits(x if last is None else x.index_select(1, last))
 
     def step(self, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         """ids (b, 1) at position pos (a (1,) long tensor, slots before it filled) -> logits (b, vocab).
