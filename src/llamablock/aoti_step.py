@@ -95,7 +95,8 @@ def package_key(static, fmt: str, options: dict, method: str, example: tuple, di
     cfg = json.dumps(dataclasses.asdict(static.cfg), sort_keys=True, default=str)
     opts = json.dumps(options, sort_keys=True, default=str)
     shapes = [tuple(t.shape) for t in example]
-    h.update(f"{torch.__version__}|{fmt}|{static.length}|{static.batch}|{method}|{shapes}|{lengths}|{opts}|{cfg}".encode())
+    symbolic = "" if lengths is None else f"|lengths {lengths}"  # absent for fixed shapes: earlier keys stay valid
+    h.update(f"{torch.__version__}|{fmt}|{static.length}|{static.batch}|{method}|{shapes}{symbolic}|{opts}|{cfg}".encode())
     h.update((digest or weights_digest(static)).encode())
     return h.hexdigest()
 
