@@ -58,3 +58,27 @@ def test_tune_allocator_reports_what_it_did(monkeypatch):
     state = malloc.tune_allocator()
     assert state.startswith("glibc mallopt: M_MMAP_MAX=0") or "not glibc" in state
     assert malloc.allocator_state() == state
+
+
+@torch.no_grad()
+def test_decode_limits_time_the_real_layers_of_a_static_layout():
+    """benchmarks.decode_limits (used by the full decode benchmark only) on a tiny model: one row
+    per int8 kernel over every Int8Linear of the layout, the prefill's parts, positive times."""
+    import copy
+
+    from benchmarks import decode_limits
+    from llamablock.config import ModelConfig
+    from llamablock.model import Decoder
+    from llamablock.quant import quantize_model
+    from llamablock.static_decode import StaticDecoder
+
+    cfg = ModelConfig(vocab_size=256, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=128, max_seq_len=128)
+    model = Decoder(cfg).eval()
+    q8 = StaticDecoder(copy.deepcopy(model).to(torch.bfloat16), 64)
+    quantize_model(q8, "q8")
+    sec, nbytes, rate = decode_limits.int8_kernels(q8, repeats=1)
+    assert nbytes == 2 * (64 * (64 + 2 * 32) + 64 * 64 + 2 * 128 * 64 + 64 * 128) + 256 * 64  # layers + head
+    assert len(sec.rows) == 3 and all(float(r[1]) > 0 for r in sec.rows) and rate > 0
+    sec, gemm_s, attn_s = decode_limits.prefill_parts(StaticDecoder(model, 64), 32, repeats=1)
+    assert [r[0].split(" (")[0] for r in sec.rows] == ["weight GEMMs", "causal attention"]
+    assert gemm_s > 0 and attn_s > 0
