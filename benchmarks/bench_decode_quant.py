@@ -302,10 +302,12 @@ def run(quick: bool = False) -> list[Section]:
 
     for k in compiled:  # compile seconds read after the prefill timing: it may have compiled a longer cache
         secs, compiled_prefill = runners[k].engine.compile_seconds, runners[k].engine.compile_prefill
+        gemm = "" if quick else (", its step's GEMVs MKL's (step_options)" if "float32" in k else
+                                 " and C++ GEMM autotuning")
         prefill = (f"is compiled too (one program for every prompt length; prompts under {PREFILL_MIN} tokens padded)"
                    if compiled_prefill else "is the static layout's, eager")
         sec.notes.append(f"{k}: llamablock.compiled_decode (fused weights, static cache, compiled ahead of time by "
-                         f"AOTInductor with freezing{'' if quick else ' and C++ GEMM autotuning'}); its prefill "
+                         f"AOTInductor with freezing{gemm}); its prefill "
                          f"{prefill}. Compiling took {secs:.0f} s in all (each program at "
                          "each cache length this run used: the prefill's may be longer than the decode rows'), not "
                          "in the timings (0 when the packages were already on disk: see compile_cache).")

@@ -281,3 +281,18 @@ def test_aoti_backend_equals_eager_and_reloads_from_its_package(tiny):
     assert package_key(a, "float32", {}, "step", example) != package_key(b, "float32", {}, "step", example)
     with pytest.raises(ValueError, match="backend must be one of"):
         CompiledDecoder(tiny, backend="tvm")
+
+
+@torch.no_grad()
+def test_float32_step_calls_mkl_gemv_and_equals_eager(tiny):
+    """The float32 step's default settings swap the C++ GEMM templates for aten.mm on unpacked
+    weights (compiled_decode.step_options); its logits equal the eager model's (1e-4)."""
+    from llamablock.compiled_decode import inductor_options, step_options
+
+    assert step_options("float32", inductor_options(True)) == {"freezing": True, "cpp.weight_prepack": False}
+    assert step_options("q8", inductor_options(True)) == inductor_options(True)
+    assert step_options("float32", inductor_options(False)) == inductor_options(False)
+    engine = CompiledDecoder(tiny, "float32", compile_prefill=False)
+    ids = torch.tensor([PROMPT])
+    for r, g in zip(_eager_logits(tiny, ids, 6), _static_logits(engine.prefill, engine.step, ids, 6)):
+        torch.testing.assert_close(g, r, atol=1e-4, rtol=0)
