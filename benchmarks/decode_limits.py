@@ -94,7 +94,8 @@ def prefill_parts(static, t: int, repeats: int = 5) -> tuple[Section, float, flo
     sec = Section(f"Parts of a {t}-token {str(weights[0].dtype).removeprefix('torch.')} prefill, each timed on its own "
                   f"({len(static.layers)} layers)", ["part", "min ms", "median ms", "GFLOP/s (median)"])
     attn_flops = 2 * 2 * cfg.n_heads * t * t * cfg.head_dim / 2 * len(static.layers)  # QK^T and PV, causal half
-    for name, f in (("weight GEMMs", flops), ("causal attention", attn_flops)):
-        sec.rows.append([f"{name} (F.linear)" if name == "weight GEMMs" else f"{name} (F.scaled_dot_product_attention)",
-                         ms(r[name]["min"]), ms(r[name]["median"]), f"{f / r[name]['median'] / 1e9:.0f}"])
+    for name, kernel, f in (("weight GEMMs", "F.linear", flops),
+                            ("causal attention", "F.scaled_dot_product_attention", attn_flops)):
+        sec.rows.append([f"{name} ({kernel})", ms(r[name]["min"]), ms(r[name]["median"]),
+                         f"{f / r[name]['median'] / 1e9:.0f}"])
     return sec, r["weight GEMMs"]["median"], r["causal attention"]["median"]

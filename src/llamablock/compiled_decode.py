@@ -145,9 +145,16 @@ class CompiledDecoder:
             self._step = torch.compile(static.step, fullgraph=True, dynamic=False) if self.compile else static.step
 
     def _compiles_prefill(self) -> bool:
-        """Whether prefill runs as a compiled program: AOTI, and a cache with room for its lengths
-        (PREFILL_MIN .. L - 1; a context capped below that, e.g. a 64-token toy, prefills eagerly)."""
+        """Whether prefill runs as a compiled program: AOTI, and a cache long enough for its lengths
+        PREFILL_MIN .. L - 1 and its example length L / 2 (`_aoti`) to hold PREFILL_MIN; a context
+        capped below that, e.g. a 64-token toy, prefills eagerly."""
         return self.compile_prefill and self.length > 2 * PREFILL_MIN
+
+    def _prefill_program(self):
+        """The compiled prefill at this length, loaded or compiled on first use."""
+        if self._prefill is None:
+            self._prefill = self._aoti("prefill")
+        return self._prefill
 
     def _aoti(self, method: str):
         """The AOTInductor program for `method` at this length: loaded from the cache or compiled."""
@@ -173,11 +180,9 @@ class CompiledDecoder:
         self.start(t + 1)
         if not self._compiles_prefill():
             return self.static.prefill(ids)
-        if self._prefill is None:
-            self._prefill = self._aoti("prefill")
         if t < PREFILL_MIN:  # padded at its end (StaticDecoder.prefill says why that is safe)
             ids = torch.cat([ids, ids.new_zeros(1, PREFILL_MIN - t)], dim=1)
-        return self._prefill(ids.contiguous(), torch.tensor([t - 1]))
+        return self._prefill_program()(ids.contiguous(), torch.tensor([t - 1]))
 
     @torch.no_grad()
     def step(self, ids: torch.Tensor, pos: int) -> torch.Tensor:
@@ -213,6 +218,6 @@ class CompiledDecoder:
         self.start(total_tokens)
         before = self.compile_seconds
         self.step(torch.zeros(1, 1, dtype=torch.long), 0)
-        if self._compiles_prefill() and self._prefill is None:
-            self._prefill = self._aoti("prefill")
+        if self._compiles_prefill():
+            self._prefill_program()
         return self.compile_seconds - before
