@@ -14,13 +14,14 @@ into a package on disk, named by a hash of the weights, which later processes lo
 compiling (llamablock.aoti_step; BENCHMARKS.md's compile_cache table gives the start-up of a second
 run). Each program is loaded or compiled when first used at a cache length. "inductor" is
 torch.compile in this process, which re-traces the step in every new process and launches its
-kernels from Python (~4-6 ms of a SmolLM2 q8 step in BENCHMARKS.md's kernel profile); it prefills
-eagerly. Both use inductor with freezing (weights become constants, prepacked for the CPU's GEMM)
+kernels from Python (8.6 ms of a SmolLM2 q8 step in BENCHMARKS.md's kernel profile); it prefills
+eagerly. Both use inductor with freezing (weights become constants, prepacked for the CPU's GEMMs)
 and max-autotune restricted to its C++ GEMM templates, which the speed issue's probe found stable
 and which fuse the int8 scale into the matmul (measured here on SmolLM2-135M, q8 under
 torch.compile: 94 tokens/s against 58 with inductor's default mode; compiling takes about 80 s
-instead of 30); `step_options` adjusts the step per format. `autotune=False` chooses the default
-mode. The prefill lets ATen's GEMMs (oneDNN, MKL) compete too (`prefill_options`).
+instead of 30); `step_options` adjusts the step per format (float32: MKL's GEMV on unpacked
+weights). `autotune=False` chooses the default mode. The prefill lets ATen's GEMMs (oneDNN, MKL)
+compete too (`prefill_options`).
 `compile_prefill=False` prefills eagerly (so do the inductor backend and a context too short for
 the program's lengths, PREFILL_MIN). Each program's library carries its own copy of the frozen
 weights, so disk and memory hold the weights once more per program and cache length.
@@ -63,11 +64,13 @@ def step_options(fmt: str, options: dict) -> dict:
 
     float32 with autotuning: MKL's matrix-vector product (aten.mm on the weights as they are,
     `cpp.weight_prepack` off) in place of the C++ templates, which stream float32 weights slower
-    at one row: 1.13-1.18x faster in three runs (and 1.3x faster than inductor's default
-    oneDNN-packed linear). The other formats keep the templates (they fuse the int8/int4 scales;
-    ATen's bfloat16 matrix-vector product read 9 GB/s) and search all their blockings
-    (max_autotune_gemm_search_space EXHAUSTIVE): bfloat16 1.15x, q8 1.12x and 1.17x, q4 1.06x
-    faster than the default search, compiling in about the same time."""
+    at one row: 1.13-1.18x faster in three runs (inductor's default oneDNN-packed linear was
+    slower than the templates: 21.2 against 26.9 tok/s). The other formats keep the templates
+    (they fuse the int8/int4 scales; ATen's bfloat16 matrix-vector product read 9 GB/s) and search
+    all their blockings (max_autotune_gemm_search_space EXHAUSTIVE): bfloat16 1.15x, q8 1.12x and
+    1.17x, q4 1.06x faster than the default search, compiling in about the same time. These runs
+    alternated two engines in one process; BENCHMARKS.md's decode table, whose rounds alternate
+    ten runners, did not separate the gains from its run-to-run spread."""
     if not options.get("max_autotune"):
         return options
     if fmt == "float32":
