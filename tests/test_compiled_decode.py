@@ -202,7 +202,7 @@ def test_persistent_compile_cache_location(monkeypatch, tmp_path):
 
 _FRESH_PROCESS = r"""
 import sys, torch, llamablock
-from llamablock.compiled_decode import PREFILL_MIN, CompiledDecoder
+from llamablock.compiled_decode import CompiledDecoder
 model = llamablock.load_pretrained(sys.argv[1], torch.bfloat16)
 engine = CompiledDecoder(model, "bfloat16")  # autotuned: bfloat16 GEMM templates may use AMX
 with torch.no_grad():
