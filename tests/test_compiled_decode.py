@@ -283,6 +283,25 @@ def test_aoti_backend_equals_eager_and_reloads_from_its_package(tiny):
         CompiledDecoder(tiny, backend="tvm")
 
 
+def test_package_key_names_the_source(tiny, monkeypatch, tmp_path):
+    """A program is traced from llamablock's code, so its key hashes that code: an edited or
+    upgraded llamablock compiles again instead of loading programs of the code before."""
+    from llamablock import aoti_step
+
+    for name, text in (("a.py", "x = 1"), ("sub/b.py", "y = 2")):
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text(text)
+    before = aoti_step.source_digest(tmp_path)
+    (tmp_path / "sub/b.py").write_text("y = 3")
+    aoti_step.source_digest.cache_clear()
+    assert aoti_step.source_digest(tmp_path) != before
+    static = StaticDecoder(tiny, 64)
+    example = (torch.zeros(1, 1, dtype=torch.long), torch.zeros(1, dtype=torch.long))
+    key = aoti_step.package_key(static, "float32", {}, "step", example)
+    monkeypatch.setattr(aoti_step, "source_digest", lambda: "edited")
+    assert aoti_step.package_key(static, "float32", {}, "step", example) != key
+
+
 @torch.no_grad()
 def test_float32_step_calls_mkl_gemv_and_equals_eager(tiny):
     """The float32 step's default settings swap the C++ GEMM templates for aten.mm on unpacked

@@ -31,6 +31,7 @@ the package loader and `torch._export.aot_load` wrap, given the flat list of inp
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -90,14 +91,28 @@ def package_key(static, fmt: str, options: dict, method: str, example: tuple, di
                 lengths: tuple[int, int] | None = None) -> str:
     """A hash of everything a compiled program depends on: its weights (constants in it), the
     config, format, cache length, the function, its input shapes and length range, inductor
-    options, torch."""
+    options, torch, llamablock's source."""
     h = hashlib.blake2b(digest_size=16)
     cfg = json.dumps(dataclasses.asdict(static.cfg), sort_keys=True, default=str)
     opts = json.dumps(options, sort_keys=True, default=str)
     shapes = [tuple(t.shape) for t in example]
-    symbolic = "" if lengths is None else f"|lengths {lengths}"  # absent for fixed shapes: earlier keys stay valid
+    symbolic = "" if lengths is None else f"|lengths {lengths}"
     h.update(f"{torch.__version__}|{fmt}|{static.length}|{static.batch}|{method}|{shapes}{symbolic}|{opts}|{cfg}".encode())
     h.update((digest or weights_digest(static)).encode())
+    h.update(source_digest().encode())
+    return h.hexdigest()
+
+
+@functools.cache
+def source_digest(root: Path = Path(__file__).parent) -> str:
+    """A hash of the Python source under `root` (llamablock's own): the code a program was traced
+    from. Without it, an edited or upgraded llamablock would load programs compiled from the code
+    before. Any edit of the package counts, the cost being a recompile after an edit that did not
+    change a program."""
+    h = hashlib.blake2b(digest_size=16)
+    for path in sorted(root.rglob("*.py")):
+        h.update(str(path.relative_to(root)).encode())
+        h.update(path.read_bytes())
     return h.hexdigest()
 
 
