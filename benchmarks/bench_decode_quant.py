@@ -199,8 +199,8 @@ def _compiled_profile(bf16_model, prompt, steps: int = 10) -> Section:
     sec, events, total = _profiled_steps(r, steps, f"Profile of {steps} q8 decode steps compiled by torch.compile "
                                          "(inductor kernel profile, self CPU time)", "kernel or op", 8)
     sec.notes.append("`graph_N_kernel` rows are the int8 weight matmuls (C++ GEMM templates, one call per linear layer); "
-                     "`Call CompiledFxGraph` is the Python wrapper that launches the kernels; `gemm_m...` rows are "
-                     "attention's small matmuls over the cache. The 'compiled' rows of the table above run the same "
+                     "`Call CompiledFxGraph` is the Python wrapper that launches the kernels; attention over the "
+                     "cache is in the fused `cpp_fused_..._softmax_...` kernels. The 'compiled' rows of the table above run the same "
                      "kernels from an AOTInductor package, whose C++ launcher has no Python wrapper and no guards.")
     per_step = {"total": total / 1e6 / steps,
                 "gemm": sum(e.self_cpu_time_total for e in events if e.key.endswith("_kernel") and "gemm_m" not in e.key) / 1e6 / steps,
