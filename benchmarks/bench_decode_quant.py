@@ -27,6 +27,7 @@ import time
 
 import torch
 
+from benchmarks import decode_limits
 from benchmarks.common import Section, ms, verdict
 from llamablock.kv_cache import KVCache
 from llamablock.lab.timing import time_calls
@@ -204,24 +205,29 @@ def _compiled_profile(bf16_model, prompt, steps: int = 10) -> Section:
                      "kernels from an AOTInductor package, whose C++ launcher has no Python wrapper and no guards.")
     per_step = {"total": total / 1e6 / steps,
                 "gemm": sum(e.self_cpu_time_total for e in events if e.key.endswith("_kernel") and "gemm_m" not in e.key) / 1e6 / steps,
-                "launch": sum(e.self_cpu_time_total for e in events if "CompiledFxGraph" in e.key or "Dynamo" in e.key) / 1e6 / steps}
+                "launch": sum(e.self_cpu_time_total for e in events if "CompiledFxGraph" in e.key or "Dynamo" in e.key) / 1e6 / steps,
+                "kernels": sum(e.self_cpu_time_total for e in events if e.key.startswith("graph_")) / 1e6 / steps}
     return sec, per_step
 
 
 def _limits(sec: Section, dec: dict, pre: dict, prefill_tokens: int, bw: float, runners: dict, cpp_rate: float,
             per_step: dict, parts: dict) -> None:
     """Notes that say what limits the missed targets, from this run's numbers, the kernel profile
-    and benchmarks.decode_limits' measurements (`parts`: q8_bytes, stream, gemm_s, attn_s)."""
+    and benchmarks.decode_limits' measurements (`parts`: q8_bytes, stream, gemv_s, gemm_s, attn_s)."""
     for fmt in ("float32", "bfloat16"):
         need = 3.0 / dec[f"transformers {fmt}"]["median"]  # tokens/s that 3x transformers means
         wb = weight_bytes(runners[f"llamablock {fmt}"].model)
         ceiling, streamed = bw / wb, parts["stream"] / wb  # copy bandwidth; MKL's float32 GEMV read rate
         got = 1 / dec[f"llamablock {fmt} compiled"]["median"]
+        gemvs = (f" The step's weight matrix-vector products alone, through MKL, take {1e3 * parts['gemv_s']:.1f} ms "
+                 f"of its {1e3 / got:.1f} ms (table 'One float32 decode step's ... products' below)."
+                 if fmt == "float32" else "")
         sec.notes.append(f"Limit, {fmt}: 3x transformers is {need:.0f} tok/s; reading the weights once per token at "
                          f"this run's copy bandwidth allows {ceiling:.0f} tok/s ({streamed:.0f} at the rate MKL's float32 "
-                         f"matrix-vector product streams a 256 MiB matrix), and the compiled step reaches {got:.0f} "
+                         f"matrix-vector product streams a {decode_limits.STREAM_MIB} MiB matrix), and the compiled step reaches {got:.0f} "
                          f"({100 * got / ceiling:.0f}% of the first)." + (" The target is above both: no implementation "
-                         "that reads the weights can meet it on this machine." if need > max(ceiling, streamed) else ""))
+                         "that reads the weights can meet it on this machine." if need > max(ceiling, streamed) else "")
+                         + gemvs)
     need_s = pre["transformers float32"]["median"] / 1.5
     got_s = pre["llamablock float32 compiled"]["median"]
     sec.notes.append(f"Limit, float32 prefill: 1.5x transformers is {1e3 * need_s:.0f} ms for {prefill_tokens} tokens; "
@@ -237,14 +243,17 @@ def _limits(sec: Section, dec: dict, pre: dict, prefill_tokens: int, bw: float, 
     need_ms = 1e3 / (1.75 * cpp_rate)
     gemm_ms = 1e3 * per_step["gemm"]
     stream_ms = 1e3 * parts["q8_bytes"] / parts["stream"]
+    rest_ms = 1e3 * (per_step["kernels"] - per_step["gemm"])  # the graph's other kernels: attention, norms, element-wise
     sec.notes.append(f"Limit, q8: 1.75x llama.cpp is {1.75 * cpp_rate:.0f} tok/s, {need_ms:.1f} ms per step. In the "
                      f"kernel profile below, the compiled step's int8 matmuls alone take {gemm_ms:.1f} ms per step "
                      f"({parts['q8_bytes'] / per_step['gemm'] / 1e9:.0f} GB/s over {parts['q8_bytes'] / 2**20:.0f} MiB of "
-                     f"int8 weights), where streaming those bytes at the float32 matrix-vector rate "
-                     f"({parts['stream'] / 1e9:.1f} GB/s) would take {stream_ms:.1f} ms; PyTorch's other int8 kernels are "
-                     "slower still at one row (table 'One q8 decode step's ... matmuls' below). The limit is the int8 "
-                     "matrix-vector kernel: none in PyTorch streams int8 weights as fast as MKL streams float32 ones "
-                     "here (llama.cpp's own kernels are hand-written for this).")
+                     f"int8 weights) and its other kernels {rest_ms:.1f} ms; streaming those bytes at the rate a float32 "
+                     f"matrix-vector product reads a {decode_limits.STREAM_MIB} MiB matrix ({parts['stream'] / 1e9:.1f} GB/s) "
+                     f"would take {stream_ms:.1f} ms. PyTorch's int8 kernels called one by one are slower still at one row "
+                     "(table 'One q8 decode step's ... matmuls' below). The step is bound by the rate its int8 matmuls "
+                     "stream their weights" + (f"; even at the float32 rate, weights and other kernels would take "
+                     f"{stream_ms + rest_ms:.1f} ms, above the target's {need_ms:.1f}." if stream_ms + rest_ms > need_ms
+                     else "."))
 
 
 def _block_times(runners: dict, prompt, steps: int, rounds: int) -> dict:
@@ -348,13 +357,12 @@ def run(quick: bool = False) -> list[Section]:
             sec.notes.append(verdict(f"{fmt} perplexity change vs float32", rel, ppl_target, higher_is_better=False, unit="%"))
     sections = [sec, _profile(runners["llamablock q8"], bw)]
     if not quick:
-        from benchmarks import decode_limits
-
         profile, per_step = _compiled_profile(ours["bfloat16"][0], prompt)
         gemv, q8_bytes, stream = decode_limits.int8_kernels(runners["llamablock q8 compiled"].engine.static)
-        parts_sec, gemm_s, attn_s = decode_limits.prefill_parts(runners["llamablock float32 compiled"].engine.static,
-                                                                ids.shape[1])
+        f32_static = runners["llamablock float32 compiled"].engine.static
+        gemvs_sec, gemv_s = decode_limits.float32_gemvs(f32_static)
+        parts_sec, gemm_s, attn_s = decode_limits.prefill_parts(f32_static, ids.shape[1])
         _limits(sec, dec, pre, ids.shape[1], bw, runners, cpp_rate, per_step,
-                {"q8_bytes": q8_bytes, "stream": stream, "gemm_s": gemm_s, "attn_s": attn_s})
-        sections += [profile, gemv, parts_sec]
+                {"q8_bytes": q8_bytes, "stream": stream, "gemv_s": gemv_s, "gemm_s": gemm_s, "attn_s": attn_s})
+        sections += [profile, gemv, gemvs_sec, parts_sec]
     return sections

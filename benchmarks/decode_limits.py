@@ -3,6 +3,8 @@
     int8_kernels(static)   one q8 decode step's weight matmuls at one row (M = 1), by each int8
                            kernel PyTorch has on this CPU, against the rate at which a float32
                            matrix-vector product streams its weights from memory
+    float32_gemvs(static)  one float32 decode step's weight matrix-vector products (MKL) on their
+                           own: the part of the compiled step that no fusion removes
     prefill_parts(static)  a float32 prefill's weight GEMMs and its causal attention, each timed
                            on its own with the kernels both llamablock and transformers call
 
@@ -22,17 +24,21 @@ from llamablock.lab.timing import time_calls
 from llamablock.quant import Int8Linear
 
 
-def stream_rate(mib: int = 256, repeats: int = 7) -> float:
+STREAM_MIB = 1024  # larger than this machine's L3 (480 MiB): the rate of memory, not of a cache
+
+
+def stream_rate(mib: int = STREAM_MIB, repeats: int = 7) -> float:
     """Bytes per second a float32 matrix-vector product reads from a `mib` MiB matrix (best of
-    `repeats`): the weight stream of a decode step with a well-tuned kernel (MKL's sgemv)."""
+    `repeats`): the weight stream of a decode step with a well-tuned kernel (MKL's sgemv), from
+    memory rather than cache when the matrix is larger than the last-level cache."""
     w = torch.ones(4096, mib * 2**20 // 4 // 4096)
     x = torch.ones(w.shape[1])
     t = time_calls({"mv": lambda: w @ x}, repeats=repeats, warmup=2)["mv"]["min"]
     return w.numel() * 4 / t
 
 
-def int8_kernels(static, repeats: int = 7) -> tuple[Section, float, float]:
-    """-> (table, bytes of int8 weights per step, the stream rate in bytes/s)."""
+def int8_kernels(static, repeats: int = 7, stream_mib: int = STREAM_MIB) -> tuple[Section, float, float]:
+    """-> (table, bytes of int8 weights per step, the stream rate in bytes/s of a `stream_mib` matrix)."""
     layers = [m for m in static.modules() if isinstance(m, Int8Linear)]
     nbytes = sum(m.qweight.numel() for m in layers)
     xs = {m.in_features: torch.randn(1, m.in_features, dtype=torch.bfloat16) for m in layers}  # (1, k)
@@ -59,23 +65,46 @@ def int8_kernels(static, repeats: int = 7) -> tuple[Section, float, float]:
                "torch._int_mm (int8 x, int8 weights)": int_mm,
                "onednn.qlinear_pointwise (uint8 x, int8 weights)": onednn}
     t = time_calls(kernels, repeats=repeats, warmup=2)
-    rate = stream_rate()
+    rate = stream_rate(stream_mib)
     sec = Section(f"One q8 decode step's {len(layers)} weight matmuls at one row, by int8 kernel "
                   f"({nbytes / 2**20:.0f} MiB of int8 weights)", ["kernel", "min ms", "median ms", "GB/s (min)"])
     for name, r in t.items():
         sec.rows.append([name, ms(r["min"]), ms(r["median"]), f"{nbytes / r['min'] / 1e9:.1f}"])
-    sec.notes.append(f"Reference: a float32 matrix-vector product (MKL) reads a 256 MiB matrix at {rate / 1e9:.1f} GB/s "
+    sec.notes.append(f"Reference: a float32 matrix-vector product (MKL) reads a {stream_mib} MiB matrix at {rate / 1e9:.1f} GB/s "
                      f"in this run; at that rate these weights take {1e3 * nbytes / rate:.1f} ms. Each row above is "
                      f"{len(layers)} eager calls (a few microseconds of dispatch each); the compiled step's own int8 "
                      "matmuls (inductor's C++ templates) are in the kernel profile below.")
     return sec, nbytes, rate
 
 
+def _step_weights(static) -> list[torch.Tensor]:
+    """The matrices one decode step reads: fused q/k/v, output, fused gate/up and down per layer, the head."""
+    return [w for layer in static.layers
+            for w in (layer.wqkv.weight, layer.wo.weight, layer.w_gate_up.weight, layer.w_down.weight)] + [static.head.weight]
+
+
+def float32_gemvs(static, repeats: int = 7) -> tuple[Section, float]:
+    """-> (table, median seconds) of one float32 step's weight matrix-vector products, each F.linear
+    at one row (MKL's sgemv, what the compiled float32 step calls: compiled_decode.step_options)."""
+    weights = _step_weights(static)
+    xs = {k: torch.randn(1, k, dtype=weights[0].dtype) for k in {w.shape[1] for w in weights}}  # (1, k)
+
+    def gemvs():
+        for w in weights:
+            F.linear(xs[w.shape[1]], w)
+
+    r = time_calls({"gemvs": gemvs}, repeats=repeats, warmup=2)["gemvs"]
+    nbytes = sum(w.numel() * w.element_size() for w in weights)
+    sec = Section(f"One float32 decode step's {len(weights)} weight matrix-vector products, timed on their own "
+                  f"({nbytes / 2**20:.0f} MiB)", ["part", "min ms", "median ms", "GB/s (median)"])
+    sec.rows.append(["F.linear at one row (MKL)", ms(r["min"]), ms(r["median"]), f"{nbytes / r['median'] / 1e9:.1f}"])
+    return sec, r["median"]
+
+
 def prefill_parts(static, t: int, repeats: int = 5) -> tuple[Section, float, float]:
     """-> (table, seconds of the weight GEMMs, seconds of causal attention) for a t-token prefill."""
     cfg = static.cfg
-    weights = [w for layer in static.layers
-               for w in (layer.wqkv.weight, layer.wo.weight, layer.w_gate_up.weight, layer.w_down.weight)]
+    weights = _step_weights(static)[:-1]  # the prefill computes the head at one position only
     xs = {k: torch.randn(t, k, dtype=weights[0].dtype) for k in {w.shape[1] for w in weights}}  # (t, k)
     q = torch.randn(1, cfg.n_heads, t, cfg.head_dim, dtype=weights[0].dtype)
     kv = torch.randn(1, cfg.n_kv_heads, t, cfg.head_dim, dtype=weights[0].dtype)

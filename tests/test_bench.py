@@ -63,7 +63,8 @@ def test_tune_allocator_reports_what_it_did(monkeypatch):
 @torch.no_grad()
 def test_decode_limits_time_the_real_layers_of_a_static_layout():
     """benchmarks.decode_limits (used by the full decode benchmark only) on a tiny model: one row
-    per int8 kernel over every Int8Linear of the layout, the prefill's parts, positive times."""
+    per int8 kernel over every Int8Linear of the layout, the float32 step's matrix-vector products,
+    the prefill's parts, positive times."""
     import copy
 
     from benchmarks import decode_limits
@@ -76,9 +77,13 @@ def test_decode_limits_time_the_real_layers_of_a_static_layout():
     model = Decoder(cfg).eval()
     q8 = StaticDecoder(copy.deepcopy(model).to(torch.bfloat16), 64)
     quantize_model(q8, "q8")
-    sec, nbytes, rate = decode_limits.int8_kernels(q8, repeats=1)
+    sec, nbytes, rate = decode_limits.int8_kernels(q8, repeats=1, stream_mib=8)
     assert nbytes == 2 * (64 * (64 + 2 * 32) + 64 * 64 + 2 * 128 * 64 + 64 * 128) + 256 * 64  # layers + head
     assert len(sec.rows) == 3 and all(float(r[1]) > 0 for r in sec.rows) and rate > 0
-    sec, gemm_s, attn_s = decode_limits.prefill_parts(StaticDecoder(model, 64), 32, repeats=1)
+    static = StaticDecoder(model, 64)
+    sec, gemv_s = decode_limits.float32_gemvs(static, repeats=1)
+    assert "step's 9 weight matrix-vector products" in sec.title  # 4 per layer and the head
+    assert len(sec.rows) == 1 and gemv_s > 0
+    sec, gemm_s, attn_s = decode_limits.prefill_parts(static, 32, repeats=1)
     assert [r[0].split(" (")[0] for r in sec.rows] == ["weight GEMMs", "causal attention"]
     assert gemm_s > 0 and attn_s > 0
