@@ -59,6 +59,9 @@ class Int8Linear(nn.Module):
         self.register_buffer("scales", scale.contiguous())
         self.register_buffer("bias", None if bias is None else bias.detach().to(torch.bfloat16))
         self.in_features, self.out_features = w.shape[1], w.shape[0]
+        # aten._weight_int8pack_mm returned NaN or 1e30 (or crashed) here when k was not a multiple of
+        # 16 (torch 2.13, AVX-512; k = 8, 24, 33, 100 tried): such layers multiply by the dequantized weight.
+        self.kernel = self.in_features % 16 == 0
 
     def dequantized(self) -> torch.Tensor:
         return self.qweight.float() * self.scales.float()[:, None]  # (n, k)
@@ -66,7 +69,7 @@ class Int8Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x2 = x.reshape(-1, shape[-1]).to(torch.bfloat16)  # (m, k)
-        if x2.shape[0] >= PREFILL_ROWS:
+        if x2.shape[0] >= PREFILL_ROWS or not self.kernel:
             y = x2 @ self.dequantized().to(torch.bfloat16).T  # (m, n), bf16 GEMM
         else:
             y = torch.ops.aten._weight_int8pack_mm(x2, self.qweight, self.scales)  # (m, n)
