@@ -48,6 +48,7 @@ BACKENDS = ("inductor", "aoti")  # torch.compile in this process, or an AOTInduc
 # float32 1.19x (eager 0.93x), bfloat16 1.67x (1.08x), q8 1.73x (0.73x), q4 1.78x (0.50x); the
 # earlier chunks of 128 tokens attending over the whole cache under a mask reached 1.03-1.09x.
 PREFILL_MIN = PREFILL_ROWS
+REALIZE_OPS = 8  # the decode step's realize_opcount_threshold (step_options says why)
 
 
 def prefill_options(options: dict) -> dict:
@@ -70,9 +71,17 @@ def step_options(fmt: str, options: dict) -> dict:
     all their blockings (max_autotune_gemm_search_space EXHAUSTIVE): bfloat16 1.15x, q8 1.12x and
     1.17x, q4 1.06x faster than the default search, compiling in about the same time. These runs
     alternated two engines in one process; BENCHMARKS.md's decode table, whose rounds alternate
-    ten runners, did not separate the gains from its run-to-run spread."""
+    ten runners, did not separate the gains from its run-to-run spread.
+
+    Every format: inductor keeps a pointwise result as a buffer once it takes more than 8 ops
+    (`realize_opcount_threshold`, default 30) instead of recomputing it where it is read. With the
+    default, the attention kernel recomputed q's RoPE (and a bounds check on `pos`) for every cached
+    key inside the scores' reduction. Side by side here: q8 at cache length 2048 1.34x (threshold 6:
+    1.27x; 10 and 12: no gain; 4: 0.70x, other fusions broke), at 256 1.04x; bfloat16 1.07x; float32
+    unchanged. The window is narrow because it is the op count of RoPE's expression."""
     if not options.get("max_autotune"):
         return options
+    options = {**options, "realize_opcount_threshold": REALIZE_OPS}
     if fmt == "float32":
         kept = {k: v for k, v in options.items() if not k.startswith("max_autotune")}
         return {**kept, "cpp.weight_prepack": False}
