@@ -78,7 +78,9 @@ def step_options(fmt: str, options: dict) -> dict:
     default, the attention kernel recomputed q's RoPE (and a bounds check on `pos`) for every cached
     key inside the scores' reduction. Side by side here: q8 at cache length 2048 1.34x (threshold 6:
     1.27x; 10 and 12: no gain; 4: 0.70x, other fusions broke), at 256 1.04x; bfloat16 1.07x; float32
-    unchanged. The window is narrow because it is the op count of RoPE's expression."""
+    unchanged. The window is narrow (10 gained nothing): a change to the step's RoPE expression
+    should measure it again (llamablock.static_decode; the generated attention kernel shows whether
+    q is loaded or recomputed inside the loop over cached keys)."""
     if not options.get("max_autotune"):
         return options
     options = {**options, "realize_opcount_threshold": REALIZE_OPS}
