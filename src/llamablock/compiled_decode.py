@@ -14,7 +14,7 @@ into a package on disk, named by a hash of the weights, which later processes lo
 compiling (llamablock.aoti_step; BENCHMARKS.md's compile_cache table gives the start-up of a second
 run). Each program is loaded or compiled when first used at a cache length. "inductor" is
 torch.compile in this process, which re-traces the step in every new process and launches its
-kernels from Python (2.5 ms of a SmolLM2 q8 step in BENCHMARKS.md's kernel profile); it prefills
+kernels from Python (3.1 ms of a SmolLM2 q8 step in BENCHMARKS.md's kernel profile); it prefills
 eagerly. Both use inductor with freezing (weights become constants, prepacked for the CPU's GEMMs)
 and max-autotune restricted to its C++ GEMM templates, which the speed issue's probe found stable
 and which fuse the int8 scale into the matmul (measured here on SmolLM2-135M, q8 under
@@ -73,7 +73,7 @@ def step_options(fmt: str, options: dict) -> dict:
     alternated two engines in one process; BENCHMARKS.md's decode table, whose rounds alternate
     ten runners, did not separate the gains from its run-to-run spread.
 
-    Every format: inductor keeps a pointwise result as a buffer once it takes more than 8 ops
+    Every format, with autotuning: inductor keeps a pointwise result as a buffer once it takes more than 8 ops
     (`realize_opcount_threshold`, default 30) instead of recomputing it where it is read. With the
     default, the attention kernel recomputed q's RoPE (and a bounds check on `pos`) for every cached
     key inside the scores' reduction. Side by side here: q8 at cache length 2048 1.34x (threshold 6:
