@@ -59,9 +59,13 @@ class Int8Linear(nn.Module):
         self.register_buffer("scales", scale.contiguous())
         self.register_buffer("bias", None if bias is None else bias.detach().to(torch.bfloat16))
         self.in_features, self.out_features = w.shape[1], w.shape[0]
-        # aten._weight_int8pack_mm returned NaN or 1e30 (or crashed) here when k was not a multiple of
-        # 16 (torch 2.13, AVX-512; k = 8, 24, 33, 100 tried): such layers multiply by the dequantized weight.
-        self.kernel = self.in_features % 16 == 0
+
+    @property
+    def kernel(self) -> bool:
+        """Whether small batches use aten._weight_int8pack_mm: it returned NaN or 1e30 (or crashed) here
+        when k was not a multiple of 16 (torch 2.13, AVX-512; k = 8, 24, 33, 100 tried), so such
+        layers multiply by the dequantized weight."""
+        return self.in_features % 16 == 0
 
     def dequantized(self) -> torch.Tensor:
         return self.qweight.float() * self.scales.float()[:, None]  # (n, k)
