@@ -249,6 +249,28 @@ def test_prune_deletes_least_recently_used_packages_beyond_the_limit(tmp_path):
     assert prune(tmp_path, keep=tmp_path / "kept", max_bytes=10**6) == []
 
 
+def test_drop_build_copy_deletes_only_the_packages_files(tmp_path):
+    from llamablock.aoti_step import drop_build_copy
+
+    model = tmp_path / "llamablock-aoti" / ".key.1" / "package" / "data" / "aotinductor" / "model"
+    model.mkdir(parents=True)
+    for name in ("cw.wrapper.so", "cw.wrapper.cpp", "ck.kernel.cpp"):
+        (model / name).write_bytes(b"x")
+    build, shared = tmp_path / "cbuild", tmp_path / "cshared"
+    for d in (build / "cw", shared / "cw"):
+        d.mkdir(parents=True)
+    for name in ("cw.wrapper.so", "cw.wrapper.cpp", "ck.kernel.cpp"):
+        (build / name).write_bytes(b"x")
+    (shared / "cw.wrapper.so").write_bytes(b"x")
+    (shared / "cother.wrapper.so").write_bytes(b"x")  # another compile building in the same directory
+    removed = drop_build_copy(model.parents[3], tmp_path)
+    assert sorted(p.relative_to(tmp_path).as_posix() for p in removed) == [
+        "cbuild/ck.kernel.cpp", "cbuild/cw.wrapper.cpp", "cbuild/cw.wrapper.so", "cshared/cw.wrapper.so"]
+    assert not build.exists()  # emptied, so removed with the wrapper's directory
+    assert sorted(p.name for p in shared.iterdir()) == ["cother.wrapper.so"]
+    assert sorted(p.name for p in model.iterdir()) == ["ck.kernel.cpp", "cw.wrapper.cpp", "cw.wrapper.so"]
+
+
 @torch.no_grad()
 def test_aoti_backend_equals_eager_and_reloads_from_its_package(tiny):
     """The AOTInductor step and prefill give the eager logits (1e-4) and tokens, the prefill at
@@ -265,7 +287,9 @@ def test_aoti_backend_equals_eager_and_reloads_from_its_package(tiny):
             torch.testing.assert_close(g, r, atol=1e-4, rtol=0)
     assert engine._prefill is not None and engine.length == 256 and PREFILL_MIN > len(PROMPT)
     for program in (engine._step, engine._prefill):
-        assert len(list(program.path.glob("*/data/aotinductor/model/*.so"))) == 1
+        (library,) = program.path.glob("*/data/aotinductor/model/*.so")
+        # AOTInductor's build copy of the library is gone from the inductor cache (drop_build_copy)
+        assert not list(program.path.parent.parent.glob(f"*/{library.name}"))
     assert engine.compile_seconds > 0
     again = CompiledDecoder(tiny, autotune=False, backend="aoti")
     assert generate(again, PROMPT, max_new_tokens=12).tokens == generate(tiny, PROMPT, max_new_tokens=12).tokens

@@ -22,7 +22,8 @@ quantized buffers), the config, format, cache length, inductor options and the t
 Cache layout: `<inductor cache dir>/llamablock-aoti/<hash>/`, the .pt2 package that
 `aoti_compile_and_package` writes, unpacked once (a temporary directory, then a rename: an
 interrupted compile leaves nothing). After each compile the least recently used packages are
-deleted beyond MAX_CACHE_BYTES (`prune`). Why unpacked: `aoti_load_package` unpacks the archive into a
+deleted beyond MAX_CACHE_BYTES (`prune`), and AOTInductor's
+build copy of the new library is deleted from inductor's cache (`drop_build_copy`). Why unpacked: `aoti_load_package` unpacks the archive into a
 temporary directory on every load, 2.8 s of its 3.2 s for SmolLM2 in q8 (a 331 MB library, the
 weights inside), while the same library loads in 0.4 s from a directory (measured here, torch
 2.13). The library is run through `torch._C._aoti.AOTIModelContainerRunnerCpu`, the runner that
@@ -159,6 +160,36 @@ def prune(directory: Path, keep: Path, max_bytes: int = MAX_CACHE_BYTES) -> list
     return removed
 
 
+def drop_build_copy(package: Path, root: Path) -> list[Path]:
+    """Delete AOTInductor's build copy of the files in the unpacked `package`; return what was deleted.
+
+    aoti_compile_and_package builds the library in `<root>/<hash of the graph's code>/` and copies
+    it into the package. Nothing reads or deletes that build copy afterwards (llamablock loads the
+    package), so the inductor cache held every program twice: 9 GB of build copies here, found when
+    the disk filled (the library carries the weights: 0.3-0.65 GB per SmolLM2 program). Only files
+    named as the package's own (hashes of their source) one level under `root` are deleted, then
+    the wrapper's directory and the build directory if that leaves them empty: another compile
+    building in the same directory keeps its files."""
+    removed = []
+    for own in sorted(package.glob("*/data/aotinductor/model/*")):
+        for copy in root.glob(f"*/{own.name}"):
+            if copy.is_file() and copy.parent != package.parent:
+                copy.unlink()
+                removed.append(copy)
+    for build in {copy.parent for copy in removed}:
+        for stem in {copy.name.split(".")[0] for copy in removed if copy.parent == build}:
+            _rmdir_if_empty(build / stem)
+        _rmdir_if_empty(build)
+    return removed
+
+
+def _rmdir_if_empty(directory: Path) -> None:
+    try:
+        directory.rmdir()
+    except OSError:  # not empty (or gone): kept
+        pass
+
+
 def _library(directory: Path) -> Path | None:
     """The compiled shared library inside an unpacked package, or None when there is none."""
     found = sorted(directory.glob("*/data/aotinductor/model/*.so")) if directory.is_dir() else []
@@ -219,6 +250,7 @@ class AOTIProgram:
             package.unlink()
             if _library(tmp) is None:
                 raise RuntimeError(f"AOTInductor's package has no single shared library under {tmp}")
+            drop_build_copy(tmp, self.path.parent.parent)
             if self.path.exists() and _library(self.path) is None:
                 shutil.rmtree(self.path, ignore_errors=True)  # a stale entry without a library
             try:
