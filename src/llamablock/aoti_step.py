@@ -22,11 +22,11 @@ quantized buffers), the config, format, cache length, inductor options and the t
 Cache layout: `<inductor cache dir>/llamablock-aoti/<hash>/`, the .pt2 package that
 `aoti_compile_and_package` writes, unpacked once (a temporary directory, then a rename: an
 interrupted compile leaves nothing). After each compile the least recently used packages are
-deleted beyond MAX_CACHE_BYTES (`prune`), and AOTInductor's
-build copy of the new library is deleted from inductor's cache (`drop_build_copy`). Why unpacked: `aoti_load_package` unpacks the archive into a
-temporary directory on every load, 2.8 s of its 3.2 s for SmolLM2 in q8 (a 331 MB library, the
-weights inside), while the same library loads in 0.4 s from a directory (measured here, torch
-2.13). The library is run through `torch._C._aoti.AOTIModelContainerRunnerCpu`, the runner that
+deleted beyond MAX_CACHE_BYTES (`prune`), and AOTInductor's build copy of the new library is
+deleted from inductor's cache (`drop_build_copy`). Why unpacked: `aoti_load_package` unpacks the
+archive into a temporary directory on every load, 2.8 s of its 3.2 s for SmolLM2 in q8 (a
+331 MB library, the weights inside), while the same library loads in 0.4 s from a directory
+(measured here, torch 2.13). The library is run through `torch._C._aoti.AOTIModelContainerRunnerCpu`, the runner that
 the package loader and `torch._export.aot_load` wrap, given the flat list of input tensors.
 """
 
