@@ -24,6 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "generate": ("llamablock.commands.generate", "continue a prompt or chat with a real model (GGUF or transformers), streaming"),
     "perplexity": ("llamablock.commands.perplexity", "perplexity of a model on a text file, sliding window"),
     "bench": ("llamablock.commands.bench", "speed benchmarks side by side (attention, norms, decode, ...); BENCHMARKS.md"),
+    "cache": ("llamablock.commands.cache", "what llamablock keeps on disk (compiled programs, inductor's caches, tracer models); --clear"),
 }
 
 

@@ -67,7 +67,7 @@ def _one(model, tok, text: str, args, sampling, chat_history=None, engine=None):
         from llamablock.aoti_step import package_dir
 
         print(f"[the compiled decode step and prefill: loading them from {package_dir()}, or compiling them once "
-              "(a few minutes)]",
+              "(a few minutes; `llamablock cache` shows the disk they take)]",
               file=sys.stderr, flush=True)
         engine.warm_up(total)
     g = generate(model if engine is None else engine, ids, args.max_new_tokens, sampling, seed=args.seed, eos_ids=tok.eos_ids,

@@ -1,0 +1,56 @@
+"""`llamablock cache`: sizes of what llamablock keeps on disk, and --clear deleting only its own."""
+
+from __future__ import annotations
+
+import pytest
+
+from llamablock.cli import main
+
+
+def _fill(path, nbytes):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"x" * nbytes)
+
+
+@pytest.fixture
+def home(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    root = tmp_path / "llamablock"
+    _fill(root / "inductor" / "llamablock-aoti" / "0123" / "lib.so", 3000)
+    _fill(root / "inductor" / "fxgraph" / "entry", 2000)
+    _fill(root / "trace-v1" / "llama-2024" / "model.safetensors", 1000)
+    return root
+
+
+def test_cache_reports_each_part_and_clears_the_compile_caches(home, capsys):
+    assert main(["cache"]) == 0
+    out = capsys.readouterr().out
+    assert "compiled programs" in out and "2.93 KiB" in out  # 3000 bytes of packages
+    assert "inductor's caches" in out and "1.95 KiB" in out  # 2000 bytes, the packages not counted twice
+    assert "trained tracer models" in out and "1000 B" in out
+    assert main(["cache", "--clear"]) == 0
+    assert "4.88 KiB" in capsys.readouterr().out  # both compile caches, 5000 bytes
+    assert not (home / "inductor").exists() and (home / "trace-v1" / "llama-2024").is_dir()
+    assert main(["cache", "--clear", "models"]) == 0
+    assert not (home / "trace-v1").exists()
+    assert main(["cache", "--clear", "all"]) == 0
+    assert capsys.readouterr().out.strip().endswith("nothing to delete")
+
+
+def test_a_users_inductor_directory_keeps_everything_but_llamablocks_packages(home, monkeypatch, tmp_path, capsys):
+    mine = tmp_path / "mine"
+    _fill(mine / "llamablock-aoti" / "0123" / "lib.so", 10)
+    _fill(mine / "fxgraph" / "someone-elses", 10)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(mine))
+    assert main(["cache"]) == 0
+    assert "yours: --clear keeps it" in capsys.readouterr().out
+    assert main(["cache", "--clear", "all"]) == 0
+    assert not (mine / "llamablock-aoti").exists() and (mine / "fxgraph" / "someone-elses").is_file()
+    assert (home / "inductor" / "fxgraph" / "entry").is_file()  # not the directory in use: not touched
+
+
+def test_clear_names_its_choices(home, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["cache", "--clear", "everything"])
+    assert e.value.code == 2 and "choose from 'compiled', 'models', 'all'" in capsys.readouterr().err
