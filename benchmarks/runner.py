@@ -29,6 +29,7 @@ BENCHMARKS = {
     "decode": "benchmarks.bench_decode_quant",
     "long_prefill": "benchmarks.bench_long_prefill",
     "compile_cache": "benchmarks.bench_compile_cache",
+    "huge_pages": "benchmarks.bench_huge_pages",
 }
 
 

@@ -45,6 +45,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from llamablock.huge_pages import collapse, tensor_ranges
+
 
 class _WithCacheInputs(nn.Module):
     """static.<method>(*args, k0, v0, k1, v1, ...) -> logits: the caches are inputs, written in place."""
@@ -201,10 +203,12 @@ class AOTIProgram:
     passed in behind `args`. method "step": args (ids (b, 1), pos (1,)); "prefill": (ids (b, t),
     last (1,)). `example` gives the argument shapes; `lengths` (min, max) makes the first
     argument's dimension 1 symbolic over that range (the prefill: one program for every prompt
-    length; export needs min >= 2). `compile_seconds` is 0 when the library came from the disk cache."""
+    length; export needs min >= 2). `compile_seconds` is 0 when the library came from the disk cache.
+    `huge_pages`: move the library's copy of the weights into 2 MiB pages once loaded
+    (llamablock.huge_pages); `huge_page_bytes` says how much the kernel moved."""
 
     def __init__(self, static, fmt: str, options: dict, method: str, example: tuple, digest: str | None = None,
-                 lengths: tuple[int, int] | None = None):
+                 lengths: tuple[int, int] | None = None, huge_pages: bool = False):
         self.method, self.example, self.lengths = method, example, lengths
         self.caches = _unregister_caches(static)
         self.path = package_dir() / package_key(static, fmt, options, method, example, digest, lengths)
@@ -223,6 +227,9 @@ class AOTIProgram:
         # int8 prefill, here) died of SIGILL at its first call without this.
         torch.cpu._init_amx()
         self.runner = torch._C._aoti.AOTIModelContainerRunnerCpu(str(library), 1)
+        self.huge_page_bytes = 0
+        if huge_pages:  # the block the library copied its weights into
+            self.huge_page_bytes = collapse(tensor_ranges(self.runner.extract_constants_map(False).values()))
 
     def _compile(self, static, options: dict) -> None:
         """options: inductor settings (llamablock.compiled_decode.inductor_options)."""

@@ -28,6 +28,8 @@ weights, so disk and memory hold the weights once more per program and cache len
 `compile_seconds` adds up the time spent compiling (0 for packages loaded from disk).
 `compile=False` runs the same static layout eagerly: the reference the tests compare against.
 `inductor` adds inductor settings (e.g. {"cpp.enable_kernel_profile": True} for a per-kernel profile).
+`huge_pages` (default on) moves the AOTInductor step's copy of the weights into 2 MiB pages when it
+is loaded (llamablock.huge_pages; `llamablock bench huge_pages` measures it side by side).
 """
 
 from __future__ import annotations
@@ -102,7 +104,8 @@ class CompiledDecoder:
     """Prefill and decode with one compiled program each per cache length; batch 1."""
 
     def __init__(self, model, fmt: str | None = None, *, compile: bool = True, autotune: bool = True,
-                 inductor: dict | None = None, backend: str = "aoti", compile_prefill: bool = True):
+                 inductor: dict | None = None, backend: str = "aoti", compile_prefill: bool = True,
+                 huge_pages: bool = True):
         reason = unsupported_reason(model.cfg)
         if reason is not None:
             raise ValueError(f"the compiled decoder does not support {reason}; run without compilation")
@@ -120,7 +123,7 @@ class CompiledDecoder:
         # The compiled prefill is an AOTInductor program; torch.compile would re-trace it per process.
         self.compile_prefill = compile_prefill and compile and backend == "aoti"
         self.model, self.cfg, self.fmt, self.backend = model, model.cfg, fmt, backend
-        self.compile, self.autotune = compile, autotune
+        self.compile, self.autotune, self.huge_pages = compile, autotune, huge_pages
         self.inductor = dict(inductor or {})  # more inductor settings (the benchmark's kernel profile)
         self.static: StaticDecoder | None = None
         self._step = self._prefill = None
@@ -179,7 +182,7 @@ class CompiledDecoder:
         options = inductor_options(self.autotune, self.inductor)
         if method == "step":
             program = AOTIProgram(self.static, self.fmt, step_options(self.fmt, options), "step", (self._ids, self._pos),
-                                  self._digest)
+                                  self._digest, huge_pages=self.huge_pages)
         else:
             example = (torch.zeros(1, self.length // 2, dtype=torch.long), torch.zeros(1, dtype=torch.long))
             program = AOTIProgram(self.static, self.fmt, prefill_options(options), "prefill", example, self._digest,
