@@ -5,9 +5,9 @@ that stream crosses a page boundary, and needs another TLB entry, every 4 KiB: 1
 token for SmolLM2 in float32 (538 MB), 33,000 in q8. Linux backs memory with 2 MiB pages only
 where a process asks when /sys/kernel/mm/transparent_hugepage/enabled is `madvise` (as on this
 machine), and neither PyTorch nor AOTInductor asks: every llamablock process here had
-AnonHugePages 0 kB. Asking for the compiled step's weights, measured side by side
-(`llamablock bench huge_pages`, BENCHMARKS.md): SmolLM2's q8 and float32 steps decode about a
-quarter faster, bfloat16 less.
+AnonHugePages 0 kB. Asking for the compiled step's weights made SmolLM2's steps faster in every
+side-by-side run here, by 5-27% depending on the format and the minute (`llamablock bench
+huge_pages` measures it; BENCHMARKS.md has a run).
 
 `collapse(ranges)` marks each address range MADV_HUGEPAGE and asks the kernel to move what is
 already there into 2 MiB pages now (MADV_COLLAPSE, Linux 6.1 on; it copies, about a second per
