@@ -219,7 +219,8 @@ def _limits(sec: Section, dec: dict, pre: dict, prefill_tokens: int, bw: float, 
         wb = weight_bytes(runners[f"llamablock {fmt}"].model)
         ceiling, streamed = bw / wb, parts["stream"] / wb  # copy bandwidth; MKL's float32 GEMV read rate
         got = 1 / dec[f"llamablock {fmt} compiled"]["median"]
-        gemvs = (f" The step's weight matrix-vector products alone, through MKL, take {1e3 * parts['gemv_s']:.1f} ms "
+        gemvs = (f" The step's weight matrix-vector products alone, through MKL, in 2 MiB pages as the step's weights "
+                 f"are, take {1e3 * parts['gemv_s']:.1f} ms "
                  f"of its {1e3 / got:.1f} ms (table 'One float32 decode step's ... products' below)."
                  if fmt == "float32" else "")
         sec.notes.append(f"Limit, {fmt}: 3x transformers is {need:.0f} tok/s; reading the weights once per token at "
