@@ -245,8 +245,11 @@ def _limits(sec: Section, dec: dict, pre: dict, prefill_tokens: int, bw: float, 
     gemm_ms = 1e3 * per_step["gemm"]
     stream_ms = 1e3 * parts["q8_bytes"] / parts["stream"]
     rest_ms = 1e3 * (per_step["kernels"] - per_step["gemm"])  # the graph's other kernels: attention, norms, element-wise
-    sec.notes.append(f"Limit, q8: 1.75x llama.cpp is {1.75 * cpp_rate:.0f} tok/s, {need_ms:.1f} ms per step. In the "
-                     f"kernel profile below, the compiled step's int8 matmuls alone take {gemm_ms:.1f} ms per step "
+    step_ms = 1e3 * dec["llamablock q8 compiled"]["median"]
+    sec.notes.append(f"Limit, q8: 1.75x llama.cpp is {1.75 * cpp_rate:.0f} tok/s, {need_ms:.1f} ms per step; the compiled "
+                     f"step above takes {step_ms:.1f} ms. In the kernel profile below (the same kernels built by "
+                     "torch.compile, its weights left in 4 KiB pages: llamablock.huge_pages moves only the "
+                     f"AOTInductor program's), the step's int8 matmuls alone take {gemm_ms:.1f} ms per step "
                      f"({parts['q8_bytes'] / per_step['gemm'] / 1e9:.0f} GB/s over {parts['q8_bytes'] / 2**20:.0f} MiB of "
                      f"int8 weights) and its other kernels {rest_ms:.1f} ms; streaming those bytes at the rate a float32 "
                      f"matrix-vector product reads a {decode_limits.STREAM_MIB} MiB matrix ({parts['stream'] / 1e9:.1f} GB/s) "

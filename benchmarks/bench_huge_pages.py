@@ -1,50 +1,56 @@
 """The compiled decode step with its weights in 2 MiB pages against 4 KiB pages (llamablock.huge_pages).
 
-Two CompiledDecoder engines per format, built from the same model: the first compiles the
-AOTInductor package (or loads it from the cache), the second loads the same package, so both run
-the same library; only `huge_pages` differs (the library's copy of the weights moved into 2 MiB
-pages, or left in the 4 KiB pages it was loaded into). Both prefill the same prompt, then decode
-blocks of `steps` greedy steps from the same position, the two engines alternating block by
-block (llamablock.lab.timing.time_calls); the logits of one step are checked equal first.
+Per format, a child process (with the command line's allocator settings, llamablock.malloc)
+builds two CompiledDecoder engines from the same model: the first compiles the AOTInductor
+package (or loads it from the cache) and keeps its weights in the 4 KiB pages they were loaded
+into, the second loads the same package and moves its weights into 2 MiB pages. Both run the
+same library. Both prefill the same prompt, then decode blocks of `steps` greedy steps from the
+same position, the two engines alternating block by block (llamablock.lab.timing.time_calls);
+the logits of a prefill and a step are checked equal first.
+Why a child each: memory once moved into 2 MiB pages keeps asking for them after it is freed
+(the mark is on the address range, and glibc reuses freed ranges), so an engine built in a
+process that had moved weights before may get huge pages without asking. Measured: run in the
+decode benchmark's process, the "4 KiB" engines ran as fast as the others (0.94-1.00x). The child
+reports the process's huge pages before the move (AnonHugePages; near 0 means the 4 KiB engine
+really has small pages).
 Full: SmolLM2-135M in float32, bfloat16, q8 and q4, autotuned as `generate --compile`.
 --quick: a random one-layer model with a 16,384-token vocabulary (16 MiB of float32 weights),
-no autotuning.
+float32, no autotuning.
 """
 
 from __future__ import annotations
 
-import copy
-
-import torch
+import json
+import subprocess
+import sys
 
 from benchmarks.common import Section
-from llamablock.lab.timing import time_calls
 
 NAME = "huge_pages"
 CLAIM = "the compiled step's weights in 2 MiB pages: decode tokens/s against 4 KiB pages"
 
-
-def _models(quick: bool) -> dict:
-    """format -> the float model its engine is built from."""
-    if quick:
-        from llamablock.config import ModelConfig
-        from llamablock.model import Decoder
-
-        cfg = ModelConfig(vocab_size=16384, d_model=128, n_layers=1, n_heads=4, n_kv_heads=2, max_seq_len=256)
-        return {"float32": Decoder(cfg).eval()}
+CHILD = r"""
+import json, sys, torch
+from llamablock.compile_cache import use_persistent_cache
+from llamablock.malloc import tune_allocator
+tune_allocator(); use_persistent_cache()
+from llamablock.compiled_decode import CompiledDecoder
+from llamablock.huge_pages import huge_bytes
+from llamablock.lab.timing import time_calls
+fmt, quick, prompt, steps, repeats = sys.argv[1], sys.argv[2] == "quick", *map(int, sys.argv[3:6])
+if quick:
+    from llamablock.config import ModelConfig
+    from llamablock.model import Decoder
+    cfg = ModelConfig(vocab_size=16384, d_model=128, n_layers=1, n_heads=4, n_kv_heads=2, max_seq_len=256)
+    model = Decoder(cfg).eval()
+else:
     import llamablock
-
-    base = llamablock.load_pretrained(None).eval()
-    bf16 = copy.deepcopy(base).to(torch.bfloat16)
-    return {"float32": base, "bfloat16": bf16, "q8": bf16, "q4": bf16}
-
-
-@torch.no_grad()
-def _pair(model, fmt: str, quick: bool, prompt: int, steps: int, repeats: int) -> list[str]:
-    from llamablock.compiled_decode import CompiledDecoder
-
-    engines = {}
+    model = llamablock.load_pretrained(None, torch.float32 if fmt == "float32" else torch.bfloat16).eval()
+engines = {}
+with torch.no_grad():
     for huge in (False, True):
+        if huge:
+            before = huge_bytes()
         engine = CompiledDecoder(model, fmt, autotune=not quick, compile_prefill=not quick, huge_pages=huge)
         engine.warm_up(prompt + steps + 1)
         engines[huge] = engine
@@ -52,28 +58,36 @@ def _pair(model, fmt: str, quick: bool, prompt: int, steps: int, repeats: int) -
     token = torch.tensor([[1]])
     logits = [e.prefill(ids) for e in engines.values()] + [e.step(token, prompt) for e in engines.values()]
     if not (torch.equal(logits[0], logits[1]) and torch.equal(logits[2], logits[3])):
-        raise AssertionError(f"{fmt}: the same library gave other logits with its weights in huge pages")
+        raise SystemExit(f"{fmt}: the same library gave other logits with its weights in huge pages")
+    block = lambda e: (lambda: [e.step(token, prompt + i) for i in range(steps)])
+    t = time_calls({"small": block(engines[False]), "huge": block(engines[True])}, repeats=repeats, warmup=1)
+print(json.dumps({"before": before, "moved": engines[True]._step.huge_page_bytes,
+                  "small": steps / t["small"]["median"], "huge": steps / t["huge"]["median"]}))
+"""
 
-    def block(engine):
-        return lambda: [engine.step(token, prompt + i) for i in range(steps)]
 
-    t = time_calls({"4 KiB": block(engines[False]), "2 MiB": block(engines[True])}, repeats=repeats, warmup=1)
-    small, huge = (steps / t[k]["median"] for k in ("4 KiB", "2 MiB"))
-    moved = engines[True]._step.huge_page_bytes
-    return [fmt, f"{moved / 2**20:.0f}", f"{small:.1f}", f"{huge:.1f}", f"{huge / small:.2f}x"]
+def _child(fmt: str, quick: bool, prompt: int, steps: int, repeats: int) -> dict:
+    args = [fmt, "quick" if quick else "full", str(prompt), str(steps), str(repeats)]
+    out = subprocess.run([sys.executable, "-c", CHILD, *args], capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(f"huge_pages child ({fmt}) failed: {out.stderr.strip()[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def run(quick: bool = False) -> list[Section]:
     prompt, steps, repeats = (16, 8, 3) if quick else (64, 32, 8)
     what = "a random 1-layer model (16 MiB), float32" if quick else "SmolLM2-135M"
     sec = Section(f"Compiled decode step, {what}: weights in 4 KiB pages against 2 MiB pages "
-                  f"(blocks of {steps} steps, medians of {repeats}, alternating)",
-                  ["format", "MiB moved into 2 MiB pages", "tokens/s, 4 KiB pages", "tokens/s, 2 MiB pages", "ratio"])
-    for fmt, model in _models(quick).items():
-        sec.rows.append(_pair(model, fmt, quick, prompt, steps, repeats))
-    sec.notes.append("Both engines run one AOTInductor library (the second loads the package the first compiled "
-                     "or found); the logits of a prefill and a step are equal bit for bit. 'MiB moved' is what "
-                     "the kernel moved into 2 MiB pages (MADV_COLLAPSE); 0 means it refused, and the two then "
-                     "differ by noise only. The two alternate in one process, so each reads its weights after "
-                     "the other has evicted them from the caches, as in the decode table's rounds.")
+                  f"(blocks of {steps} steps, medians of {repeats}, alternating; a child process per format)",
+                  ["format", "MiB in 2 MiB pages before the move", "MiB moved", "tokens/s, 4 KiB pages",
+                   "tokens/s, 2 MiB pages", "ratio"])
+    for fmt in ("float32",) if quick else ("float32", "bfloat16", "q8", "q4"):
+        r = _child(fmt, quick, prompt, steps, repeats)
+        sec.rows.append([fmt, f"{r['before'] / 2**20:.0f}", f"{r['moved'] / 2**20:.0f}", f"{r['small']:.1f}",
+                         f"{r['huge']:.1f}", f"{r['huge'] / r['small']:.2f}x"])
+    sec.notes.append("Both engines run one AOTInductor library; the logits of a prefill and a step are equal bit "
+                     "for bit. 'MiB moved' is what the kernel moved into 2 MiB pages (MADV_COLLAPSE); 0 means it "
+                     "refused, and the two then differ by noise only. The two alternate in one process, so each "
+                     "reads its weights after the other has evicted them from the caches, as in the decode "
+                     "table's rounds.")
     return [sec]
