@@ -5,9 +5,10 @@ that stream crosses a page boundary, and needs another TLB entry, every 4 KiB: 1
 token for SmolLM2 in float32 (538 MB), 33,000 in q8. Linux backs memory with 2 MiB pages only
 where a process asks when /sys/kernel/mm/transparent_hugepage/enabled is `madvise` (as on this
 machine), and neither PyTorch nor AOTInductor asks: every llamablock process here had
-AnonHugePages 0 kB. Asking for the compiled step's weights made SmolLM2's steps faster in every
-side-by-side run here, by 5-27% depending on the format and the minute (`llamablock bench
-huge_pages` measures it; BENCHMARKS.md has a run).
+AnonHugePages 0 kB. Asking for the compiled step's weights, side by side here: SmolLM2's q8 step
+1.16x and 1.22x faster, float32 1.05x, in runs when the machine streamed memory slowly (q8 at
+112 tokens/s in 4 KiB pages), and 0.97-1.07x (noise) in the runs BENCHMARKS.md records, when it
+did not (q8 at 138-143). `llamablock bench huge_pages` measures it.
 
 `collapse(ranges)` marks each address range MADV_HUGEPAGE and asks the kernel to move what is
 already there into 2 MiB pages now (MADV_COLLAPSE, Linux 6.1 on; it copies, about a second per
