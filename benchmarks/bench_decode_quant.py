@@ -14,6 +14,9 @@ benchmarks/decode.py's helper) is measured only when installed; this project nev
     prefill  one forward pass over the prompt with a fresh cache
     ceiling  copy bandwidth / weight bytes: a decode step reads every weight once
     ppl      perplexity on the Shakespeare validation split (llamablock.data), one window
+    alone    the compiled q8 and q4 engines measured as llama.cpp is: each alone in a child
+             process, best of 3 runs after a warm-up (the rounds above interleave ten runners
+             in a process that holds every model; llama.cpp runs by itself)
 A profile of the q8 decode step (torch.profiler, self CPU time by op) says where time goes;
 benchmarks.decode_limits times the kernels that bound the missed targets.
 --quick: a tiny random model (llama-2024-small), llamablock only, no perplexity.
@@ -22,7 +25,10 @@ benchmarks.decode_limits times the kernels that bound the missed targets.
 from __future__ import annotations
 
 import copy
+import json
 import statistics
+import subprocess
+import sys
 import time
 
 import torch
@@ -260,6 +266,40 @@ def _limits(sec: Section, dec: dict, pre: dict, prefill_tokens: int, bw: float, 
                      else "."))
 
 
+_ALONE_CHILD = r"""
+import json, sys, time, torch
+from llamablock.compile_cache import use_persistent_cache
+from llamablock.malloc import tune_allocator
+tune_allocator(); use_persistent_cache()
+import llamablock
+from llamablock.compiled_decode import CompiledDecoder
+fmt, ids, new = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
+engine = CompiledDecoder(llamablock.load_pretrained(None, torch.bfloat16), fmt)
+engine.warm_up(len(ids) + new + 1)
+prompt = torch.tensor([ids])
+@torch.no_grad()
+def run():
+    logits = engine.prefill(prompt)
+    t = time.perf_counter()
+    for i in range(new):
+        logits = engine.step(logits.argmax(-1, keepdim=True), len(ids) + i)
+    return time.perf_counter() - t
+run()  # warm-up
+print(json.dumps(new / min(run() for _ in range(3))))
+"""
+
+
+def _alone_speed(fmt: str, ids: list[int], new: int) -> float:
+    """Decode tokens/s of the compiled `fmt` engine measured as llama.cpp is (benchmarks.decode's
+    child): alone in a child process, `new` greedy steps after `ids`, best of 3 after a warm-up. The
+    child uses the parent's compile cache (the packages the decode rows loaded or compiled)."""
+    r = subprocess.run([sys.executable, "-c", _ALONE_CHILD, fmt, json.dumps(ids), str(new)], capture_output=True,
+                       text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"the {fmt} child failed: {r.stderr.strip()[-2000:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
 def _block_times(runners: dict, prompt, steps: int, rounds: int) -> dict:
     """Seconds per decode step, min and median over rounds. In each round every runner prefills the
     prompt and decodes `steps` tokens in one block, as a real generation does, so its weights stay as
@@ -353,10 +393,17 @@ def run(quick: bool = False) -> list[Section]:
             sec.notes.append("llama.cpp (llama-cpp-python, installed by hand; this project never installs it) ran in a "
                              "child process after the others, not interleaved: best of 3 runs after a warm-up, the same "
                              "prompt and steps, greedy; its 'weights MiB' is the file's size.")
+        alone = {fmt: _alone_speed(fmt, prompt[0].tolist(), steps) for fmt in ("q8", "q4")}
+        for fmt, rate in alone.items():
+            sec.rows.append([f"llamablock {fmt} compiled, alone", "", f"{rate:.1f}", "", "", "", "", "", "", ""])
+        sec.notes.append("'llamablock q8/q4 compiled, alone': the same engines measured as llama.cpp is, each alone in "
+                         "a child process after the others: best of 3 runs after a warm-up, the same prompt and steps.")
         for fmt, target, ppl_target in (("q8", 1.75, 3.0), ("q4", 1.5, 1.0)):
             for variant in (f"llamablock {fmt}", f"llamablock {fmt} compiled"):
                 rate = 1 / dec[variant]["median"]
                 sec.notes.append(verdict(f"{variant} decode vs {src}", rate / cpp_rate, target))
+            sec.notes.append(verdict(f"llamablock {fmt} compiled, alone as llama.cpp runs, vs {src}",
+                                     alone[fmt] / cpp_rate, target))
             rel = 100 * abs(ppl[fmt] / ppl["float32"] - 1)
             sec.notes.append(verdict(f"{fmt} perplexity change vs float32", rel, ppl_target, higher_is_better=False, unit="%"))
     sections = [sec, _profile(runners["llamablock q8"], bw)]
