@@ -219,7 +219,8 @@ def _compiled_profile(bf16_model, prompt, steps: int = 10) -> Section:
 def _limits(sec: Section, dec: dict, pre: dict, prefill_tokens: int, bw: float, runners: dict, cpp_rate: float,
             per_step: dict, parts: dict) -> None:
     """Notes that say what limits the missed targets, from this run's numbers, the kernel profile
-    and benchmarks.decode_limits' measurements (`parts`: q8_bytes, stream, gemv_s, gemm_s, attn_s)."""
+    and benchmarks.decode_limits' measurements (`parts`: q8_bytes, stream, gemv_s, gemm_s, attn_s; q8_alone,
+    the q8 engine's tokens/s alone in a child)."""
     for fmt in ("float32", "bfloat16"):
         need = 3.0 / dec[f"transformers {fmt}"]["median"]  # tokens/s that 3x transformers means
         wb = weight_bytes(runners[f"llamablock {fmt}"].model)
@@ -253,7 +254,8 @@ def _limits(sec: Section, dec: dict, pre: dict, prefill_tokens: int, bw: float, 
     rest_ms = 1e3 * (per_step["kernels"] - per_step["gemm"])  # the graph's other kernels: attention, norms, element-wise
     step_ms = 1e3 * dec["llamablock q8 compiled"]["median"]
     sec.notes.append(f"Limit, q8: 1.75x llama.cpp is {1.75 * cpp_rate:.0f} tok/s, {need_ms:.1f} ms per step; the compiled "
-                     f"step above takes {step_ms:.1f} ms. In the kernel profile below (the same kernels built by "
+                     f"step above takes {step_ms:.1f} ms in the interleaved rounds and {1e3 / parts['q8_alone']:.1f} ms "
+                     "alone (measured as llama.cpp is). In the kernel profile below (the same kernels built by "
                      "torch.compile, its weights left in 4 KiB pages: llamablock.huge_pages moves only the "
                      f"AOTInductor program's), the step's int8 matmuls alone take {gemm_ms:.1f} ms per step "
                      f"({parts['q8_bytes'] / per_step['gemm'] / 1e9:.0f} GB/s over {parts['q8_bytes'] / 2**20:.0f} MiB of "
@@ -414,6 +416,7 @@ def run(quick: bool = False) -> list[Section]:
         gemvs_sec, gemv_s = decode_limits.float32_gemvs(f32_static)
         parts_sec, gemm_s, attn_s = decode_limits.prefill_parts(f32_static, ids.shape[1])
         _limits(sec, dec, pre, ids.shape[1], bw, runners, cpp_rate, per_step,
-                {"q8_bytes": q8_bytes, "stream": stream, "gemv_s": gemv_s, "gemm_s": gemm_s, "attn_s": attn_s})
+                {"q8_bytes": q8_bytes, "stream": stream, "gemv_s": gemv_s, "gemm_s": gemm_s, "attn_s": attn_s,
+                 "q8_alone": alone["q8"]})
         sections += [profile, gemv, gemvs_sec, parts_sec]
     return sections
