@@ -3,8 +3,8 @@
 torch.compile re-traces the step in every new process (dynamo, AOTAutograd, freezing: ~16 s for
 SmolLM2 even with a warm cache) and launches its kernels from Python at every step. AOTInductor
 compiles an exported program into a shared library with a C++ launcher; a later process loads
-that library instead (BENCHMARKS.md: q8 119 tokens/s; its kernel profile of the same step under
-torch.compile spends 2.6 ms of each step in the Python launcher and guards, which the library has
+that library instead (BENCHMARKS.md: q8 118 tokens/s; its kernel profile of the same step under
+torch.compile spends 2.7 ms of each step in the Python launcher and guards, which the library has
 not). Tests check the library's logits against the eager step (1e-4, float32).
 
     step = AOTIProgram(static, fmt, options, "step", (ids, pos))   # static: a StaticDecoder
