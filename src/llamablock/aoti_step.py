@@ -26,8 +26,9 @@ deleted beyond MAX_CACHE_BYTES (`prune`), and AOTInductor's build copy of the ne
 deleted from inductor's cache (`drop_build_copy`). Why unpacked: `aoti_load_package` unpacks the
 archive into a temporary directory on every load, 2.8 s of its 3.2 s for SmolLM2 in q8 (a
 331 MB library, the weights inside), while the same library loads in 0.4 s from a directory
-(measured here, torch 2.13). The library is run through `torch._C._aoti.AOTIModelContainerRunnerCpu`, the runner that
-the package loader and `torch._export.aot_load` wrap, given the flat list of input tensors.
+(measured here, torch 2.13). The library is run through
+`torch._C._aoti.AOTIModelContainerRunnerCpu`, the runner that the package loader and
+`torch._export.aot_load` wrap, given the flat list of input tensors.
 """
 
 from __future__ import annotations
