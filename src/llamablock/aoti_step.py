@@ -135,8 +135,9 @@ def package_dir() -> Path:
 MAX_CACHE_BYTES = 8 << 30  # the packages kept on disk (SmolLM2: 0.2-0.7 GB per program and cache length)
 
 
-def _size(directory: Path) -> int:
-    return sum(f.stat().st_size for f in directory.rglob("*") if f.is_file())
+def directory_bytes(directory: Path) -> int:
+    """Bytes of the files under `directory` (0 when it does not exist)."""
+    return sum(f.stat().st_size for f in directory.rglob("*") if f.is_file()) if directory.is_dir() else 0
 
 
 def prune(directory: Path, keep: Path, max_bytes: int = MAX_CACHE_BYTES) -> list[Path]:
@@ -151,7 +152,7 @@ def prune(directory: Path, keep: Path, max_bytes: int = MAX_CACHE_BYTES) -> list
             old.unlink(missing_ok=True)
             removed.append(old)
     entries = sorted((p.stat().st_mtime, p) for p in directory.iterdir() if p.is_dir() and not p.name.startswith("."))
-    sizes = {p: _size(p) for _, p in entries}
+    sizes = {p: directory_bytes(p) for _, p in entries}
     total = sum(sizes.values())
     for _, p in entries:  # oldest first
         if total <= max_bytes:

@@ -111,9 +111,14 @@ def default_cache_dir() -> Path:
     return user_cache_dir()
 
 
+def models_dir(cache_dir: str | Path | None = None) -> Path:
+    """The directory that holds the traced pair's runs (`llamablock cache` reports and clears it)."""
+    return Path(cache_dir or default_cache_dir()) / CACHE_VERSION
+
+
 def pair_dirs(cache_dir: str | Path | None = None) -> dict[str, Path]:
     """arch -> the run directory its traced model is (or will be) cached in."""
-    root = Path(cache_dir or default_cache_dir()) / CACHE_VERSION
+    root = models_dir(cache_dir)
     return {arch: root / name for arch, name in PAIR.items()}
 
 

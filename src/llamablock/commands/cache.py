@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import NamedTuple
 
 CLEAR_CHOICES = ("compiled", "models", "all")
 
@@ -26,39 +27,41 @@ def add_arguments(p) -> None:
                    help="delete the compile caches (the default), the trained tracer models, or all")
 
 
-def _size(path: Path) -> int:
-    if not path.is_dir():
-        return 0
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and not f.is_symlink())
+class Cache(NamedTuple):
+    what: str
+    where: Path
+    nbytes: int  # files under `where`, without those of the caches listed before it that it contains
+    ours: bool  # False for a directory the user chose (TORCHINDUCTOR_CACHE_DIR): --clear keeps it
 
 
-def entries() -> list[tuple[str, Path, int, bool]]:
-    """(what, where, bytes, ours) for each cache; `ours` is False for a directory the user chose."""
-    from llamablock.aoti_step import package_dir
-    from llamablock.compile_cache import cache_dir, user_cache_dir
-    from llamablock.trace import CACHE_VERSION
+def entries() -> list[Cache]:
+    """The compiled programs, inductor's caches (which contain the programs' directory) and the tracer's models."""
+    from llamablock.aoti_step import directory_bytes, package_dir
+    from llamablock.compile_cache import cache_dir
+    from llamablock.trace import models_dir
 
     packages = package_dir()
     inductor = packages.parent
-    ours = inductor == cache_dir().absolute()
-    inductor_bytes = _size(inductor) - _size(packages)
-    return [("compiled programs", packages, _size(packages), True),
-            ("inductor's caches", inductor, inductor_bytes, ours),
-            ("trained tracer models", user_cache_dir() / CACHE_VERSION, _size(user_cache_dir() / CACHE_VERSION), True)]
+    packages_bytes = directory_bytes(packages)
+    return [Cache("compiled programs", packages, packages_bytes, True),
+            Cache("inductor's caches", inductor, directory_bytes(inductor) - packages_bytes,
+                  inductor == cache_dir().absolute()),
+            Cache("trained tracer models", models_dir(), directory_bytes(models_dir()), True)]
 
 
 def clear(what: str) -> list[tuple[Path, int]]:
     """Delete the caches `what` names ("compiled", "models", "all"); return (directory, bytes freed)."""
     if what not in CLEAR_CHOICES:
         raise ValueError(f"--clear takes one of {', '.join(CLEAR_CHOICES)}, got {what!r}")
-    (_, packages, packages_bytes, _), (_, inductor, inductor_bytes, ours), (_, models, models_bytes, _) = entries()
+    packages, inductor, models = entries()
     targets = []
     if what in ("compiled", "all"):
         # llamablock's own inductor directory goes whole (the packages are inside it); a directory the
         # user chose keeps everything but llamablock's packages.
-        targets.append((inductor, inductor_bytes + packages_bytes) if ours else (packages, packages_bytes))
+        targets.append((inductor.where, inductor.nbytes + packages.nbytes) if inductor.ours
+                       else (packages.where, packages.nbytes))
     if what in ("models", "all"):
-        targets.append((models, models_bytes))
+        targets.append((models.where, models.nbytes))
     freed = []
     for directory, nbytes in targets:
         if directory.is_dir():
@@ -77,9 +80,9 @@ def run(args) -> int:
         if not freed:
             print("nothing to delete")
         return 0
-    for what, where, nbytes, ours in entries():
-        note = "" if ours else "  (TORCHINDUCTOR_CACHE_DIR, yours: --clear keeps it)"
-        print(f"{what:<22} {human_bytes(nbytes):>11}  {where}{note}")
+    for c in entries():
+        note = "" if c.ours else "  (TORCHINDUCTOR_CACHE_DIR, yours: --clear keeps it)"
+        print(f"{c.what:<22} {human_bytes(c.nbytes):>11}  {c.where}{note}")
     print("`llamablock cache --clear` deletes the compile caches (rebuilt on next use); "
           "`--clear models` the tracer models, `--clear all` both")
     return 0
