@@ -12,13 +12,10 @@ Full: SmolLM2-135M in q8 with autotuning, as `llamablock generate --compile --dt
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 import tempfile
 
-from benchmarks.common import Section, verdict
+from benchmarks.common import Section, run_child, verdict
 
 NAME = "compile_cache"
 CLAIM = "compilation is paid once: a second run starts decoding within 10 s"
@@ -49,9 +46,7 @@ print(json.dumps({"load": t_loaded - t_start, "compile": engine.compile_seconds,
 
 def _child(quick: bool, cache: str) -> dict:
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache}
-    out = subprocess.run([sys.executable, "-c", CHILD, "quick" if quick else "full"], capture_output=True,
-                         text=True, env=env, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return run_child(CHILD, "quick" if quick else "full", env=env)
 
 
 def run(quick: bool = False) -> list[Section]:

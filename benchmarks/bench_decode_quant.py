@@ -27,14 +27,12 @@ from __future__ import annotations
 import copy
 import json
 import statistics
-import subprocess
-import sys
 import time
 
 import torch
 
 from benchmarks import decode_limits
-from benchmarks.common import Section, ms, verdict
+from benchmarks.common import Section, ms, run_child, verdict
 from llamablock.kv_cache import KVCache
 from llamablock.lab.timing import time_calls
 from llamablock.quant import quantize_model, weight_bytes
@@ -295,11 +293,7 @@ def _alone_speed(fmt: str, ids: list[int], new: int) -> float:
     """Decode tokens/s of the compiled `fmt` engine measured as llama.cpp is (benchmarks.decode's
     child): alone in a child process, `new` greedy steps after `ids`, best of 3 after a warm-up. The
     child uses the parent's compile cache (the packages the decode rows loaded or compiled)."""
-    r = subprocess.run([sys.executable, "-c", _ALONE_CHILD, fmt, json.dumps(ids), str(new)], capture_output=True,
-                       text=True)
-    if r.returncode != 0:
-        raise RuntimeError(f"the {fmt} child failed: {r.stderr.strip()[-2000:]}")
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    return run_child(_ALONE_CHILD, fmt, json.dumps(ids), str(new))
 
 
 def _block_times(runners: dict, prompt, steps: int, rounds: int) -> dict:

@@ -20,11 +20,7 @@ float32, no autotuning.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
-from benchmarks.common import Section
+from benchmarks.common import Section, run_child
 
 NAME = "huge_pages"
 CLAIM = "the compiled step's weights in 2 MiB pages: decode tokens/s against 4 KiB pages"
@@ -68,10 +64,7 @@ print(json.dumps({"before": before, "moved": engines[True]._step.huge_page_bytes
 
 def _child(fmt: str, quick: bool, prompt: int, steps: int, repeats: int) -> dict:
     args = [fmt, "quick" if quick else "full", str(prompt), str(steps), str(repeats)]
-    out = subprocess.run([sys.executable, "-c", CHILD, *args], capture_output=True, text=True)
-    if out.returncode != 0:
-        raise RuntimeError(f"huge_pages child ({fmt}) failed: {out.stderr.strip()[-2000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return run_child(CHILD, *args)
 
 
 def run(quick: bool = False) -> list[Section]:

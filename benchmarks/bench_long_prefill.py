@@ -16,11 +16,7 @@ from loading.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
-from benchmarks.common import Section
+from benchmarks.common import Section, run_child
 
 NAME = "long_prefill"
 CLAIM = "prefill of 8,192 tokens with peak memory linear in length (no T x T score matrix)"
@@ -61,9 +57,7 @@ print(json.dumps({"seconds": seconds, "grew_kib": after - before, "heads": c.n_h
 
 
 def _child(quick: bool, tokens: int) -> dict:
-    out = subprocess.run([sys.executable, "-c", CHILD, "quick" if quick else "full", str(tokens)],
-                         capture_output=True, text=True, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return run_child(CHILD, "quick" if quick else "full", str(tokens))
 
 
 def run(quick: bool = False) -> list[Section]:

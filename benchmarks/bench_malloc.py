@@ -10,13 +10,10 @@ are over all rounds of a setting.
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
-import subprocess
-import sys
 
-from benchmarks.common import Section, ms
+from benchmarks.common import Section, ms, run_child
 
 NAME = "malloc"
 CLAIM = "LayerNorm (2048, 4096): 11.9 ms with glibc defaults vs 2.9 ms without return-and-refault"
@@ -40,9 +37,7 @@ print(json.dumps({"min": r["min"], "median": r["median"], "state": state}))
 def _child(mode: str, rows: int, width: int, repeats: int) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}  # defaults really default
     env.pop("LD_PRELOAD", None)
-    out = subprocess.run([sys.executable, "-c", CHILD, mode, str(rows), str(width), str(repeats)],
-                         capture_output=True, text=True, env=env, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return run_child(CHILD, mode, str(rows), str(width), str(repeats), env=env)
 
 
 def run(quick: bool = False) -> list[Section]:

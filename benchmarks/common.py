@@ -9,6 +9,9 @@ round in one process, min and median over repeats; ratios are taken between medi
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from dataclasses import dataclass, field
 
 import torch
@@ -56,3 +59,14 @@ def verdict(what: str, got: float, target: float, higher_is_better: bool = True,
     if higher_is_better:
         return f"Target {what} {sign} {target:g}{unit}: MISSED ({got:.2f}{unit}, {100 * (1 - got / target):.0f}% below it)."
     return f"Target {what} {sign} {target:g}{unit}: MISSED ({got:.2f}{unit}, {100 * (got / target - 1):.0f}% above it)."
+
+
+def run_child(code: str, *args: str, env: dict | None = None):
+    """Run `code` in a fresh Python process (`python -c code args...`) and return the JSON value it
+    prints on its last line of stdout. Benchmarks measure in a child what one process cannot show
+    twice: a cold start, allocator settings, a process with nothing else loaded. A failed child
+    raises with the end of its stderr."""
+    out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env)
+    if out.returncode != 0:
+        raise RuntimeError(f"benchmark child process failed (exit status {out.returncode}): {out.stderr.strip()[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
