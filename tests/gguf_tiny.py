@@ -38,8 +38,11 @@ def tiny_vocab(n: int) -> tuple[list[str], list[str]]:
 
 
 def write_tiny_gguf(path, hf_model, arch: str = "llama", qtype: str = "F32", raw_blocks: dict | None = None,
-                    extra_kv: dict | None = None) -> dict[str, np.ndarray]:
-    """Write hf_model (a tiny transformers Llama/Qwen2) as GGUF; returns what was written per tensor."""
+                    extra_kv: dict | None = None, rope_freqs: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """Write hf_model (a tiny transformers Llama/Qwen2) as GGUF; returns what was written per tensor.
+
+    extra_kv: more metadata (str, int -> uint32, float -> float32, as llama.cpp types them);
+    rope_freqs: LLaMA 3.1's per-pair RoPE divisors, written as the converter writes them."""
     cfg = hf_model.config
     w = gguf.GGUFWriter(str(path), arch)
     w.add_block_count(cfg.num_hidden_layers)
@@ -61,7 +64,14 @@ def write_tiny_gguf(path, hf_model, arch: str = "llama", qtype: str = "F32", raw
     w.add_bos_token_id(0)
     w.add_eos_token_id(1)
     for k, v in (extra_kv or {}).items():
-        w.add_string(k, v)
+        if isinstance(v, str):
+            w.add_string(k, v)
+        elif isinstance(v, int):
+            w.add_uint32(k, v)
+        else:
+            w.add_float32(k, float(v))
+    if rope_freqs is not None:
+        w.add_tensor("rope_freqs.weight", np.asarray(rope_freqs, dtype=np.float32))
     written = {}
     for name, p in hf_model.state_dict().items():
         if cfg.tie_word_embeddings and name == "lm_head.weight":

@@ -9,7 +9,9 @@ block-quantized. Loading here:
      kernels, the same ones transformers' GGUF loader calls) into float32, then casts to the
      requested dtype;
   4. renames llama.cpp's tensors (`blk.3.attn_q.weight`) to ours (`layers.3.attn.wq.weight`);
-  5. for the llama architecture, undoes the q/k row permutation of llama.cpp's converter.
+  5. for the llama architecture, undoes the q/k row permutation of llama.cpp's converter;
+  6. reads the file's RoPE scaling (rope.scaling metadata, LLaMA 3.1's rope_freqs tensor) into
+     `cfg.rope_scaling` (io/gguf_rope.py).
 
 The q/k permutation. transformers stores W_q, W_k for the "half" RoPE layout (rotate_half).
 llama.cpp's convert_hf_to_gguf.py (`LlamaModel.permute`) reorders the rows of each head back to
@@ -33,6 +35,7 @@ import numpy as np
 import torch
 
 from llamablock.config import ModelConfig
+from llamablock.io.gguf_rope import rope_scaling_from_gguf
 from llamablock.model import Decoder, empty_decoder
 from llamablock.rope import permute_qk
 
@@ -46,6 +49,7 @@ _LAYER_NAMES = {
     "attn_norm": "norm1", "ffn_norm": "norm2", "attn_q": "attn.wq", "attn_k": "attn.wk", "attn_v": "attn.wv",
     "attn_output": "attn.wo", "ffn_gate": "ffn.w_gate", "ffn_up": "ffn.w_up", "ffn_down": "ffn.w_down",
 }
+ROPE_FREQS = "rope_freqs.weight"  # LLaMA 3.1's per-pair RoPE divisors (io/gguf_rope.py)
 _TOP_NAMES = {"token_embd.weight": "embed.weight", "output_norm.weight": "final_norm.weight", "output.weight": "head.weight"}
 
 
@@ -132,9 +136,6 @@ def config_from_gguf(reader) -> ModelConfig:
             "A different architecture would load but compute something else, so it is refused.")
     family, _ = ARCHITECTURES[arch]
     names = _tensor_names(reader)
-    if "rope_freqs.weight" in names or f"{arch}.rope.scaling.type" in meta:
-        raise ValueError(f"this {arch} GGUF uses RoPE frequency scaling (rope_freqs / rope.scaling), "
-                         "which the GGUF loader does not map yet; load the transformers checkpoint instead")
 
     def get(key, default=None):
         value = meta.get(f"{arch}.{key}", default)
@@ -149,7 +150,7 @@ def config_from_gguf(reader) -> ModelConfig:
     if vocab is None:
         vocab = next(t for t in reader.tensors if t.name == "token_embd.weight").shape[-1]
     rot = int(meta.get(f"{arch}.rope.dimension_count", head_dim))
-    return ModelConfig(
+    cfg = ModelConfig(
         vocab_size=int(vocab), d_model=d_model, n_layers=int(get("block_count")), n_heads=n_heads,
         n_kv_heads=int(meta.get(f"{arch}.attention.head_count_kv", n_heads)), head_dim=head_dim,
         d_ff=int(get("feed_forward_length")), norm="rmsnorm", norm_placement="pre",
@@ -159,6 +160,9 @@ def config_from_gguf(reader) -> ModelConfig:
         qkv_bias="blk.0.attn_q.bias" in names, o_bias="blk.0.attn_output.bias" in names,
         tie_embeddings="output.weight" not in names, family=family,
     )
+    freqs = next((t for t in reader.tensors if t.name == ROPE_FREQS), None)
+    scaling = rope_scaling_from_gguf(cfg, meta, arch, None if freqs is None else dequantize(freqs))
+    return cfg if scaling is None else cfg.replace(rope_scaling=scaling)
 
 
 def dequantize(tensor) -> np.ndarray:
@@ -204,6 +208,8 @@ def load_gguf(path_or_reader, dtype: torch.dtype = torch.float32, rope_layout: s
     expected = dict(model.state_dict(keep_vars=True))
     state = {}
     for t in reader.tensors:
+        if t.name == ROPE_FREQS:  # read into cfg.rope_scaling by config_from_gguf
+            continue
         name = our_name(t.name)
         if name not in expected:
             raise ValueError(f"GGUF tensor {t.name!r} ({name}) is not used by the configured model")
