@@ -31,10 +31,12 @@ def gguf_name(hf: str) -> str:
 
 
 def tiny_vocab(n: int) -> tuple[list[str], list[str]]:
-    """A byte-level vocabulary without merges: printable ASCII, space and newline, padded to n."""
+    """A byte-level vocabulary: printable ASCII, space and newline, padded to n, the last token
+    the one merge '!' + '"' (llama.cpp refuses a BPE vocabulary without merges)."""
     base = [chr(c) for c in range(ord("!"), ord("~") + 1)] + ["\u0120", "\u010a"]  # + space, newline (GPT-2 spelling)
-    tokens = base + [f"<extra_{i}>" for i in range(n - len(base))]
-    return tokens[:n], []
+    tokens = (base + [f"<extra_{i}>" for i in range(n - len(base))])[:n]
+    tokens[-1] = '!"'
+    return tokens, ['! "']
 
 
 def write_tiny_gguf(path, hf_model, arch: str = "llama", qtype: str = "F32", raw_blocks: dict | None = None,
