@@ -199,10 +199,10 @@ def main() -> None:
         h = hf_speed(hf, ids, args.new_tokens, args.repeat)
         print(f"{name:<10}{'transformers':<22}{h[0]:>14.1f}{h[1]:>14.1f}{1.0:>11.2f}{1.0:>10.2f}")
         print(f"{name:<10}{'llamablock':<22}{o[0]:>14.1f}{o[1]:>14.1f}{o[0] / h[0]:>11.2f}{o[1] / h[1]:>10.2f}")
-        hg = generate_call_speed(lambda: hf.generate(ids, max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens,
+        hg = generate_call_speed(lambda hf=hf: hf.generate(ids, max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens,
                                                      do_sample=False, pad_token_id=0), len(prompt) / h[0],
                                  args.new_tokens, args.repeat)
-        og = generate_call_speed(lambda: generate(ours, prompt, args.new_tokens, eos_ids=[]), len(prompt) / o[0],
+        og = generate_call_speed(lambda ours=ours: generate(ours, prompt, args.new_tokens, eos_ids=[]), len(prompt) / o[0],
                                  args.new_tokens, args.repeat)
         print(f"{name:<10}{'transformers generate()':<22}{'':>14}{hg:>14.1f}{'':>11}{1.0:>10.2f}")
         print(f"{name:<10}{'llamablock generate()':<22}{'':>14}{og:>14.1f}{'':>11}{og / hg:>10.2f}")

@@ -21,8 +21,6 @@ import dataclasses
 import math
 import time
 
-import torch
-
 from llamablock.config import ModelConfig
 from llamablock.io.hf_checkpoint import atomic_write
 from llamablock.model import empty_decoder

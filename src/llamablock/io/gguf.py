@@ -83,8 +83,6 @@ def _plain_reader_class():
 
 def open_gguf(path: str | Path):
     """A `gguf.GGUFReader`, with clear errors for a missing, non-GGUF or truncated file."""
-    import gguf
-
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"GGUF file not found: {path}")
