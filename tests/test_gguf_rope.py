@@ -17,7 +17,9 @@ import transformers
 from gguf_tiny import write_tiny_gguf
 from hf_reference import tiny_hf_model
 from llamablock.io.gguf import load_gguf
+from llamablock.cli import main
 from llamablock.kv_cache import KVCache
+from llamablock.rope_lint import lint_file
 from llamablock.static_decode import StaticDecoder
 
 TOL = 1e-4
@@ -161,3 +163,42 @@ def test_scaled_gguf_matches_llama_cpp(tmp_path, case):
     ref = torch.from_numpy(np.array(llm.scores[:256], dtype=np.float32))  # (256, vocab)
     assert (load_gguf(f)(ids)[0] - ref).abs().max().item() <= 1e-2
     assert (_unscaled(hf)(ids).logits[0] - ref).abs().max().item() > 10 * 1e-2
+
+
+# `llamablock rope lint file.gguf` (rope_lint.lint_gguf) ------------------------------------------
+
+def _rules(path) -> list[str]:
+    return [w.rule for w in lint_file(path)]
+
+
+def test_lint_names_a_llama31_file_converted_without_rope_freqs(tmp_path):
+    name = {"general.name": "Llama 3.2 1B Instruct"}
+    lost, kept = tmp_path / "lost.gguf", tmp_path / "kept.gguf"
+    hf = _hf(LLAMA3, 500000.0, 131072)
+    write_tiny_gguf(lost, _unscaled(hf), extra_kv=name)
+    write_tiny_gguf(kept, hf, extra_kv=name, rope_freqs=_llama3_divisors(hf))
+    assert _rules(lost) == ["gguf-missing-rope-freqs"]
+    assert _rules(kept) == ["gguf-transformers-plain"]  # scaled, readable here, not by transformers
+
+
+def test_lint_reports_what_the_loader_refuses_and_is_silent_on_plain_files(tmp_path):
+    bad, plain = tmp_path / "bad.gguf", tmp_path / "plain.gguf"
+    write_tiny_gguf(bad, _hf(None, 10000.0, 4096), extra_kv={
+        "llama.rope.scaling.type": "yarn", "llama.rope.scaling.factor": 4.0, "llama.rope.scaling.yarn_log_multiplier": 0.1})
+    write_tiny_gguf(plain, _hf(None, 10000.0, 4096), extra_kv={"general.name": "SmolLM2 135M"})
+    warnings = lint_file(bad)
+    assert [w.rule for w in warnings] == ["gguf-unmapped", "gguf-transformers-plain"]
+    assert "yarn_log_multiplier" in warnings[0].message
+    assert _rules(plain) == []
+
+
+def test_cli_lints_gguf_files(tmp_path, capsys):
+    f = tmp_path / "lost.gguf"
+    write_tiny_gguf(f, _hf(None, 500000.0, 131072), extra_kv={"general.name": "Meta-Llama-3.1-8B"})
+    assert main(["rope", "lint", str(f)]) == 1
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"{f}: gguf-missing-rope-freqs: ")
+    junk = tmp_path / "junk.gguf"
+    junk.write_bytes(b"not a gguf file")
+    assert main(["rope", "lint", str(junk)]) == 2
+    assert "is not a GGUF file" in capsys.readouterr().err

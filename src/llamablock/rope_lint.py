@@ -23,10 +23,21 @@ happens and what to write instead. Rules (names are stable, for filtering):
     forms-disagree        both rope_scaling (v4) and rope_parameters (v5), different: transformers
                           5 reads rope_scaling and ignores rope_parameters, rope_theta included
     factor-below-one      factor < 1 shrinks the context instead of extending it
+
+For a GGUF file (`lint_gguf`, or `lint_file` on a .gguf), the traps of llama.cpp's format:
+
+    gguf-missing-rope-freqs  named LLaMA 3.1/3.2/3.3 with a context above 8192 but no rope_freqs
+                          tensor and no rope.scaling: converted without LLaMA 3.1's rescaling
+                          (converters before llama.cpp PR #8676, 2024, and forks that skipped
+                          the tensor, ik_llama.cpp #402): every runtime runs it with plain RoPE
+    gguf-unmapped         a scaling llamablock refuses to load (io/gguf_rope.py says why)
+    gguf-transformers-plain  the file scales RoPE; transformers' GGUF loader (5.x) ignores both
+                          rope.scaling and rope_freqs for llama/qwen2 files and runs plain RoPE
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -126,5 +137,41 @@ def lint_config(hf: dict[str, Any]) -> list[RopeWarning]:
     return out
 
 
+def lint_gguf(path: str | Path) -> list[RopeWarning]:
+    """The GGUF rules above, from the file's metadata and tensor names (no weights are read)."""
+    from llamablock.io.gguf import ROPE_FREQS, config_from_gguf, metadata, open_gguf, rope_scaling_of
+
+    reader = open_gguf(path)
+    meta = metadata(reader)
+    arch = meta.get("general.architecture")
+    name = " ".join(str(meta.get(k, "")) for k in ("general.name", "general.basename", "general.finetune"))
+    declares = f"{arch}.rope.scaling.type" in meta and meta[f"{arch}.rope.scaling.type"] != "none"
+    declares = declares or any(t.name == ROPE_FREQS for t in reader.tensors)
+    out: list[RopeWarning] = []
+    context = meta.get(f"{arch}.context_length", 0)
+    if re.search(r"llama[-_ ]?3[._ -]?[123]\b", name, re.IGNORECASE) and context > 8192 and not declares:
+        out.append(RopeWarning("gguf-missing-rope-freqs", f"{name.strip()!r} has a {context}-token context but no "
+                               "rope_freqs tensor: LLaMA 3.1-3.3 were trained with the llama3 rescaling, which "
+                               "this file lost in conversion, so every runtime runs it with plain RoPE; reconvert "
+                               "it with a current convert_hf_to_gguf.py"))
+    try:
+        cfg = config_from_gguf(reader, rope_scaling=False)
+    except ValueError:
+        cfg = None  # an architecture llamablock does not run: its RoPE is not read here
+    if cfg is not None:
+        try:
+            rope_scaling_of(reader, cfg)
+        except ValueError as e:
+            out.append(RopeWarning("gguf-unmapped", str(e)))
+    if declares:
+        out.append(RopeWarning("gguf-transformers-plain", "this file scales RoPE; transformers' GGUF loader (5.x) "
+                               "ignores rope.scaling and rope_freqs and runs it with plain RoPE: load it with "
+                               "llamablock or llama.cpp, or load the transformers checkpoint in transformers"))
+    return out
+
+
 def lint_file(path: str | Path) -> list[RopeWarning]:
+    """A transformers config.json, or a .gguf file (by its suffix)."""
+    if Path(path).suffix.lower() == ".gguf":
+        return lint_gguf(path)
     return lint_config(read_config_json(path))

@@ -1,5 +1,5 @@
 """`llamablock rope`: what each context-extension method does to each rotary pair (section 15.2),
-and `llamablock rope lint config.json`: RoPE settings that load but do not do what they say.
+and `llamablock rope lint config.json|file.gguf`: RoPE settings that load but do not do what they say.
 
 Thin: the numbers come from llamablock.rope_table, the warnings from llamablock.rope_lint.
 """
@@ -28,9 +28,10 @@ def add_arguments(p) -> None:
     p.add_argument("--json", action="store_true", help="print the per-pair records of every method as JSON")
     p.add_argument("--plot", metavar="FILE.png", help="draw wavelength per pair for each method (matplotlib) to FILE.png")
     sub = p.add_subparsers(dest="action", metavar="ACTION")
-    lint = sub.add_parser("lint", help="warn on RoPE traps in a transformers config.json (exit status 1 if any)",
-                          description="warn on RoPE traps in a transformers config.json (exit status 1 if any)")
-    lint.add_argument("config_json", metavar="config.json", help="the transformers config.json to check")
+    what = "warn on RoPE traps in a transformers config.json or a GGUF file (exit status 1 if any)"
+    lint = sub.add_parser("lint", help=what, description=what)
+    lint.add_argument("config_json", metavar="config.json|file.gguf",
+                      help="the transformers config.json or .gguf file to check (a .gguf by its suffix)")
     lint.add_argument("--json", action="store_true", dest="lint_json", help="print the warnings as a JSON list")
 
 

@@ -125,7 +125,9 @@ def _tensor_names(reader) -> set[str]:
     return {t.name for t in reader.tensors}
 
 
-def config_from_gguf(reader) -> ModelConfig:
+def config_from_gguf(reader, rope_scaling: bool = True) -> ModelConfig:
+    """The model's config from the file's metadata; `rope_scaling=False` leaves the file's RoPE
+    scaling out (for `rope_lint`, which reports a scaling that cannot be read by itself)."""
     meta = metadata(reader)
     arch = meta.get("general.architecture")
     if arch not in ARCHITECTURES:
@@ -158,9 +160,15 @@ def config_from_gguf(reader) -> ModelConfig:
         qkv_bias="blk.0.attn_q.bias" in names, o_bias="blk.0.attn_output.bias" in names,
         tie_embeddings="output.weight" not in names, family=family,
     )
-    freqs = next((t for t in reader.tensors if t.name == ROPE_FREQS), None)
-    scaling = rope_scaling_from_gguf(cfg, meta, arch, None if freqs is None else dequantize(freqs))
+    scaling = rope_scaling_of(reader, cfg) if rope_scaling else None
     return cfg if scaling is None else cfg.replace(rope_scaling=scaling)
+
+
+def rope_scaling_of(reader, cfg: ModelConfig) -> dict | None:
+    """The file's RoPE scaling for `cfg` (io/gguf_rope.py), or ValueError when it is not mapped."""
+    meta = metadata(reader)
+    freqs = next((t for t in reader.tensors if t.name == ROPE_FREQS), None)
+    return rope_scaling_from_gguf(cfg, meta, meta["general.architecture"], None if freqs is None else dequantize(freqs))
 
 
 def dequantize(tensor) -> np.ndarray:
