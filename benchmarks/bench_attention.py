@@ -8,8 +8,8 @@ heads, float32 and bfloat16. Two implementations of the same maths:
     sdpa     torch's scaled_dot_product_attention(enable_gqa=True).
 The speed-up columns are time(32 KV heads) / time(this), per implementation and dtype, from
 medians and from minima (the minimum is the estimate least disturbed by other processes).
-A second table splits the float32 grouped call into its matmuls and a plain read of K and V,
-with warm and cold caches: the measured account of why float32 stays under the 3.5x target.
+Two more tables split the grouped call, per dtype, into its matmuls and a plain read of K and V,
+with warm and cold caches: the measured account of where each dtype stands against the target.
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def run(quick: bool = False) -> list[Section]:
                          + " The bound is 4x, the ratio of keys read; a ratio above it is load noise."
                          + f" K and V are read at {rate[32]:.1f} GB/s with 32 KV heads, {rate[8]:.1f} with 8.")
     evict = (64 << 20) if quick else (1 << 30)  # 1 GiB: twice this CPU's L3 (480 MiB)
-    return [sec, float32_parts(s, d, h, repeats, evict)]
+    return [sec] + [attention_parts(dt, s, d, h, repeats, evict) for dt in (torch.float32, torch.bfloat16)]
 
 
 def _l3_size() -> str:
@@ -98,18 +98,23 @@ def _time_min(fn, repeats: int, evict: torch.Tensor | None) -> float:
     return best
 
 
-def float32_parts(s: int, d: int, h: int, repeats: int, evict_bytes: int) -> Section:
-    """Where the float32 grouped attention's time goes, 32 against 8 KV heads, with the caches
-    warm (the same call back to back) and cold (`evict_bytes` read before each call)."""
-    sec = Section(f"Parts of the float32 grouped attention, 32 and 8 KV heads, {s} cached tokens, warm and cold caches",
+# Which library runs torch's bmm on this CPU, per dtype (MKL_VERBOSE / ONEDNN_VERBOSE, torch 2.13).
+BMM_LIBRARY = {torch.float32: "MKL's SGEMM_BATCH", torch.bfloat16: "oneDNN's AMX matmul"}
+
+
+def attention_parts(dtype: torch.dtype, s: int, d: int, h: int, repeats: int, evict_bytes: int) -> Section:
+    """Where the grouped attention's time goes, 32 against 8 KV heads, with the caches warm (the
+    same call back to back) and cold (`evict_bytes` read before each call)."""
+    name = str(dtype).removeprefix("torch.")
+    sec = Section(f"Parts of the {name} grouped attention, 32 and 8 KV heads, {s} cached tokens, warm and cold caches",
                   ["part", "caches", "32 heads ms", "8 heads ms", "32 / 8", "32 heads GB/s", "8 heads GB/s"])
     parts = {}
     for n_kv in (32, 8):
         g = h // n_kv
         att = _attention(n_kv, d, h)
-        q, k, v = torch.randn(1, h, 1, d), torch.randn(1, n_kv, s, d), torch.randn(1, n_kv, s, d)
+        q, k, v = (torch.randn(1, n, t, d, dtype=dtype) for n, t in ((h, 1), (n_kv, s), (n_kv, s)))
         qg = q.reshape(1, n_kv, g, d)  # (b, n_kv, g, d): the group's query rows, as _attend stacks them
-        probs = torch.softmax(torch.randn(1, n_kv, g, s), dim=-1)  # (b, n_kv, g, s)
+        probs = torch.softmax(torch.randn(1, n_kv, g, s), dim=-1).to(dtype)  # (b, n_kv, g, s)
         kv = k.nbytes
         parts[n_kv] = {
             "whole _attend": (lambda att=att, q=q, k=k, v=v: att._attend(q, k, v, s - 1), 2 * kv),
@@ -127,16 +132,17 @@ def float32_parts(s: int, d: int, h: int, repeats: int, evict_bytes: int) -> Sec
             sec.rows.append([part, caches, ms(t[32]), ms(t[8]), f"{t[32] / t[8]:.2f}x", f"{gbs[32]:.1f}", f"{gbs[8]:.1f}"])
     read, whole = found[("read K and V (sum)", "cold")], found[("whole _attend", "cold")]
     scores = found[("scores: (g, d) @ (d, s) per KV head", "cold")]
+    tried = (" Other layouts of the same products ((K @ qg^T)^T, einsum, one bmm per group row, one mv per head "
+             "and row, chunks of 2048 keys) were no faster cold when tried in development (2026-11-30)."
+             if dtype == torch.float32 else "")
     sec.notes.append(
-        f"Limit, float32 grouped attention: 'cold' reads {evict_bytes >> 20} MiB before each call, so K and V come "
+        f"Limit, {name} grouped attention: 'cold' reads {evict_bytes >> 20} MiB before each call, so K and V come "
         f"from memory, as in a decode step, which streams the rest of the model between one layer's attention and "
         f"the next. Cold, reading the 8-head K and V alone is {read[0]:.2f}x faster than the 32-head "
         f"({read[1][8]:.1f} against {read[1][32]:.1f} GB/s) and the whole attention {whole[0]:.2f}x. The "
-        f"8-head case stacks g = 4 query rows into each matmul, and PyTorch's float32 bmm (MKL) at 4 rows streams "
+        f"8-head case stacks g = 4 query rows into each matmul, and {BMM_LIBRARY[dtype]} at 4 rows streams "
         f"the keys at {scores[1][8]:.1f} GB/s where at one row (32 heads) it streams {scores[1][32]:.1f}. Warm, the "
-        f"8-head case's {2 * s * d * 8 * 4 >> 20} MiB can stay in this CPU's L3 ({_l3_size()}, shared with the "
-        f"machine's other tenants) and the ratio is {found[('whole _attend', 'warm')][0]:.2f}x. The table above "
-        f"alternates 32 with 8 heads round by round, which lands in between. Other layouts of the same products "
-        f"((K @ qg^T)^T, einsum, one bmm per group row, one mv per head and row, chunks of 2048 keys) were no faster "
-        f"cold when tried in development (2026-11-30).")
+        f"8-head case's {parts[8]['whole _attend'][1] >> 20} MiB can stay in this CPU's L3 ({_l3_size()}, shared with the machine's "
+        f"other tenants) and the ratio is {found[('whole _attend', 'warm')][0]:.2f}x. The table above alternates "
+        f"32 with 8 heads round by round, which lands in between.{tried}")
     return sec
