@@ -66,7 +66,7 @@ class _HF:
         from transformers import DynamicCache
 
         cache = DynamicCache(config=self.model.config)
-        out = self.model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        out = self.model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
         return out.logits[:, -1], cache
 
     def start(self, ids):
@@ -75,7 +75,7 @@ class _HF:
 
     def step(self):
         tok = self.logits.argmax(-1, keepdim=True)
-        out = self.model(input_ids=tok, past_key_values=self.cache, use_cache=True,
+        out = self.model(input_ids=tok, cache=self.cache, use_cache=True,
                          position_ids=torch.tensor([[self.pos]]), cache_position=torch.tensor([self.pos]), logits_to_keep=1)
         self.logits, self.pos = out.logits[:, -1], self.pos + 1
 

@@ -82,7 +82,7 @@ def hf_speed(model, ids: torch.Tensor, new: int, repeat: int) -> tuple[float, fl
 
     def prefill():
         cache = DynamicCache(config=model.config)
-        out = model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)  # as generate() does
+        out = model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)  # as generate() does
         return out.logits[:, -1], cache
 
     def decode():
@@ -91,7 +91,7 @@ def hf_speed(model, ids: torch.Tensor, new: int, repeat: int) -> tuple[float, fl
         t = time.perf_counter()
         for _ in range(new):
             tok = logits.argmax(-1, keepdim=True)
-            out = model(input_ids=tok, past_key_values=cache, use_cache=True,
+            out = model(input_ids=tok, cache=cache, use_cache=True,
                         position_ids=torch.tensor([[pos]]), cache_position=torch.tensor([pos]), logits_to_keep=1)
             logits, pos = out.logits[:, -1], pos + 1
         return time.perf_counter() - t
