@@ -3,9 +3,9 @@
 torch.compile re-traces the step in every new process (dynamo, AOTAutograd, freezing: ~16 s for
 SmolLM2 even with a warm cache) and launches its kernels from Python at every step. AOTInductor
 compiles an exported program into a shared library with a C++ launcher; a later process loads
-that library instead (BENCHMARKS.md: q8 118 tokens/s; its kernel profile of the same step under
-torch.compile spends 2.7 ms of each step in the Python launcher and guards, which the library has
-not). Tests check the library's logits against the eager step (1e-4, float32).
+that library instead (BENCHMARKS.md: q8 122 tokens/s; in its kernel profile of the same step
+under torch.compile the Python launcher and dynamo's guards take 3.9 ms of each step, which the
+library has not). Tests check the library's logits against the eager step (1e-4, float32).
 
     step = AOTIProgram(static, fmt, options, "step", (ids, pos))   # static: a StaticDecoder
     logits = step(ids, pos)                     # writes the step's key/value into static's cache

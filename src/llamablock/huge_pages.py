@@ -7,8 +7,9 @@ where a process asks when /sys/kernel/mm/transparent_hugepage/enabled is `madvis
 machine), and neither PyTorch nor AOTInductor asks: every llamablock process here had
 AnonHugePages 0 kB. Asking for the compiled step's weights, side by side here: SmolLM2's q8 step
 1.16x and 1.22x faster, float32 1.05x, in runs when the machine streamed memory slowly (q8 at
-112 tokens/s in 4 KiB pages), and 0.97-1.07x (noise) in the runs BENCHMARKS.md records, when it
-did not (q8 at 138-143). `llamablock bench huge_pages` measures it.
+112 tokens/s in 4 KiB pages), 0.97-1.07x (noise) in committed runs when it did not (q8 at
+138-143), 1.02-1.08x in the run BENCHMARKS.md records (q8 at 118). `llamablock bench huge_pages`
+measures it.
 
 `collapse(ranges)` marks each address range MADV_HUGEPAGE and asks the kernel to move what is
 already there into 2 MiB pages now (MADV_COLLAPSE, Linux 6.1 on; it copies: 2.2-2.6 s per GB

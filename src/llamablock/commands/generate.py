@@ -38,7 +38,7 @@ def add_arguments(p) -> None:
                    help="weights and activations; q8/q4: int8/int4 weights, bfloat16 activations (default: %(default)s)")
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=False,
                    help="decode and prefill with the static layout compiled ahead of time (llamablock.compiled_decode, "
-                        "AOTInductor): 1.6-4.8x the eager tokens/s (BENCHMARKS.md); compiling takes a few minutes once "
+                        "AOTInductor): 1.6-4.5x the eager tokens/s (BENCHMARKS.md); compiling takes a few minutes once "
                         "per model, format and cache length, later runs load the compiled packages (default: eager)")
     p.add_argument("--json", action="store_true", help="print token ids and text as JSON instead of streaming")
 
