@@ -14,15 +14,13 @@ with warm and cold caches: the measured account of where each dtype stands again
 
 from __future__ import annotations
 
-import time
-
 import torch
 import torch.nn.functional as F
 
 from benchmarks.common import Section, ms, verdict
 from llamablock.attention import Attention
 from llamablock.config import ModelConfig
-from llamablock.lab.timing import time_calls
+from llamablock.lab.timing import best_time, eviction_buffer, l3_size, time_calls
 
 NAME = "attention"
 CLAIM = "GQA decode: 32 -> 8 KV heads at 8,192 tokens at least 3.5x faster (4x is the limit)"
@@ -74,30 +72,6 @@ def run(quick: bool = False) -> list[Section]:
     return [sec] + [attention_parts(dt, s, d, h, repeats, evict) for dt in (torch.float32, torch.bfloat16)]
 
 
-def _l3_size() -> str:
-    try:
-        with open("/sys/devices/system/cpu/cpu0/cache/index3/size") as f:
-            size = f.read().strip()  # e.g. "491520K"
-    except OSError:
-        return "size unknown"
-    return f"{int(size[:-1]) >> 10} MiB" if size.endswith("K") else size
-
-
-def _time_min(fn, repeats: int, evict: torch.Tensor | None) -> float:
-    """Best time of `repeats` calls; with `evict`, read it before each call so that the call's
-    inputs come from memory, not from the caches. Reading, not writing: written lines would leave
-    the caches dirty and each call would pay their write-back as well."""
-    fn()
-    best = float("inf")
-    for _ in range(repeats):
-        if evict is not None:
-            evict.sum()
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
-
-
 # Which library runs torch's bmm on this CPU, per dtype (MKL_VERBOSE / ONEDNN_VERBOSE, torch 2.13).
 BMM_LIBRARY = {torch.float32: "MKL's SGEMM_BATCH", torch.bfloat16: "oneDNN's AMX matmul"}
 
@@ -122,11 +96,11 @@ def attention_parts(dtype: torch.dtype, s: int, d: int, h: int, repeats: int, ev
             "probs @ V: (g, s) @ (s, d) per KV head": (lambda p=probs, v=v: p @ v, kv),
             "read K and V (sum)": (lambda k=k, v=v: k.sum() + v.sum(), 2 * kv),
         }
-    evict = torch.ones(evict_bytes // 4)
+    evict = eviction_buffer(evict_bytes)
     found = {}
     for part in parts[32]:
         for caches, ev in (("warm", None), ("cold", evict)):
-            t = {n: _time_min(parts[n][part][0], repeats, ev) for n in (32, 8)}
+            t = {n: best_time(parts[n][part][0], repeats, ev) for n in (32, 8)}
             gbs = {n: parts[n][part][1] / t[n] / 1e9 for n in (32, 8)}
             found[(part, caches)] = (t[32] / t[8], gbs)
             sec.rows.append([part, caches, ms(t[32]), ms(t[8]), f"{t[32] / t[8]:.2f}x", f"{gbs[32]:.1f}", f"{gbs[8]:.1f}"])
@@ -142,7 +116,7 @@ def attention_parts(dtype: torch.dtype, s: int, d: int, h: int, repeats: int, ev
         f"({read[1][8]:.1f} against {read[1][32]:.1f} GB/s) and the whole attention {whole[0]:.2f}x. The "
         f"8-head case stacks g = 4 query rows into each matmul, and {BMM_LIBRARY[dtype]} at 4 rows streams "
         f"the keys at {scores[1][8]:.1f} GB/s where at one row (32 heads) it streams {scores[1][32]:.1f}. Warm, the "
-        f"8-head case's {parts[8]['whole _attend'][1] >> 20} MiB can stay in this CPU's L3 ({_l3_size()}, shared with the machine's "
+        f"8-head case's {parts[8]['whole _attend'][1] >> 20} MiB can stay in this CPU's L3 ({l3_size()}, shared with the machine's "
         f"other tenants) and the ratio is {found[('whole _attend', 'warm')][0]:.2f}x. The table above alternates "
         f"32 with 8 heads round by round, which lands in between.{tried}")
     return sec
