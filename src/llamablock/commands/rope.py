@@ -33,6 +33,12 @@ def add_arguments(p) -> None:
     lint.add_argument("config_json", metavar="config.json|file.gguf",
                       help="the transformers config.json or .gguf file to check (a .gguf by its suffix)")
     lint.add_argument("--json", action="store_true", dest="lint_json", help="print the warnings as a JSON list")
+    what = ("check that a checkpoint's W_q/W_k rows are in the RoPE pair layout the model rotates (the q/k layout "
+            "mix-up), from its loss on Shakespeare with the rows as loaded and permuted (exit status 1 if mixed up)")
+    layout = sub.add_parser("layout", help=what, description=what)
+    layout.add_argument("--model", help="a .gguf file, a transformers directory or an embedded model name "
+                        "(default: smollm2-135m-instruct)")
+    layout.add_argument("--tokens", type=int, default=256, help="tokens of text to compare losses on (default %(default)s)")
 
 
 def _load(spec: str) -> ModelConfig:
@@ -158,9 +164,27 @@ def _lint(args) -> int:
     return 1 if warnings else 0
 
 
+def _layout(args) -> int:
+    import torch
+
+    from llamablock.data import corpus_text
+    from llamablock.io.loading import load_model_and_tokenizer
+    from llamablock.layout_check import check_layout
+
+    if args.tokens < 16:
+        raise ValueError(f"--tokens must be at least 16, got {args.tokens}")
+    model, tok = load_model_and_tokenizer(args.model)
+    ids = tok.encode(corpus_text()[: 8 * args.tokens])[: args.tokens]  # 8 characters per token is ample
+    result = check_layout(model, torch.tensor([ids]))
+    print(result.message())
+    return 1 if result.verdict == "mixed up" else 0
+
+
 def run(args) -> int:
     if getattr(args, "action", None) == "lint":
         return _lint(args)
+    if getattr(args, "action", None) == "layout":
+        return _layout(args)
     cfg, res = _settings(args)
     if res is None:
         return _alibi(cfg)
