@@ -16,8 +16,8 @@ import transformers
 
 from gguf_tiny import write_tiny_gguf
 from hf_reference import tiny_hf_model
-from llamablock.io.gguf import load_gguf
 from llamablock.cli import main
+from llamablock.io.gguf import load_gguf
 from llamablock.kv_cache import KVCache
 from llamablock.rope_lint import lint_file
 from llamablock.static_decode import StaticDecoder
