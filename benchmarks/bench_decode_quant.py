@@ -357,7 +357,7 @@ def run(quick: bool = False) -> list[Section]:
     for k in compiled:  # compile seconds read after the prefill timing: it may have compiled a longer cache
         secs, compiled_prefill = runners[k].engine.compile_seconds, runners[k].engine.compile_prefill
         gemm = "" if quick else (", its step's GEMVs MKL's (step_options)" if "float32" in k else
-                                 " and C++ GEMM autotuning over every blocking (step_options)")
+                                 " and the C++ GEMM templates (step_options)")
         prefill = (f"is compiled too (one program for every prompt length; prompts under {PREFILL_MIN} tokens padded)"
                    if compiled_prefill else "is the static layout's, eager")
         sec.notes.append(f"{k}: llamablock.compiled_decode (fused weights, static cache, compiled ahead of time by "

@@ -69,11 +69,12 @@ def step_options(fmt: str, options: dict) -> dict:
     `cpp.weight_prepack` off) in place of the C++ templates, which stream float32 weights slower
     at one row: 1.13-1.18x faster in three runs (inductor's default oneDNN-packed linear was
     slower than the templates: 21.2 against 26.9 tok/s). The other formats keep the templates
-    (they fuse the int8/int4 scales; ATen's bfloat16 matrix-vector product read 9 GB/s) and search
-    all their blockings (max_autotune_gemm_search_space EXHAUSTIVE): bfloat16 1.15x, q8 1.12x and
-    1.17x, q4 1.06x faster than the default search, compiling in about the same time. These runs
-    alternated two engines in one process; BENCHMARKS.md's decode table, whose rounds alternate
-    ten runners, did not separate the gains from its run-to-run spread.
+    (they fuse the int8/int4 scales; ATen's bfloat16 matrix-vector product read 9 GB/s). At one
+    row each of their matmuls has a single template candidate (the q8 step: 121 selections, one
+    choice each), so autotuning times nothing there. A wider search (max_autotune_gemm_search_space
+    EXHAUSTIVE, set here until 2026-11-30 after side-by-side gains of 1.06-1.17x) generated
+    byte-identical step kernels in bfloat16, q8 and q4 when checked, so those gains were the
+    spread between runs, and the setting is gone.
 
     Every format, with autotuning: inductor keeps a pointwise result as a buffer once it takes more than 8 ops
     (`realize_opcount_threshold`, default 30) instead of recomputing it where it is read. With the
@@ -89,7 +90,7 @@ def step_options(fmt: str, options: dict) -> dict:
     if fmt == "float32":
         kept = {k: v for k, v in options.items() if not k.startswith("max_autotune")}
         return {**kept, "cpp.weight_prepack": False}
-    return {**options, "max_autotune_gemm_search_space": "EXHAUSTIVE"}
+    return options
 
 
 def inductor_options(autotune: bool, extra: dict | None = None) -> dict:
