@@ -63,7 +63,7 @@ def run(quick: bool = False) -> list[Section]:
                 sec.rows.append([name, impl, str(n_kv), ms(r["min"]), ms(r["median"]),
                                  f"{base['median'] / r['median']:.2f}x", f"{base['min'] / r['min']:.2f}x"])
         g = t["grouped/32"]["min"] / t["grouped/8"]["min"]
-        kv_bytes = {n: 2 * s * d * n * q.element_size() for n in (32, 8)}  # K and V read per call
+        kv_bytes = {n: 2 * s * d * n * dtype.itemsize for n in (32, 8)}  # K and V read per call
         rate = {n: kv_bytes[n] / t[f"grouped/{n}"]["min"] / 1e9 for n in (32, 8)}
         sec.notes.append(verdict(f"{name} grouped 32 -> 8 KV heads (min times)", g, 3.5)
                          + " The bound is 4x, the ratio of keys read; a ratio above it is load noise."

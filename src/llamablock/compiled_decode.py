@@ -14,7 +14,7 @@ into a package on disk, named by a hash of the weights, which later processes lo
 compiling (llamablock.aoti_step; BENCHMARKS.md's compile_cache table gives the start-up of a second
 run). Each program is loaded or compiled when first used at a cache length. "inductor" is
 torch.compile in this process, which re-traces the step in every new process and launches its
-kernels from Python (2.7 ms of a SmolLM2 q8 step in BENCHMARKS.md's kernel profile); it prefills
+kernels from Python (3.9 ms of a SmolLM2 q8 step, with dynamo's guards, in BENCHMARKS.md's kernel profile); it prefills
 eagerly. Both use inductor with freezing (weights become constants, prepacked for the CPU's GEMMs)
 and max-autotune restricted to its C++ GEMM templates, which the speed issue's probe found stable
 and which fuse the int8 scale into the matmul (measured here on SmolLM2-135M, q8 under

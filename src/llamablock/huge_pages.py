@@ -13,7 +13,8 @@ measures it.
 
 `collapse(ranges)` marks each address range MADV_HUGEPAGE and asks the kernel to move what is
 already there into 2 MiB pages now (MADV_COLLAPSE, Linux 6.1 on; it copies: 2.2-2.6 s per GB
-here, 0.8 s for SmolLM2's q8 step at load). Only the whole 2 MiB pages inside a range change; nothing else about the memory does.
+here, 0.8 s for SmolLM2's q8 step at load). Only the whole 2 MiB pages inside a range change;
+nothing else about the memory does.
 Where the kernel refuses (no MADV_COLLAPSE, THP `never`, no free 2 MiB pages), the memory keeps
 its small pages and everything works as before: the function reports bytes, never raises.
 
