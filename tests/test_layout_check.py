@@ -17,7 +17,7 @@ from llamablock.cli import main
 from llamablock.config import ModelConfig
 from llamablock.data import corpus_text
 from llamablock.io.loading import load_model_and_tokenizer
-from llamablock.layout_check import _permute_rows, check_layout
+from llamablock.layout_check import check_layout, permute_qk_rows
 from llamablock.model import Decoder
 
 
@@ -38,7 +38,7 @@ def test_smollm2_as_loaded_is_consistent_and_restored(smol):
 
 def test_smollm2_with_the_converter_permutation_left_in_is_mixed_up(smol):
     model, ids = smol
-    saved = _permute_rows(model, to="interleaved")  # W_q/W_k rows as the GGUF file stores them
+    saved = permute_qk_rows(model, to="interleaved")  # W_q/W_k rows as the GGUF file stores them
     try:
         result = check_layout(model, ids)
     finally:
@@ -46,7 +46,7 @@ def test_smollm2_with_the_converter_permutation_left_in_is_mixed_up(smol):
             p.data = data
     assert result.verdict == "mixed up"
     assert result.loss_as_loaded - result.loss_permuted > 1.0
-    assert "to='half'" in result.message()
+    assert "permute_qk_rows(model, to='half')" in result.message()
 
 
 def test_random_weights_are_undecided(tmp_path):

@@ -20,10 +20,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from llamablock.model import Decoder
 from llamablock.rope import permute_qk
+from llamablock.train import lm_loss
 
 MARGIN = 0.5  # nats per token between the two losses before either order is called right
 
@@ -42,14 +42,15 @@ class LayoutCheck:
             return f"q/k rows match the model's {self.layout!r} RoPE layout ({losses})"
         if self.verdict == "mixed up":
             return (f"q/k rows are in the {other!r} order while the model rotates {self.layout!r} pairs ({losses}); "
-                    f"permute W_q and W_k (and their biases) with rope.permute_qk(w, heads, head_dim, rotary_dim, "
-                    f"to={self.layout!r}) to the model's order")
+                    f"fix: layout_check.permute_qk_rows(model, to={self.layout!r}), which permutes every layer's "
+                    "W_q and W_k (and their biases) with rope.permute_qk")
         return (f"cannot tell: the two orders give losses within {MARGIN} nats ({losses}); "
                 "the weights may be untrained, or the text too short")
 
 
-def _permute_rows(model: Decoder, to: str) -> list[tuple[torch.nn.Parameter, torch.Tensor]]:
-    """Permute every layer's W_q/W_k rows (and biases) in place; returns what to restore."""
+def permute_qk_rows(model: Decoder, to: str) -> list[tuple[torch.nn.Parameter, torch.Tensor]]:
+    """Permute every layer's W_q/W_k rows (and biases) in place into layout `to` (rope.permute_qk);
+    returns (parameter, its previous data) to undo it."""
     cfg, saved = model.cfg, []
     for layer in model.layers:
         for lin, heads in ((layer.attn.wq, cfg.n_heads), (layer.attn.wk, cfg.n_kv_heads)):
@@ -60,13 +61,6 @@ def _permute_rows(model: Decoder, to: str) -> list[tuple[torch.nn.Parameter, tor
     return saved
 
 
-@torch.no_grad()
-def next_token_loss(model: Decoder, ids: torch.Tensor) -> float:
-    """Mean cross-entropy of ids[:, 1:] given the prefix, nats. ids: (b, t)."""
-    logits = model(ids).float()  # (b, t, vocab)
-    return F.cross_entropy(logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten()).item()
-
-
 def check_layout(model: Decoder, ids: torch.Tensor) -> LayoutCheck:
     """Compare the loss on ids (b, t) with the rows as loaded and permuted; the model is restored."""
     if model.cfg.position != "rope":
@@ -74,13 +68,14 @@ def check_layout(model: Decoder, ids: torch.Tensor) -> LayoutCheck:
     if ids.shape[-1] < 16:
         raise ValueError(f"give at least 16 tokens of text to compare losses on, got {ids.shape[-1]}")
     layout = model.cfg.rope_layout
-    as_loaded = next_token_loss(model, ids)
-    saved = _permute_rows(model, to=layout)
-    try:
-        permuted = next_token_loss(model, ids)
-    finally:
-        for p, data in saved:
-            p.data = data
+    with torch.no_grad():
+        as_loaded = lm_loss(model, ids).item()  # mean next-token loss, nats
+        saved = permute_qk_rows(model, to=layout)
+        try:
+            permuted = lm_loss(model, ids).item()
+        finally:
+            for p, data in saved:
+                p.data = data
     if permuted < as_loaded - MARGIN:
         verdict = "mixed up"
     elif as_loaded < permuted - MARGIN:
