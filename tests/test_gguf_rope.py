@@ -122,9 +122,12 @@ def test_unmapped_scaling_metadata_is_refused(tmp_path, kv, match):
         load_gguf(f)
 
 
-def test_transformers_gguf_loader_drops_the_scaling(tmp_path):
-    """The claim in io/gguf_rope.py's docstring: transformers reads such files as plain RoPE."""
-    _write_as_llamacpp_does(tmp_path, _hf(LLAMA3, 500000.0, 131072), LLAMA3)
+@pytest.mark.parametrize("case", ["llama3", "yarn"])
+def test_transformers_gguf_loader_drops_the_scaling(tmp_path, case):
+    """The claim in io/gguf_rope.py's docstring: transformers reads such files as plain RoPE, both
+    the rope_freqs tensor (llama3) and rope.scaling metadata (yarn)."""
+    scaling, theta, max_pos = CASES[case]
+    _write_as_llamacpp_does(tmp_path, _hf(scaling, theta, max_pos), scaling)
     cfg = transformers.AutoConfig.from_pretrained(tmp_path, gguf_file="tiny.gguf")
     assert cfg.rope_parameters.get("rope_type", "default") == "default"
 
