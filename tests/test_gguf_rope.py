@@ -92,6 +92,7 @@ def test_divisors_of_one_mean_no_scaling(tmp_path):
     f = tmp_path / "tiny.gguf"
     write_tiny_gguf(f, hf, rope_freqs=np.ones(16, dtype=np.float32))
     assert load_gguf(f).cfg.rope_scaling is None
+    assert _rules(f) == []  # nothing scaled, so nothing for transformers to drop
 
 
 @pytest.mark.parametrize("bad,match", [

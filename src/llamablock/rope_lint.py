@@ -138,15 +138,17 @@ def lint_config(hf: dict[str, Any]) -> list[RopeWarning]:
 
 
 def lint_gguf(path: str | Path) -> list[RopeWarning]:
-    """The GGUF rules above, from the file's metadata and tensor names (no weights are read)."""
+    """The GGUF rules above, from the file's metadata and tensor names (of the tensors, only the small
+    rope_freqs is read)."""
     from llamablock.io.gguf import ROPE_FREQS, config_from_gguf, metadata, open_gguf, rope_scaling_of
 
     reader = open_gguf(path)
     meta = metadata(reader)
     arch = meta.get("general.architecture")
     name = " ".join(str(meta.get(k, "")) for k in ("general.name", "general.basename", "general.finetune"))
-    declares = f"{arch}.rope.scaling.type" in meta and meta[f"{arch}.rope.scaling.type"] != "none"
-    declares = declares or any(t.name == ROPE_FREQS for t in reader.tensors)
+    # What the file carries; for an architecture llamablock reads, the loader's reading replaces it below.
+    declares = (meta.get(f"{arch}.rope.scaling.type", "none") != "none"
+                or any(t.name == ROPE_FREQS for t in reader.tensors))
     out: list[RopeWarning] = []
     context = meta.get(f"{arch}.context_length", 0)
     if re.search(r"llama[-_ ]?3[._ -]?[123]\b", name, re.IGNORECASE) and context > 8192 and not declares:
@@ -160,7 +162,7 @@ def lint_gguf(path: str | Path) -> list[RopeWarning]:
         cfg = None  # an architecture llamablock does not run: its RoPE is not read here
     if cfg is not None:
         try:
-            rope_scaling_of(reader, cfg)
+            declares = rope_scaling_of(reader, cfg) is not None  # an identity scaling (factor 1) scales nothing
         except ValueError as e:
             out.append(RopeWarning("gguf-unmapped", str(e)))
     if declares:
