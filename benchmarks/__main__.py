@@ -1,7 +1,7 @@
-"""`python -m benchmarks [--quick] [NAME ...]`: the same as `llamablock bench`."""
+"""`python -m benchmarks [--quick] [--threads N] [NAME ...]`: the suite that `llamablock bench` runs."""
 
 import sys
 
-from llamablock.cli import main
+from benchmarks.runner import main
 
-sys.exit(main(["bench", *sys.argv[1:]]))
+sys.exit(main(sys.argv[1:]))

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from benchmarks.common import Section, ms, verdict
 from llamablock.attention import Attention
 from llamablock.config import ModelConfig
-from llamablock.lab.timing import best_time, eviction_buffer, l3_size, time_calls
+from llamablock.util.timing import best_time, eviction_buffer, l3_size, time_calls
 
 NAME = "attention"
 CLAIM = "GQA decode: 32 -> 8 KV heads at 8,192 tokens at least 3.5x faster (4x is the limit)"

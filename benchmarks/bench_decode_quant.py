@@ -3,7 +3,7 @@ against transformers on the same GGUF, with the perplexity each format costs (is
 
 Models: llamablock.load_pretrained(None) (the embedded SmolLM2-135M-Instruct Q4_1 file,
 dequantized to float32 by gguf's own kernels), its bfloat16 copy, and that copy quantized by
-llamablock.quant (q8 per row; q4 groups of 32 with an 8-bit head). transformers loads the same
+llamablock.fast.quant (q8 per row; q4 groups of 32 with an 8-bit head). transformers loads the same
 file (`from_pretrained(dir, gguf_file=...)`, as benchmarks/decode.py does) and runs its default
 DynamicCache with sdpa attention; both compute logits for the last position only (ours
 `last_only`, transformers' `logits_to_keep=1`, as its generate does). llama.cpp (llama-cpp-python on the Q4_1 file, through
@@ -13,7 +13,7 @@ benchmarks/decode.py's helper) is measured only when installed; this project nev
              lengths (prompt + 1..steps) and the same drift in machine load
     prefill  one forward pass over the prompt with a fresh cache
     ceiling  copy bandwidth / weight bytes: a decode step reads every weight once
-    ppl      perplexity on the Shakespeare validation split (llamablock.data), one window
+    ppl      perplexity on the Shakespeare validation split (llamablock.training.data), one window
     alone    the compiled q8 and q4 engines measured as llama.cpp is: each alone in a child
              process, best of 3 runs after a warm-up (the rounds above interleave ten runners
              in a process that holds every model; llama.cpp runs by itself)
@@ -34,8 +34,8 @@ import torch
 from benchmarks import decode_limits
 from benchmarks.common import Section, ms, run_child, verdict
 from llamablock.kv_cache import KVCache
-from llamablock.lab.timing import time_calls
-from llamablock.quant import quantize_model, weight_bytes
+from llamablock.util.timing import time_calls
+from llamablock.fast.quant import quantize_model, weight_bytes
 
 NAME = "decode"
 CLAIM = "decode at batch 1: float32/bfloat16 >= 3x transformers; q8 >= 1.75x and q4 >= 1.5x llama.cpp"
@@ -94,9 +94,9 @@ def _models(quick: bool):
     else:
         import transformers
 
-        from llamablock.data import load_split
+        from llamablock.training.data import load_split
         from llamablock.io.gguf import open_gguf
-        from llamablock.io.loading import resolve_model
+        from llamablock.io.resolve import resolve_model
         from llamablock.io.tokenizer import tokenizer_from_gguf
 
         path = resolve_model(None)
@@ -115,11 +115,11 @@ def _models(quick: bool):
 
 
 class _Compiled:
-    """llamablock.compiled_decode.CompiledDecoder: the static layout, its step compiled."""
+    """llamablock.fast.compiled_decode.CompiledDecoder: the static layout, its step compiled."""
 
     def __init__(self, model, fmt: str, steps: int, autotune: bool, backend: str = "aoti", compile_prefill: bool = True,
                  **inductor):
-        from llamablock.compiled_decode import CompiledDecoder
+        from llamablock.fast.compiled_decode import CompiledDecoder
 
         self.engine = CompiledDecoder(model, fmt, autotune=autotune, inductor=inductor, backend=backend,
                                       compile_prefill=compile_prefill)
@@ -254,7 +254,7 @@ def _limits(sec: Section, dec: dict, pre: dict, prefill_tokens: int, bw: float, 
     sec.notes.append(f"Limit, q8: 1.75x llama.cpp is {1.75 * cpp_rate:.0f} tok/s, {need_ms:.1f} ms per step; the compiled "
                      f"step above takes {step_ms:.1f} ms in the interleaved rounds and {1e3 / parts['q8_alone']:.1f} ms "
                      "alone (measured as llama.cpp is). In the kernel profile below (the same kernels built by "
-                     "torch.compile, its weights left in 4 KiB pages: llamablock.huge_pages moves only the "
+                     "torch.compile, its weights left in 4 KiB pages: llamablock.fast.huge_pages moves only the "
                      f"AOTInductor program's), the step's int8 matmuls alone take {gemm_ms:.1f} ms per step "
                      f"({parts['q8_bytes'] / per_step['gemm'] / 1e9:.0f} GB/s over {parts['q8_bytes'] / 2**20:.0f} MiB of "
                      f"int8 weights) and its other kernels {rest_ms:.1f} ms; streaming those bytes at the rate a float32 "
@@ -268,11 +268,11 @@ def _limits(sec: Section, dec: dict, pre: dict, prefill_tokens: int, bw: float, 
 
 _ALONE_CHILD = r"""
 import json, sys, time, torch
-from llamablock.compile_cache import use_persistent_cache
-from llamablock.malloc import tune_allocator
+from llamablock.fast.compile_cache import use_persistent_cache
+from llamablock.fast.malloc import tune_allocator
 tune_allocator(); use_persistent_cache()
 import llamablock
-from llamablock.compiled_decode import CompiledDecoder
+from llamablock.fast.compiled_decode import CompiledDecoder
 fmt, ids, new = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
 engine = CompiledDecoder(llamablock.load_pretrained(None, torch.bfloat16), fmt)
 engine.warm_up(len(ids) + new + 1)
@@ -352,7 +352,7 @@ def run(quick: bool = False) -> list[Section]:
         pr = f"{100 * (ppl[fmt] / ppl['float32'] - 1):+.2f}%" if pp else ""
         sec.rows.append([k, f"{wb / 2**20:.0f}", f"{d:.1f}", f"{1 / dec[k]['min']:.1f}", dx, f"{bw / wb:.0f}",
                          p, px, pp, pr])
-    from llamablock.compiled_decode import PREFILL_MIN
+    from llamablock.fast.compiled_decode import PREFILL_MIN
 
     for k in compiled:  # compile seconds read after the prefill timing: it may have compiled a longer cache
         secs, compiled_prefill = runners[k].engine.compile_seconds, runners[k].engine.compile_prefill
@@ -360,7 +360,7 @@ def run(quick: bool = False) -> list[Section]:
                                  " and the C++ GEMM templates (step_options)")
         prefill = (f"is compiled too (one program for every prompt length; prompts under {PREFILL_MIN} tokens padded)"
                    if compiled_prefill else "is the static layout's, eager")
-        sec.notes.append(f"{k}: llamablock.compiled_decode (fused weights, static cache, compiled ahead of time by "
+        sec.notes.append(f"{k}: llamablock.fast.compiled_decode (fused weights, static cache, compiled ahead of time by "
                          f"AOTInductor with freezing{gemm}); its prefill "
                          f"{prefill}. Compiling took {secs:.0f} s in all (each program at "
                          "each cache length this run used: the prefill's may be longer than the decode rows'), not "
@@ -368,7 +368,7 @@ def run(quick: bool = False) -> list[Section]:
     sec.notes.append(f"Copy bandwidth {bw / 1e9:.1f} GB/s (read + write of 256 MiB) in this run; q8/q4 are "
                      "compared with transformers in bfloat16, their activation dtype.")
     if not quick:
-        from llamablock.io.loading import resolve_model
+        from llamablock.io.resolve import resolve_model
 
         for fmt in ("float32", "bfloat16"):
             for variant in (f"llamablock {fmt}", f"llamablock {fmt} compiled"):

@@ -1,11 +1,11 @@
-"""The compiled decode step with its weights in 2 MiB pages against 4 KiB pages (llamablock.huge_pages).
+"""The compiled decode step with its weights in 2 MiB pages against 4 KiB pages (llamablock.fast.huge_pages).
 
-Per format, a child process (with the command line's allocator settings, llamablock.malloc)
+Per format, a child process (with the command line's allocator settings, llamablock.fast.malloc)
 builds two CompiledDecoder engines from the same model: the first compiles the AOTInductor
 package (or loads it from the cache) and keeps its weights in the 4 KiB pages they were loaded
 into, the second loads the same package and moves its weights into 2 MiB pages. Both run the
 same library. Both prefill the same prompt, then decode blocks of `steps` greedy steps from the
-same position, the two engines alternating block by block (llamablock.lab.timing.time_calls);
+same position, the two engines alternating block by block (llamablock.util.timing.time_calls);
 the logits of a prefill and a step are checked equal first.
 Why a child each: memory once moved into 2 MiB pages keeps asking for them after it is freed
 (the mark is on the address range, and glibc reuses freed ranges), so an engine built in a
@@ -27,12 +27,12 @@ CLAIM = "the compiled step's weights in 2 MiB pages: decode tokens/s against 4 K
 
 CHILD = r"""
 import json, sys, torch
-from llamablock.compile_cache import use_persistent_cache
-from llamablock.malloc import tune_allocator
+from llamablock.fast.compile_cache import use_persistent_cache
+from llamablock.fast.malloc import tune_allocator
 tune_allocator(); use_persistent_cache()
-from llamablock.compiled_decode import CompiledDecoder
-from llamablock.huge_pages import huge_bytes
-from llamablock.lab.timing import time_calls
+from llamablock.fast.compiled_decode import CompiledDecoder
+from llamablock.fast.huge_pages import huge_bytes
+from llamablock.util.timing import time_calls
 fmt, quick, prompt, steps, repeats = sys.argv[1], sys.argv[2] == "quick", *map(int, sys.argv[3:6])
 if quick:
     from llamablock.config import ModelConfig

@@ -1,8 +1,8 @@
-"""glibc's return-and-refault of large buffers, and llamablock.malloc's fix (issue 8).
+"""glibc's return-and-refault of large buffers, and llamablock.fast.malloc's fix (issue 8).
 
 LayerNorm over a (2048, 4096) float32 tensor allocates a 32 MiB output per call; glibc serves
 it with mmap and unmaps it on free, so every call faults fresh zeroed pages in. The fix
-(`llamablock.malloc.tune_allocator`, applied by the command line) makes glibc keep the memory.
+(`llamablock.fast.malloc.tune_allocator`, applied by the command line) makes glibc keep the memory.
 mallopt cannot be undone within a process, so the two settings run in child processes started
 alternately (defaults, tuned, defaults, tuned, ...), each timing the same loop; min and median
 are over all rounds of a setting.
@@ -21,11 +21,11 @@ CLAIM = "LayerNorm (2048, 4096): 11.9 ms with glibc defaults vs 2.9 ms without r
 CHILD = r"""
 import json, sys, torch
 if sys.argv[1] == "tuned":
-    from llamablock.malloc import tune_allocator
+    from llamablock.fast.malloc import tune_allocator
     state = tune_allocator()
 else:
     state = "glibc defaults"
-from llamablock.lab.timing import time_calls
+from llamablock.util.timing import time_calls
 rows, width, repeats = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 ln, x = torch.nn.LayerNorm(width), torch.randn(rows, width)
 with torch.no_grad():

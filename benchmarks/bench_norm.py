@@ -3,7 +3,7 @@
 Rows of activations (tokens x width) at widths 576 (SmolLM2), 4096 (Llama 2 7B), 8192, float32:
     layernorm         torch.nn.LayerNorm: one ATen kernel (mean, variance, scale, shift)
     rmsnorm eager     llamablock.norm.RMSNorm: five elementwise/reduction ops, each a pass
-    rmsnorm compiled  llamablock.fused.fused_rms_norm: the same maths in one inductor kernel
+    rmsnorm compiled  llamablock.fast.fused.fused_rms_norm: the same maths in one inductor kernel
 The ratio column is time / LayerNorm's time (below 1 is faster than LayerNorm).
 --quick skips the compiled variant (its first compilation alone takes longer than the test).
 """
@@ -13,8 +13,8 @@ from __future__ import annotations
 import torch
 
 from benchmarks.common import Section, ms, verdict
-from llamablock.fused import fused_rms_norm
-from llamablock.lab.timing import time_calls
+from llamablock.fast.fused import fused_rms_norm
+from llamablock.util.timing import time_calls
 from llamablock.norm import RMSNorm
 
 NAME = "norm"

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from benchmarks.common import Section, ms
 from llamablock.ffn import MLP, GatedFFN, gated_ffn_width
-from llamablock.lab.timing import time_calls
+from llamablock.util.timing import time_calls
 
 NAME = "swiglu"
 CLAIM = "SwiGLU at equal parameters costs about the same as the 2017 MLP"

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.common import Section, matmul_peak, ms
-from llamablock.lab.timing import time_calls
+from llamablock.util.timing import time_calls
 from llamablock.model import Decoder
 from llamablock.presets import preset
 

@@ -3,7 +3,7 @@
 A benchmark module has NAME, CLAIM (the sentence of the module or issue it measures) and
 `run(quick: bool) -> list[Section]`. A Section is one table: its rows are already formatted
 strings, so the runner only lays them out (markdown for BENCHMARKS.md, the same text on stdout).
-Times are seconds from `llamablock.lab.timing.time_calls`: competitors interleaved round by
+Times are seconds from `llamablock.util.timing.time_calls`: competitors interleaved round by
 round in one process, min and median over repeats; ratios are taken between medians.
 """
 
@@ -43,7 +43,7 @@ def timing_row(label: list[str], t: dict, base: dict | None = None) -> list[str]
 
 def matmul_peak(n: int = 1024, repeats: int = 5) -> float:
     """Measured float32 FLOP/s of a square matmul (2 n^3 FLOPs), the best of `repeats`."""
-    from llamablock.lab.timing import time_calls
+    from llamablock.util.timing import time_calls
 
     a, b = torch.randn(n, n), torch.randn(n, n)
     t = time_calls({"mm": lambda: a @ b}, repeats=repeats, warmup=2)["mm"]["min"]

@@ -51,7 +51,7 @@ def machine() -> list[str]:
                 break
     except OSError:
         pass
-    from llamablock.malloc import allocator_state
+    from llamablock.fast.malloc import allocator_state
 
     load = " / ".join(f"{x:.1f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "n/a"
     return [f"- Date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
@@ -95,7 +95,7 @@ def run_benchmarks(names: list[str], quick: bool = False, output: Path | None = 
         lines += chunk
     report = "\n".join(lines)
     if output is not None:
-        from llamablock.io.hf_checkpoint import atomic_write
+        from llamablock.util.files import atomic_write
 
         atomic_write(Path(output), lambda tmp: Path(tmp).write_text(report + "\n", encoding="utf-8"))
     return report
@@ -103,3 +103,36 @@ def run_benchmarks(names: list[str], quick: bool = False, output: Path | None = 
 
 def repo_root() -> Path:
     return Path(__file__).resolve().parents[1]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m benchmarks [--quick] [--output PATH] [--threads N] [NAME ...]` (what `llamablock
+    bench` runs): a full run of every benchmark writes BENCHMARKS.md at the repository root."""
+    import argparse
+    import sys
+
+    p = argparse.ArgumentParser(prog="llamablock bench", description="speed benchmarks side by side; BENCHMARKS.md")
+    p.add_argument("names", nargs="*", metavar="NAME",
+                   help=f"benchmarks to run (default: all of {', '.join(BENCHMARKS)})")
+    p.add_argument("--quick", action="store_true", help="tiny sizes and few repeats (seconds; for CI), no file written")
+    p.add_argument("--output", type=Path, default=None,
+                   help="where to write the markdown report (default: BENCHMARKS.md at the repository root "
+                        "for a full run of all benchmarks, nowhere otherwise)")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    args = p.parse_args(argv)
+    try:
+        names = check_names(list(args.names))
+        if args.threads is not None:
+            if args.threads < 1:
+                raise ValueError(f"--threads must be at least 1, got {args.threads}")
+            torch.set_num_threads(args.threads)
+    except ValueError as e:
+        print(f"llamablock bench: error: {e}", file=sys.stderr)
+        return 2
+    output = args.output
+    if output is None and not args.quick and not args.names:
+        output = repo_root() / "BENCHMARKS.md"
+    run_benchmarks(names, quick=args.quick, output=output)
+    if output is not None:
+        print(f"wrote {output}")
+    return 0

@@ -2,7 +2,7 @@
 
 import json
 
-from llamablock.ablation import count_params, run_compare, summarize, variants
+from llamablock.studies.ablation import count_params, run_compare, summarize, variants
 from llamablock.cli import main
 
 

@@ -9,14 +9,14 @@ from llamablock import cli
 
 
 @pytest.mark.slow
-def test_bench_quick_prints_and_writes_every_table(tmp_path, capsys):
+def test_bench_quick_prints_and_writes_every_table(tmp_path, capfd):
     out = tmp_path / "BENCH.md"
     threads = torch.get_num_threads()
     try:
         assert cli.main(["bench", "--quick", "--threads", "1", "--output", str(out)]) == 0
     finally:
         torch.set_num_threads(threads)
-    printed = capsys.readouterr().out
+    printed = capfd.readouterr().out
     report = out.read_text()
     for name in ("attention", "norm", "rope", "swiglu", "train_step", "malloc", "decode", "long_prefill", "compile_cache", "huge_pages"):
         assert f"## {name}" in report and f"## {name}" in printed
@@ -35,19 +35,19 @@ def test_bench_quick_prints_and_writes_every_table(tmp_path, capsys):
     assert not list(tmp_path.glob(".*.tmp"))  # written atomically: no temporary file left
 
 
-def test_unknown_benchmark_is_a_usage_error(capsys):
+def test_unknown_benchmark_is_a_usage_error(capfd):
     assert cli.main(["bench", "--quick", "nosuch"]) == 2
-    err = capsys.readouterr().err
+    err = capfd.readouterr().err
     assert "unknown benchmark nosuch" in err and "attention" in err
 
 
-def test_bad_threads_is_a_usage_error(capsys):
+def test_bad_threads_is_a_usage_error(capfd):
     assert cli.main(["bench", "--quick", "--threads", "0", "norm"]) == 2
-    assert "--threads must be at least 1" in capsys.readouterr().err
+    assert "--threads must be at least 1" in capfd.readouterr().err
 
 
 def test_tune_allocator_reports_what_it_did(monkeypatch):
-    from llamablock import malloc
+    from llamablock.fast import malloc
 
     monkeypatch.setenv("MALLOC_MMAP_MAX_", "0")
     assert "left alone: the user set MALLOC_MMAP_MAX_" in malloc.tune_allocator()
@@ -70,8 +70,8 @@ def test_decode_limits_time_the_real_layers_of_a_static_layout():
     from benchmarks import decode_limits
     from llamablock.config import ModelConfig
     from llamablock.model import Decoder
-    from llamablock.quant import quantize_model
-    from llamablock.static_decode import StaticDecoder
+    from llamablock.fast.quant import quantize_model
+    from llamablock.fast.static_decode import StaticDecoder
 
     cfg = ModelConfig(vocab_size=256, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=128, max_seq_len=128)
     model = Decoder(cfg).eval()

@@ -5,7 +5,7 @@ import hashlib
 import pytest
 import torch
 
-from llamablock import data
+from llamablock.training import data
 
 
 def test_nine_plays_in_tiny_shakespeare_layout():

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from llamablock.commands.train import model_config
-from llamablock.train import TrainConfig, train
+from llamablock.training.train import TrainConfig, train
 
 SET = ["d_model=32", "n_layers=2", "n_heads=4", "n_kv_heads=2", "d_ff=64", "max_seq_len=32"]
 ARGS = dict(steps=6, batch_size=8, context=32, lr=3e-3, warmup=2, eval_every=3, eval_windows=8, seed=5)

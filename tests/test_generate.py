@@ -10,8 +10,8 @@ import torch
 
 import llamablock
 from hf_reference import tiny_hf_model
-from llamablock.generate import generate, generate_batch
-from llamablock.sampling import Sampling, apply_repetition_penalty, filter_top_k_top_p, next_token
+from llamablock.runtime.generate import generate, generate_batch
+from llamablock.runtime.sampling import Sampling, apply_repetition_penalty, filter_top_k_top_p, next_token
 
 
 @pytest.fixture(scope="module")

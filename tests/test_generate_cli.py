@@ -18,7 +18,8 @@ import torch.nn.functional as F
 from gguf_tiny import write_tiny_gguf
 from hf_reference import tiny_hf_model
 from llamablock import cli
-from llamablock.io.loading import load_model_and_tokenizer, resolve_model
+from llamablock.io.loading import load_model_and_tokenizer
+from llamablock.io.resolve import resolve_model
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ import llamablock
 from gguf_tiny import random_kquant_blocks, to_torch, write_tiny_gguf
 from hf_reference import tiny_hf_model
 from llamablock.io.gguf import dequantize, llamacpp_permute, load_gguf, open_gguf
-from llamablock.io.loading import resolve_model
+from llamablock.io.resolve import resolve_model
 from llamablock.rope import permute_qk
 
 SMOL = resolve_model("smollm2-135m-instruct")
@@ -40,7 +40,7 @@ def test_smollm2_logits_match_transformers(smol_pair):
 
 @pytest.mark.slow
 def test_smollm2_greedy_ids_match_transformers(smol_pair):
-    from llamablock.generate import generate
+    from llamablock.runtime.generate import generate
 
     ref, ours = smol_pair
     prompt = torch.tensor([[504, 3575, 282, 4649, 314]])  # "The capital of France is" (SmolLM2 vocab)

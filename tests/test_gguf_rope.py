@@ -19,8 +19,8 @@ from hf_reference import tiny_hf_model
 from llamablock.cli import main
 from llamablock.io.gguf import load_gguf
 from llamablock.kv_cache import KVCache
-from llamablock.rope_lint import lint_file
-from llamablock.static_decode import StaticDecoder
+from llamablock.diagnostics.rope_lint import lint_file
+from llamablock.fast.static_decode import StaticDecoder
 
 TOL = 1e-4
 LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,

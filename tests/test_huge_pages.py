@@ -1,4 +1,4 @@
-"""llamablock.huge_pages: 2 MiB pages under given memory, and finding a library's allocations."""
+"""llamablock.fast.huge_pages: 2 MiB pages under given memory, and finding a library's allocations."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from llamablock.huge_pages import HUGE, collapse, huge_bytes, tensor_ranges
+from llamablock.fast.huge_pages import HUGE, collapse, huge_bytes, tensor_ranges
 
 THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
@@ -57,7 +57,7 @@ def test_the_compiled_steps_weights_move_into_huge_pages_and_give_the_same_logit
     without huge pages."""
     if _thp_mode() in (None, "never"):
         pytest.skip(f"transparent huge pages are unavailable here ({THP}: {_thp_mode()})")
-    from llamablock.compiled_decode import CompiledDecoder
+    from llamablock.fast.compiled_decode import CompiledDecoder
     from llamablock.config import ModelConfig
     from llamablock.model import Decoder
 

@@ -1,4 +1,4 @@
-"""The q/k layout check (llamablock.layout_check, `llamablock rope layout`) on a real checkpoint.
+"""The q/k layout check (llamablock.diagnostics.layout_check, `llamablock rope layout`) on a real checkpoint.
 
 Reference: SmolLM2-135M-Instruct as llamablock loads it, whose logits match transformers
 (tests/test_gguf.py), so its rows are in the order its layout needs; the mix-up is made by
@@ -15,9 +15,9 @@ import llamablock
 from hf_reference import tiny_hf_model
 from llamablock.cli import main
 from llamablock.config import ModelConfig
-from llamablock.data import corpus_text
+from llamablock.training.data import corpus_text
 from llamablock.io.loading import load_model_and_tokenizer
-from llamablock.layout_check import check_layout, permute_qk_rows
+from llamablock.diagnostics.layout_check import check_layout, permute_qk_rows
 from llamablock.model import Decoder
 
 

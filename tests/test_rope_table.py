@@ -14,7 +14,7 @@ import pytest
 
 from llamablock.cli import main
 from llamablock.presets import preset
-from llamablock.rope_table import compare_methods, config_method
+from llamablock.diagnostics.rope_table import compare_methods, config_method
 
 L, T, D, BASE = 4096, 32768, 128, 10000.0
 

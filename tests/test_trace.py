@@ -6,11 +6,11 @@ import pytest
 import torch
 
 from llamablock.cli import main
-from llamablock.data import CharTokenizer, corpus_text
+from llamablock.training.data import CharTokenizer, corpus_text
 from llamablock.model import Decoder
 from llamablock.presets import preset
-from llamablock.trace import ensure_pair, trace_model, trace_pair
-from llamablock.train import TrainConfig, init_weights
+from llamablock.studies.trace import ensure_pair, trace_model, trace_pair
+from llamablock.training.train import TrainConfig, init_weights
 
 TEXT = "ROMEO:\nBut soft, what light through yonder window breaks?"
 TINY = dict(d_model=32, n_layers=3, n_heads=4, n_kv_heads=2, d_ff=64, max_seq_len=64)

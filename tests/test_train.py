@@ -6,9 +6,9 @@ import shutil
 import pytest
 import torch
 
-from llamablock import train_state
+from llamablock.training import checkpoint as train_state
 from llamablock.presets import preset
-from llamablock.train import TrainConfig, load_trained, lr_at, train
+from llamablock.training.train import TrainConfig, load_trained, lr_at, train
 
 # A tiny 2024-style model (the architecture does not matter to these properties).
 TINY = dict(d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64, max_seq_len=32)

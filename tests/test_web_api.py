@@ -19,7 +19,7 @@ pytest.importorskip("httpx", reason="httpx (FastAPI's test client) is not instal
 from fastapi.testclient import TestClient  # noqa: E402
 
 from llamablock.cli import main  # noqa: E402
-from llamablock.web.api_gqa import human_bytes  # noqa: E402
+from llamablock.util.units import human_bytes  # noqa: E402
 from llamablock.web.app import STATIC, create_app  # noqa: E402
 
 FIGURES = ("rope-visualizer", "rope-scaling", "swiglu-gate", "gqa", "token-tracer-compare")
@@ -221,7 +221,7 @@ def test_human_bytes(n, text):
     assert human_bytes(n) == text
 
 
-# -- rope-scaling (llamablock.rope_table, written in the RoPE-family issue) ---------------------
+# -- rope-scaling (llamablock.diagnostics.rope_table, written in the RoPE-family issue) ---------------------
 
 def _needs(module: str):
     try:
@@ -233,7 +233,7 @@ def _needs(module: str):
 def test_rope_scaling_module_claim_at_4096_to_32768(client):
     """Module 15.2: trained on 4,096 and run at 32,768, only the slow pairs reach unseen angles;
     interpolation fixes them all; NTK leaves some; YaRN and llama3 leave none."""
-    _needs("llamablock.rope_table")
+    _needs("llamablock.diagnostics.rope_table")
     d = client.get("/api/rope-scaling", params=dict(train_len=4096, target_len=32768, head_dim=128)).json()
     by = {m["name"]: m for m in d["methods"]}
     assert {"default", "linear", "ntk", "yarn", "llama3"} <= set(by)
@@ -248,7 +248,7 @@ def test_rope_scaling_module_claim_at_4096_to_32768(client):
 
 
 def test_rope_scaling_no_extension_has_nothing_unseen(client):
-    _needs("llamablock.rope_table")
+    _needs("llamablock.diagnostics.rope_table")
     d = client.get("/api/rope-scaling", params=dict(train_len=8192, target_len=8192, head_dim=64, base=500000)).json()
     assert all(m["n_unseen"] == 0 and m["n_crowded"] == 0 for m in d["methods"])
 
@@ -258,19 +258,19 @@ def test_rope_scaling_no_extension_has_nothing_unseen(client):
     (dict(train_len="4k"), 422, "train_len"), (dict(base="nan"), 422, "base"), (dict(target_len=2**25), 422, "target_len"),
 ])
 def test_rope_scaling_bad_input(client, params, status, parameter):
-    _needs("llamablock.rope_table")
+    _needs("llamablock.diagnostics.rope_table")
     error(client.get("/api/rope-scaling", params=params), status, parameter)
 
 
-# -- token-tracer-compare (llamablock.trace, written in the training issue) -------------------------
+# -- token-tracer-compare (llamablock.studies.trace, written in the training issue) -------------------------
 
 @pytest.fixture(scope="module")
 def trace_client(tmp_path_factory):
     """A client whose tracer pair is trained tiny (2 steps) into a temporary cache, so the test
     costs seconds rather than the two minutes of the real recipe; the face is what is tested."""
-    _needs("llamablock.trace")
-    from llamablock.trace import ensure_pair
-    from llamablock.train import TrainConfig
+    _needs("llamablock.studies.trace")
+    from llamablock.studies.trace import ensure_pair
+    from llamablock.training.train import TrainConfig
 
     cache = tmp_path_factory.mktemp("trace-cache")
     ensure_pair(cache, recipe=TrainConfig(steps=2, batch_size=2, context=32, warmup=0, eval_every=2, eval_windows=2))
@@ -279,7 +279,7 @@ def trace_client(tmp_path_factory):
 
 @pytest.mark.slow
 def test_token_tracer_passes_the_tracer_through(trace_client):
-    from llamablock.trace import trace_pair
+    from llamablock.studies.trace import trace_pair
 
     client, cache = trace_client
     assert client.get("/api/figures").json()["token-tracer-compare"]["trained"] is True
@@ -309,15 +309,15 @@ def test_token_tracer_bad_input(trace_client, params, status, parameter):
 
 
 def test_tracer_status_says_untrained_for_an_empty_cache(tmp_path):
-    _needs("llamablock.trace")
+    _needs("llamablock.studies.trace")
     status = TestClient(create_app(trace_cache_dir=str(tmp_path))).get("/api/figures").json()["token-tracer-compare"]
     assert status["available"] and status["trained"] is False and "trains both models" in status["first_use"]
 
 
 # -- the two figures that depend on other parts of the library ----------------------------------
 
-@pytest.mark.parametrize("module,endpoint,figure", [("llamablock.rope_table", "/api/rope-scaling", "rope-scaling"),
-                                                    ("llamablock.trace", "/api/token-tracer", "token-tracer-compare")])
+@pytest.mark.parametrize("module,endpoint,figure", [("llamablock.diagnostics.rope_table", "/api/rope-scaling", "rope-scaling"),
+                                                    ("llamablock.studies.trace", "/api/token-tracer", "token-tracer-compare")])
 def test_missing_library_part_gives_503_with_the_reason(client, monkeypatch, module, endpoint, figure):
     monkeypatch.setitem(sys.modules, module, None)  # makes `import module` raise ImportError
     reply = client.get(endpoint)

@@ -34,10 +34,10 @@ TIMEOUT_MS = 20_000
 
 def tiny_trace_cache(root: Path) -> str | None:
     """The tracer's pair trained for 2 steps (seconds, not the real recipe's two minutes): the page
-    is under test here, not the models. None where llamablock.trace is not importable."""
+    is under test here, not the models. None where llamablock.studies.trace is not importable."""
     try:
-        from llamablock.trace import ensure_pair
-        from llamablock.train import TrainConfig
+        from llamablock.studies.trace import ensure_pair
+        from llamablock.training.train import TrainConfig
     except ImportError:
         return None
     ensure_pair(root, recipe=TrainConfig(steps=2, batch_size=2, context=32, warmup=0, eval_every=2, eval_windows=2))
@@ -175,7 +175,7 @@ def test_what_happens_is_revealed_on_request(page):
 
 def test_a_bad_value_is_reported_naming_the_parameter(page):
     if state(page, "rope-scaling") == "unavailable":
-        pytest.skip("llamablock.rope_table is not importable here: the rope-scaling figure is unavailable")
+        pytest.skip("llamablock.diagnostics.rope_table is not importable here: the rope-scaling figure is unavailable")
     page.fill("#figure-rope-scaling input[name=train_len]", "0")
     page.wait_for_function("document.getElementById('figure-rope-scaling').dataset.state === 'error'")
     assert page.inner_text("#figure-rope-scaling .error").startswith("train_len:")
@@ -187,7 +187,7 @@ def test_a_bad_value_is_reported_naming_the_parameter(page):
 def test_tracer_block_stage_and_text(page):
     fig = "#figure-token-tracer-compare"
     if state(page, "token-tracer-compare") == "unavailable":
-        pytest.skip("llamablock.trace is not importable here: the tracer figure is unavailable")
+        pytest.skip("llamablock.studies.trace is not importable here: the tracer figure is unavailable")
     assert page.locator(f"{fig} .readout .model").count() == 2  # 2017 and 2024 side by side
     assert page.get_attribute(f"{fig} rect.chosen >> nth=0", "data-stage") == "block 1 after attention"
     for block, stage in (("2", "feed-forward"), ("4", "attention")):

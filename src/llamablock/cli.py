@@ -11,6 +11,8 @@ import argparse
 import importlib
 import sys
 
+from llamablock.commands import UsageError
+
 # name -> (module, one-line help). Add a line here when adding a command module.
 COMMANDS: dict[str, tuple[str, str]] = {
     "lab": ("llamablock.commands.lab", "measure every claim of the module; write report.md and results.json"),
@@ -28,10 +30,6 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-class UsageError(Exception):
-    """A mistake in what the user asked for: reported as one line, exit status 2."""
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="llamablock",
@@ -45,11 +43,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from llamablock.compile_cache import use_persistent_cache
-    from llamablock.malloc import tune_allocator
+    from llamablock.fast.compile_cache import use_persistent_cache
+    from llamablock.fast.malloc import tune_allocator
 
-    tune_allocator()  # glibc: keep large tensor buffers instead of refaulting them (llamablock.malloc)
-    use_persistent_cache()  # torch.compile's caches under ~/.cache, not /tmp (llamablock.compile_cache)
+    tune_allocator()  # glibc: keep large tensor buffers instead of refaulting them (llamablock.fast.malloc)
+    use_persistent_cache()  # torch.compile's caches under ~/.cache, not /tmp (llamablock.fast.compile_cache)
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

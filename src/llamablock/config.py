@@ -20,6 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from llamablock.ffn import default_ffn_width
+from llamablock.hf_config import config_to_hf, fields_from_hf
+from llamablock.rope_scaling import validate_rope_scaling
+
 POSITIONS = ("rope", "alibi", "learned", "sinusoidal", "none")
 NORMS = ("rmsnorm", "layernorm")
 PLACEMENTS = ("pre", "post")
@@ -63,8 +67,6 @@ class ModelConfig:
         if self.head_dim is None and self.n_heads > 0:
             self.head_dim = self.d_model // self.n_heads
         if self.d_ff is None and self.d_model > 0:
-            from llamablock.ffn import default_ffn_width
-
             self.d_ff = default_ffn_width(self.d_model, self.ffn)
         self.validate()
 
@@ -99,8 +101,6 @@ class ModelConfig:
         if self.sliding_window is not None and (not isinstance(self.sliding_window, int) or self.sliding_window <= 0):
             raise ValueError(f"sliding_window must be a positive integer or None, got {self.sliding_window!r}")
         if self.rope_scaling is not None:
-            from llamablock.rope_scaling import validate_rope_scaling
-
             validate_rope_scaling(self)
 
     # Derived sizes ---------------------------------------------------------------------
@@ -134,13 +134,9 @@ class ModelConfig:
     # transformers config.json ----------------------------------------------------------
     @classmethod
     def from_hf(cls, hf: dict[str, Any]) -> "ModelConfig":
-        from llamablock.hf_config import config_from_hf
-
-        return config_from_hf(hf)
+        return cls(**fields_from_hf(hf))
 
     def to_hf(self) -> dict[str, Any]:
-        from llamablock.hf_config import config_to_hf
-
         return config_to_hf(self)
 
     @classmethod

@@ -7,6 +7,10 @@ Family differences that live in the config rather than in code (transformers 5.x
     gemma    GeGLU with tanh GELU, RMSNorm scale (1 + w), embeddings times sqrt(d_model), tied
 RoPE settings are read from v5 `rope_parameters` or v4 `rope_theta` + `rope_scaling`, and
 written back in the v5 form.
+
+This module sits beneath `llamablock.config`: it turns a config.json into the keyword arguments
+of `ModelConfig` (and any object with ModelConfig's fields back into a config.json), and never
+imports the dataclass, so `ModelConfig.from_hf` / `to_hf` can call it without an import cycle.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from llamablock.config import ModelConfig
+from llamablock.rope_scaling import ntk_base
 
 SUPPORTED = ("llama", "mistral", "qwen2", "gemma")
 _GATED_ACTS = {"silu": "swiglu", "swish": "swiglu", "gelu_pytorch_tanh": "geglu", "gelu_new": "geglu"}
@@ -50,7 +54,8 @@ def _rope_settings(hf: dict[str, Any]) -> tuple[float, dict | None, float]:
     return float(theta), scaling, float(partial)
 
 
-def config_from_hf(hf: dict[str, Any]) -> ModelConfig:
+def fields_from_hf(hf: dict[str, Any]) -> dict[str, Any]:
+    """ModelConfig's keyword arguments for a transformers config.json of a supported family."""
     family = hf.get("model_type")
     if family not in SUPPORTED:
         raise ValueError(
@@ -94,10 +99,11 @@ def config_from_hf(hf: dict[str, Any]) -> ModelConfig:
         family=family,
     )
     extra = {k: hf[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id", "hidden_act") if k in hf}
-    return ModelConfig(**known, extra=extra)
+    return {**known, "extra": extra}
 
 
-def config_to_hf(cfg: ModelConfig) -> dict[str, Any]:
+def config_to_hf(cfg) -> dict[str, Any]:
+    """The config.json of `cfg` (a ModelConfig), in transformers 5's form."""
     if cfg.family not in SUPPORTED:
         raise ValueError(
             f"family {cfg.family!r} has no transformers equivalent; only {list(SUPPORTED)} export to config.json"
@@ -107,8 +113,6 @@ def config_to_hf(cfg: ModelConfig) -> dict[str, Any]:
     rope = {"rope_theta": cfg.rope_theta, "rope_type": "default"}
     if cfg.rope_scaling and cfg.rope_scaling.get("rope_type") == "ntk":
         # transformers has no static NTK type; the same frequencies are default RoPE at the raised base.
-        from llamablock.rope_scaling import ntk_base
-
         rope["rope_theta"] = ntk_base(cfg.rope_theta, cfg.rope_scaling["factor"], cfg.rotary_dim)
     elif cfg.rope_scaling:
         rope.update(cfg.rope_scaling)

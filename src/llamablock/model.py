@@ -4,7 +4,7 @@
 
 `forward(input_ids (b, t), position_ids (b, t) or None, cache or None, pad_mask or None)
 -> logits (b, t, vocab)`. pad_mask (b, cached + t) bool, True on real tokens, lets a batch of
-left-padded prompts run together: padding keys are masked out of attention (llamablock.generate).
+left-padded prompts run together: padding keys are masked out of attention (llamablock.runtime.generate).
 `last_only=True` returns the logits of the last position only, (b, 1, vocab): a prefill then
 skips the head's (t - 1) x d x vocab multiply (SmolLM2: 28M of its 135M weights).
 Without a cache, positions default to 0..t-1; with one, they continue from the tokens already

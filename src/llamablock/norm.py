@@ -18,6 +18,21 @@ import torch
 from torch import nn
 
 
+def rms_normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """x / sqrt(mean(x^2) + eps) over the last axis, in float32: the statistic every RMSNorm here
+    (this module's, the compiled one in llamablock.fast.fused, the tracer's) computes."""
+    x32 = x.float()
+    return x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 0.0) -> torch.Tensor:
+    """RMSNorm(x) with scale `weight` (Gemma: offset 1, scale 1 + weight); output in x's dtype."""
+    normed = rms_normalize(x, eps)
+    if offset:
+        return (normed * (offset + weight.float())).type_as(x)
+    return weight * normed.type_as(x)
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float = 1e-6, offset: float = 0.0):
         super().__init__()
@@ -27,11 +42,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.zeros(dim) if offset else torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        if self.offset:
-            return (normed * (self.offset + self.weight.float())).type_as(x)
-        return self.weight * normed.type_as(x)
+        return rms_norm(x, self.weight, self.eps, self.offset)
 
     def extra_repr(self) -> str:
         return f"{self.weight.shape[0]}, eps={self.eps}, offset={self.offset}"

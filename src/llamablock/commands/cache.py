@@ -2,11 +2,11 @@
 
 Three things live under $XDG_CACHE_HOME/llamablock (default ~/.cache/llamablock):
   * compiled programs: the AOTInductor packages of the decode step and prefill
-    (llamablock.aoti_step; the least recently used beyond 8 GB are pruned after each compile);
+    (llamablock.fast.aoti_step; the least recently used beyond 8 GB are pruned after each compile);
   * inductor's caches: compiled graphs, kernels and autotuning choices of torch.compile
-    (llamablock.compile_cache), which torch never prunes;
+    (llamablock.fast.compile_cache), which torch never prunes;
   * trained tracer models: the 2017 and 2024 pair that `llamablock trace` and the page's tracer
-    train on first use (llamablock.trace).
+    train on first use (llamablock.studies.trace).
 Each is rebuilt when next needed: compiled programs cost a compile (minutes), the tracer pair a
 training run. A TORCHINDUCTOR_CACHE_DIR the user set is reported but never cleared except for
 llamablock's packages in it: other programs may share that directory. Deleting while another
@@ -36,9 +36,9 @@ class Cache(NamedTuple):
 
 def entries() -> list[Cache]:
     """The compiled programs, inductor's caches (which contain the programs' directory) and the tracer's models."""
-    from llamablock.aoti_step import directory_bytes, package_dir
-    from llamablock.compile_cache import cache_dir
-    from llamablock.trace import models_dir
+    from llamablock.fast.aoti_step import directory_bytes, package_dir
+    from llamablock.fast.compile_cache import cache_dir
+    from llamablock.studies.trace import models_dir
 
     packages = package_dir()
     inductor = packages.parent
@@ -71,7 +71,7 @@ def clear(what: str) -> list[tuple[Path, int]]:
 
 
 def run(args) -> int:
-    from llamablock.kv_calculator import human_bytes
+    from llamablock.util.units import human_bytes
 
     if args.clear is not None:
         freed = clear(args.clear)

@@ -6,7 +6,7 @@ import json
 import time
 from pathlib import Path
 
-from llamablock.io.hf_checkpoint import atomic_write
+from llamablock.util.files import atomic_write
 
 
 def add_arguments(p) -> None:
@@ -24,7 +24,7 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from llamablock.ablation import format_table, plot_compare, run_compare, summarize
+    from llamablock.studies.ablation import format_table, plot_compare, run_compare, summarize
 
     if args.seeds <= 0 or args.steps <= 0:
         raise ValueError("--seeds and --steps must be positive")

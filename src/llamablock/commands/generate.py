@@ -3,7 +3,7 @@
 Ends with one summary line on stderr: prompt tokens, new tokens, prefill and decode tokens/s
 (decode = forward passes after the prefill, divided by their wall time). `--json` prints the
 token ids and the text instead, as one JSON object. `--compile` decodes with
-llamablock.compiled_decode.CompiledDecoder (an AOTInductor package, compiled once per model,
+llamablock.fast.compiled_decode.CompiledDecoder (an AOTInductor package, compiled once per model,
 format and cache length, then loaded); its compile time is reported in the summary, never
 counted as decode time.
 """
@@ -16,8 +16,8 @@ import sys
 
 import torch
 
-from llamablock.cli import UsageError
-from llamablock.quant import DTYPE_CHOICES
+from llamablock.commands import UsageError
+from llamablock.fast.quant import DTYPE_CHOICES
 
 
 
@@ -37,7 +37,7 @@ def add_arguments(p) -> None:
     p.add_argument("--dtype", choices=DTYPE_CHOICES, default="float32",
                    help="weights and activations; q8/q4: int8/int4 weights, bfloat16 activations (default: %(default)s)")
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=False,
-                   help="decode and prefill with the static layout compiled ahead of time (llamablock.compiled_decode, "
+                   help="decode and prefill with the static layout compiled ahead of time (llamablock.fast.compiled_decode, "
                         "AOTInductor): 1.6-4.5x the eager tokens/s (BENCHMARKS.md); compiling takes a few minutes once "
                         "per model, format and cache length, later runs load the compiled packages (default: eager)")
     p.add_argument("--json", action="store_true", help="print token ids and text as JSON instead of streaming")
@@ -50,7 +50,7 @@ def _summary(g, engine=None) -> str:
 
 
 def _one(model, tok, text: str, args, sampling, chat_history=None, engine=None):
-    from llamablock.generate import generate
+    from llamablock.runtime.generate import generate
 
     if chat_history is not None:
         chat_history.append({"role": "user", "content": text})
@@ -58,13 +58,13 @@ def _one(model, tok, text: str, args, sampling, chat_history=None, engine=None):
     ids = tok.encode(text)
     if not args.json:
         # Validate before any output so an error is the only line printed.
-        from llamablock.generate import check_request
+        from llamablock.runtime.generate import check_request
 
         check_request(model, len(ids), args.max_new_tokens)
     on_text = None if args.json else (lambda s: (sys.stdout.write(s), sys.stdout.flush()))
     total = len(ids) + args.max_new_tokens
     if engine is not None and not engine.covers(total):
-        from llamablock.aoti_step import package_dir
+        from llamablock.fast.aoti_step import package_dir
 
         print(f"[the compiled decode step and prefill: loading them from {package_dir()}, or compiling them once "
               "(a few minutes; `llamablock cache` shows the disk they take)]",
@@ -87,7 +87,7 @@ def _one(model, tok, text: str, args, sampling, chat_history=None, engine=None):
 @torch.no_grad()  # scoped, not torch.set_grad_enabled(False): callers in the same process keep autograd
 def run(args) -> int:
     from llamablock.io.loading import load_model_and_tokenizer
-    from llamablock.sampling import Sampling
+    from llamablock.runtime.sampling import Sampling
 
     if args.prompt is None and not args.chat:
         raise UsageError("give --prompt TEXT, or --chat to talk turn by turn")
@@ -96,16 +96,16 @@ def run(args) -> int:
     if args.max_new_tokens <= 0:
         raise UsageError(f"--max-new-tokens must be a positive integer, got {args.max_new_tokens}")
     sampling = Sampling(args.temperature, args.top_k, args.top_p, args.repetition_penalty)
-    from llamablock.quant import apply_dtype, load_dtype
+    from llamablock.fast.quant import apply_dtype, load_dtype
 
     model, tok = load_model_and_tokenizer(args.model, load_dtype(args.dtype))
     engine = None
     if args.compile:
-        from llamablock.compiled_decode import CompiledDecoder
+        from llamablock.fast.compiled_decode import CompiledDecoder
 
         engine = CompiledDecoder(model, args.dtype)  # quantizes its own fused weights for q8/q4
     else:
-        model = apply_dtype(model, args.dtype)  # q8/q4: llamablock.quant
+        model = apply_dtype(model, args.dtype)  # q8/q4: llamablock.fast.quant
     if args.prompt is not None:
         _one(model, tok, args.prompt, args, sampling, [] if args.chat else None, engine)
         return 0

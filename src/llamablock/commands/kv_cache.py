@@ -6,7 +6,8 @@ import json
 from pathlib import Path
 
 from llamablock.config import ModelConfig
-from llamablock.kv_calculator import DTYPE_BYTES, human_bytes, layouts
+from llamablock.diagnostics.kv_calculator import layouts
+from llamablock.util.units import DTYPE_BYTES, human_bytes
 from llamablock.presets import PRESETS, preset
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from llamablock.quant import DTYPE_CHOICES
+from llamablock.fast.quant import DTYPE_CHOICES
 
 
 def add_arguments(p) -> None:
@@ -72,10 +72,10 @@ def run(args) -> int:
     if not text.strip():
         raise ValueError(f"{path} is empty")
     stride = args.stride or max(1, args.context // 2)
-    from llamablock.quant import apply_dtype, load_dtype
+    from llamablock.fast.quant import apply_dtype, load_dtype
 
     model, tok = load_model_and_tokenizer(args.model, load_dtype(args.dtype))
-    model = apply_dtype(model, args.dtype)  # q8/q4: llamablock.quant
+    model = apply_dtype(model, args.dtype)  # q8/q4: llamablock.fast.quant
     ids = tok.encode(text)
     if args.max_tokens is not None:
         if args.max_tokens < 2:

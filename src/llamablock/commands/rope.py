@@ -1,7 +1,7 @@
 """`llamablock rope`: what each context-extension method does to each rotary pair (section 15.2),
 and `llamablock rope lint config.json|file.gguf`: RoPE settings that load but do not do what they say.
 
-Thin: the numbers come from llamablock.rope_table, the warnings from llamablock.rope_lint.
+Thin: the numbers come from llamablock.diagnostics.rope_table, the warnings from llamablock.diagnostics.rope_lint.
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import json
 from pathlib import Path
 
 from llamablock.config import ModelConfig
-from llamablock.rope_plot import plot_wavelengths
-from llamablock.rope_table import compare_methods, config_method
+from llamablock.diagnostics.rope_plot import plot_wavelengths
+from llamablock.diagnostics.rope_table import compare_methods, config_method
 
 DEFAULT_TRAIN, DEFAULT_TARGET = 4096, 32768  # the module's example: trained on 4k, run at 32k
 
@@ -151,7 +151,7 @@ def _ranges(ix: list[int]) -> str:
 
 
 def _lint(args) -> int:
-    from llamablock.rope_lint import lint_file
+    from llamablock.diagnostics.rope_lint import lint_file
 
     warnings = lint_file(args.config_json)
     if args.lint_json:
@@ -167,9 +167,9 @@ def _lint(args) -> int:
 def _layout(args) -> int:
     import torch
 
-    from llamablock.data import corpus_text
+    from llamablock.training.data import corpus_text
     from llamablock.io.loading import load_model_and_tokenizer
-    from llamablock.layout_check import check_layout
+    from llamablock.diagnostics.layout_check import check_layout
 
     if args.tokens < 16:
         raise ValueError(f"--tokens must be at least 16, got {args.tokens}")

@@ -6,7 +6,7 @@ style) comes from the package itself, so it works with no network.
 
 from __future__ import annotations
 
-from llamablock.cli import UsageError
+from llamablock.commands import UsageError
 
 
 def add_arguments(p) -> None:

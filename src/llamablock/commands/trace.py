@@ -15,7 +15,7 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from llamablock.trace import format_table, plot_pair, trace_pair
+    from llamablock.studies.trace import format_table, plot_pair, trace_pair
 
     result = trace_pair(args.text, cache_dir=args.cache_dir, top_k=args.top_k, progress=not args.json)
     n = len(result["models"]["2017"]["tokens"])

@@ -7,7 +7,7 @@ import json
 import types
 import typing
 
-from llamablock.cli import UsageError
+from llamablock.commands import UsageError
 from llamablock.config import ModelConfig
 from llamablock.presets import ARCH_PRESETS as ARCHS
 from llamablock.presets import PRESETS, preset
@@ -80,7 +80,7 @@ def model_config(preset_name: str | None, arch: str | None, overrides: list[str]
 
 
 def add_arguments(p) -> None:
-    from llamablock.train import TrainConfig
+    from llamablock.training.train import TrainConfig
 
     d = TrainConfig()
     p.add_argument("--preset", help="model preset (default gpt-2017-small); the vocabulary comes from the tokenizer")
@@ -108,8 +108,8 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from llamablock import distributed as dd
-    from llamablock.train import TrainConfig, train
+    from llamablock.training import distributed as dd
+    from llamablock.training.train import TrainConfig, train
 
     if args.resume:
         if not args.out:

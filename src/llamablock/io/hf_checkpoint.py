@@ -10,7 +10,6 @@ Files are written to a temporary name and renamed, so an interrupted save leaves
 from __future__ import annotations
 
 import json
-import os
 import re
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from safetensors.torch import save_file
 
 from llamablock.config import ModelConfig
 from llamablock.model import Decoder, empty_decoder
+from llamablock.util.files import atomic_write
 
 _LAYER = {
     "attn.wq": "self_attn.q_proj", "attn.wk": "self_attn.k_proj", "attn.wv": "self_attn.v_proj",
@@ -86,13 +86,6 @@ def load_hf_dir(path: str | Path, dtype: torch.dtype | None = None) -> Decoder:
     if tensors:
         raise ValueError(f"checkpoint {path} has tensors the model does not use: {sorted(tensors)[:5]}")
     return model.assign_weights(state)
-
-
-def atomic_write(path: Path, write) -> None:
-    """Call write(tmp_path), then rename over `path`: readers see the old file or the new one."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    write(tmp)
-    os.replace(tmp, path)
 
 
 def save_pretrained(model: Decoder, path: str | Path) -> None:

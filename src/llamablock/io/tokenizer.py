@@ -211,7 +211,7 @@ def load_tokenizer(path: str | Path | None = None, reader=None) -> Tokenizer:
     """The tokenizer of a model name / GGUF file / transformers directory (None: the default model)."""
     if reader is not None:
         return tokenizer_from_gguf(reader)
-    from llamablock.io.loading import resolve_model
+    from llamablock.io.resolve import resolve_model
 
     p = resolve_model(path)
     if p.is_dir():

@@ -16,13 +16,13 @@ import torch.nn.functional as F
 from llamablock.attention import Attention
 from llamablock.config import ModelConfig
 from llamablock.kv_cache import KVCache
-from llamablock.kv_calculator import human_bytes, kv_cache_size
+from llamablock.diagnostics.kv_calculator import kv_cache_size
+from llamablock.util.units import human_bytes
 from llamablock.lab.record import Claim
-from llamablock.lab.timing import best_time, eviction_buffer, l3_size, time_calls
+from llamablock.util.timing import best_time, eviction_buffer, l3_size, time_calls
 from llamablock.presets import preset
 
 GiB = 2**30
-DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 # The ids of the claims this experiment records (for `llamablock lab --only`).
@@ -36,7 +36,7 @@ CLAIMS = (
 
 
 def allocated_bytes(cfg: ModelConfig, tokens: int, dtype: str) -> int:
-    one_layer = KVCache(cfg.replace(n_layers=1), batch_size=1, max_len=tokens, dtype=DTYPES[dtype])
+    one_layer = KVCache(cfg.replace(n_layers=1), batch_size=1, max_len=tokens, dtype=getattr(torch, dtype))
     return one_layer.nbytes() * cfg.n_layers
 
 
@@ -52,7 +52,7 @@ def claim_cache_sizes() -> Claim:
     agree = all(a == b == r for a, b, r in sizes.values())
     measured = [human_bytes(sizes[k][2]) for k in (32, 8, 1)]
     c = Claim("15.5.cache-bytes", "15.5", "LLaMA 3 8B, 8192 tokens, fp16: 32 / 8 / 1 KV heads",
-              ["4.00 GiB", "1.00 GiB", "128.00 MiB"], measured=measured, unit="bytes (KVCache allocation)",
+              ["4 GiB", "1 GiB", "128 MiB"], measured=measured, unit="bytes (KVCache allocation)",
               tolerance="exact")
     reduction = 1 - sizes[8][2] / sizes[32][2]
     ok = agree and sizes[32][2] == 4 * GiB and sizes[8][2] == GiB and sizes[1][2] == 128 * 2**20 and reduction == 0.75

@@ -1,6 +1,6 @@
 """Two trained-model claims: train short / test long (15.2) and the token tracer (15.6).
 
-Both run the project's own experiments (`llamablock.long_context`, `llamablock.trace`) and read
+Both run the project's own experiments (`llamablock.studies.long_context`, `llamablock.studies.trace`) and read
 their results; --quick uses smaller models and fewer steps (stated in each record).
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from llamablock import long_context, trace
+from llamablock.studies import long_context, trace
 from llamablock.lab.record import Claim
 
 TEXT = "ROMEO:\nBut soft, what light through yonder window breaks?"

@@ -12,7 +12,7 @@ from llamablock.alibi import alibi_slopes
 from llamablock.config import ModelConfig
 from llamablock.lab.record import Claim
 from llamablock.rope_scaling import rope_frequencies
-from llamablock.rope_table import compare_methods
+from llamablock.diagnostics.rope_table import compare_methods
 
 TRAIN, TARGET, HEAD = 4096, 32768, 128
 FACTOR = TARGET / TRAIN  # 8
@@ -115,7 +115,7 @@ def plot_pairs(out) -> list[str]:
     """The module's rope-scaling figure, drawn by the same code as `llamablock rope --plot`."""
     from pathlib import Path
 
-    from llamablock.rope_plot import plot_wavelengths
+    from llamablock.diagnostics.rope_plot import plot_wavelengths
 
     if out is None:
         return []

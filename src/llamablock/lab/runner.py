@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from llamablock.io.hf_checkpoint import atomic_write
+from llamablock.util.files import atomic_write
 from llamablock.lab.record import NOT_MEASURABLE, Claim
 
 # (module, the sections its claims belong to, title) in the module's order. The last two train

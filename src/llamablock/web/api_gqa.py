@@ -19,26 +19,14 @@ from fastapi import APIRouter, Query, Request
 from llamablock.config import ModelConfig
 from llamablock.kv_cache import KVCache
 from llamablock.presets import PRESETS, preset
+from llamablock.util.units import DTYPE_BYTES, human_bytes
 from llamablock.web.errors import APIError
 
 router = APIRouter()
 
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "int8": torch.int8}
 MAX_TOKENS = 1 << 20  # 1,048,576: past the longest context of any preset
-UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
 PARAMETERS = ("n_heads", "n_kv_heads", "n_layers", "head_dim")
 DECODE_CLAIM = "15.5.decode-speed"  # the lab's record of decode attention time against KV heads
-
-
-def human_bytes(n: int) -> str:
-    """Binary units, about three significant figures, no trailing zeros: 4 GiB, 128 MiB, 1.5 GiB."""
-    value, unit = float(n), 0
-    while value >= 1024 and unit < len(UNITS) - 1:
-        value, unit = value / 1024, unit + 1
-    digits = 0 if value >= 100 else 1 if value >= 10 else 2
-    text = f"{value:.{digits}f}"
-    text = text.rstrip("0").rstrip(".") if "." in text else text
-    return f"{text} {UNITS[unit]}"
 
 
 def _divisors(n: int) -> list[int]:
@@ -77,12 +65,12 @@ def gqa(
     n_layers: int | None = Query(None, ge=1, le=256, description="layers"),
     head_dim: int | None = Query(None, ge=1, le=1024, description="head width"),
     tokens: int = Query(8192, ge=1, le=MAX_TOKENS, description="tokens in the cache"),
-    dtype: str = Query("float16", max_length=16, description=f"one of {list(DTYPES)}"),
+    dtype: str = Query("float16", max_length=16, description=f"one of {list(DTYPE_BYTES)}"),
 ) -> dict:
     if preset_name not in PRESETS:
         raise APIError("preset", f"unknown preset {preset_name!r}; known presets: {', '.join(sorted(PRESETS))}")
-    if dtype not in DTYPES:
-        raise APIError("dtype", f"dtype must be one of {list(DTYPES)}, got {dtype!r}")
+    if dtype not in DTYPE_BYTES:
+        raise APIError("dtype", f"dtype must be one of {list(DTYPE_BYTES)}, got {dtype!r}")
     base = preset(preset_name)
     heads = n_heads or base.n_heads
     kv = n_kv_heads or (base.n_kv_heads if heads == base.n_heads else heads)
@@ -94,11 +82,11 @@ def gqa(
     except ValueError as e:  # ModelConfig names the field; the odd-width message names "rotary width"
         field = str(e).split(" ")[0]
         raise APIError(field if field in PARAMETERS else "head_dim" if "rotary" in str(e) else None, str(e)) from None
-    torch_dtype = DTYPES[dtype]
+    torch_dtype = getattr(torch, dtype)  # the names of DTYPE_BYTES are torch's
     cache = KVCache(cfg, batch_size=1, max_len=tokens, dtype=torch_dtype, device="meta")
     nbytes = cache.nbytes()
     mha = KVCache(cfg.replace(n_kv_heads=cfg.n_heads), 1, tokens, torch_dtype, "meta").nbytes()
-    element = torch.empty((), dtype=torch_dtype).element_size()
+    element = DTYPE_BYTES[dtype]
     # A sliding-window model (Mistral) needs only the last `sliding_window` tokens per layer in a
     # rolling cache; KVCache is not rolling, so that size is shown beside it, not instead of it.
     window_bytes = None

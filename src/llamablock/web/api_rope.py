@@ -7,7 +7,7 @@ The frequency is chosen as a pair index i of a head of width d: theta_i = base^(
 product, and the same score computed a second way, q . R(n - m) k, which is the identity of
 15.1: it depends only on the gap.
 
-rope-scaling: the per-pair table of `llamablock.rope_table`, the code behind `llamablock rope`.
+rope-scaling: the per-pair table of `llamablock.diagnostics.rope_table`, the code behind `llamablock rope`.
 """
 
 from __future__ import annotations
@@ -84,11 +84,11 @@ def rope_visualizer(
 
 
 def _rope_table():
-    """llamablock.rope_table, or a 503 naming why the figure cannot be computed."""
+    """llamablock.diagnostics.rope_table, or a 503 naming why the figure cannot be computed."""
     try:
-        rope_table = importlib.import_module("llamablock.rope_table")
+        rope_table = importlib.import_module("llamablock.diagnostics.rope_table")
     except ImportError as e:
-        raise APIError(None, f"rope-scaling is not available: llamablock.rope_table cannot be imported ({e})", 503) from None
+        raise APIError(None, f"rope-scaling is not available: llamablock.diagnostics.rope_table cannot be imported ({e})", 503) from None
     return rope_table
 
 

@@ -1,4 +1,4 @@
-"""Figure of module section 15.6 (`token-tracer-compare`), from llamablock.trace.
+"""Figure of module section 15.6 (`token-tracer-compare`), from llamablock.studies.trace.
 
 `trace_pair(text, cache_dir)` runs the text through the trained 2017 and 2024 models and returns,
 per stage, the residual stream's RMS, mean and variance for every token (and, for the post-LN
@@ -24,11 +24,11 @@ _lock = threading.Lock()
 
 
 def _trace_module():
-    """llamablock.trace, or a 503 naming why the figure cannot be computed."""
+    """llamablock.studies.trace, or a 503 naming why the figure cannot be computed."""
     try:
-        trace = importlib.import_module("llamablock.trace")
+        trace = importlib.import_module("llamablock.studies.trace")
     except ImportError as e:
-        raise APIError(None, f"token-tracer-compare is not available: llamablock.trace cannot be imported ({e})", 503) from None
+        raise APIError(None, f"token-tracer-compare is not available: llamablock.studies.trace cannot be imported ({e})", 503) from None
     return trace
 
 

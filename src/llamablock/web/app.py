@@ -3,10 +3,10 @@
     GET /                       the page (static/index.html)
     GET /static/<file>          its scripts and style, from static/ only (no CDN: works offline)
     GET /api/rope-visualizer    15.1   api_rope.py
-    GET /api/rope-scaling       15.2   api_rope.py (from llamablock.rope_table)
+    GET /api/rope-scaling       15.2   api_rope.py (from llamablock.diagnostics.rope_table)
     GET /api/swiglu-gate        15.4   api_ffn.py
     GET /api/presets, /api/gqa  15.5   api_gqa.py
-    GET /api/token-tracer       15.6   api_trace.py (from llamablock.trace)
+    GET /api/token-tracer       15.6   api_trace.py (from llamablock.studies.trace)
     GET /api/figures            which figures can be computed here (the last two need parts of the
                                 library written elsewhere; without them their endpoints answer 503)
 

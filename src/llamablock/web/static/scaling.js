@@ -1,5 +1,5 @@
 // rope-scaling (15.2): the wavelength of every pair under each method, one panel per method,
-// from llamablock.rope_table (the code behind `llamablock rope`). Red: the pair reaches angles
+// from llamablock.diagnostics.rope_table (the code behind `llamablock rope`). Red: the pair reaches angles
 // at the target length that it never reached within the training length. Amber: a pair that had
 // already turned fully in training is slowed down (crowded: neighbours sit closer than trained).
 import { el, clear, fmt, wire, showValues, available } from "./common.js";

@@ -1,5 +1,5 @@
 // token-tracer-compare (15.6): the same text through the trained 2017 and 2024 models, stage by
-// stage, from llamablock.trace. Bars: RMS of the residual stream at one character, per stage,
+// stage, from llamablock.studies.trace. Bars: RMS of the residual stream at one character, per stage,
 // on one scale for both models; the chosen block and stage are highlighted and detailed below.
 import { el, clear, fmt, getJSON, available } from "./common.js";
 

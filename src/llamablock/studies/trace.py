@@ -25,9 +25,11 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from llamablock.io.hf_checkpoint import atomic_write
+from llamablock.util.files import replace_dir, user_cache_dir
+from llamablock.util.plots import figure, save_png
+from llamablock.norm import rms_normalize
 from llamablock.presets import ARCH_PRESETS
-from llamablock.train import TrainConfig, load_trained, train
+from llamablock.training.train import TrainConfig, load_trained, train
 
 PAIR = ARCH_PRESETS  # the two models traced side by side
 # Trained on first use: 150 steps of 16 x 128 characters each model.
@@ -47,8 +49,7 @@ def _normalized(h: torch.Tensor, norm: torch.nn.Module) -> torch.Tensor:
     """The norm's output before its learned scale (and shift): what LayerNorm/RMSNorm divide out."""
     if isinstance(norm, torch.nn.LayerNorm):
         return F.layer_norm(h.float(), norm.normalized_shape, eps=norm.eps)
-    h = h.float()
-    return h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + norm.eps)
+    return rms_normalize(h, norm.eps)
 
 
 @torch.no_grad()
@@ -106,8 +107,6 @@ def trace_model(model, tokenizer, text: str, top_k: int = 5) -> dict:
 
 
 def default_cache_dir() -> Path:
-    from llamablock.compile_cache import user_cache_dir
-
     return user_cache_dir()
 
 
@@ -143,9 +142,7 @@ def ensure_pair(cache_dir: str | Path | None = None, progress: bool = False,
                 print(f"training the {arch} model ({name}) for the tracer, {recipe.steps} steps; cached in {run}")
             train(preset(name, max_seq_len=max(recipe.context, 256)), recipe, tmp,
                   progress=progress)
-            if run.exists():
-                shutil.rmtree(run)
-            os.replace(tmp, run)
+            replace_dir(tmp, run)
     return runs
 
 
@@ -190,12 +187,7 @@ def format_table(result: dict, token: int = -1) -> str:
 
 
 def plot_pair(result: dict, path: str | Path, token: int = -1) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    fig, axes = figure(12, 4.5, ncols=2, dpi=100)
     for arch, m in result["models"].items():
         stages = [s for s in m["stages"] if s["name"] != "logits"]
         axes[0].plot(range(len(stages)), [s["rms"][token] for s in stages], "o-", label=f"{arch} ({m['preset']})")
@@ -205,6 +197,4 @@ def plot_pair(result: dict, path: str | Path, token: int = -1) -> None:
     axes[0].set(ylabel="RMS of the residual stream", yscale="log", title="stream size by stage")
     axes[1].set(ylabel="variance over features", yscale="log", title="variance by stage")
     axes[0].legend()
-    fig.tight_layout()
-    atomic_write(Path(path), lambda p: fig.savefig(p, dpi=100, format="png"))
-    plt.close(fig)
+    save_png(fig, path)

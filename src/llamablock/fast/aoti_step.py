@@ -46,7 +46,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from llamablock.huge_pages import collapse, tensor_ranges
+from llamablock.fast.huge_pages import collapse, tensor_ranges
 
 
 class _WithCacheInputs(nn.Module):
@@ -109,7 +109,7 @@ def package_key(static, fmt: str, options: dict, method: str, example: tuple, di
 
 
 @functools.cache
-def source_digest(root: Path = Path(__file__).parent) -> str:
+def source_digest(root: Path = Path(__file__).parents[1]) -> str:
     """A hash of the Python source under `root` (llamablock's own): the code a program was traced
     from. Without it, an edited or upgraded llamablock would load programs compiled from the code
     before. Any edit of the package counts, the cost being a recompile after an edit that did not
@@ -207,7 +207,7 @@ class AOTIProgram:
     argument's dimension 1 symbolic over that range (the prefill: one program for every prompt
     length; export needs min >= 2). `compile_seconds` is 0 when the library came from the disk cache.
     `huge_pages`: move the library's copy of the weights into 2 MiB pages once loaded
-    (llamablock.huge_pages); `huge_page_bytes` says how much the kernel moved."""
+    (llamablock.fast.huge_pages); `huge_page_bytes` says how much the kernel moved."""
 
     def __init__(self, static, fmt: str, options: dict, method: str, example: tuple, digest: str | None = None,
                  lengths: tuple[int, int] | None = None, huge_pages: bool = False):
@@ -234,7 +234,7 @@ class AOTIProgram:
             self.huge_page_bytes = collapse(tensor_ranges(self.runner.extract_constants_map(False).values()))
 
     def _compile(self, static, options: dict) -> None:
-        """options: inductor settings (llamablock.compiled_decode.inductor_options)."""
+        """options: inductor settings (llamablock.fast.compiled_decode.inductor_options)."""
         import torch._inductor
 
         wrapper = _WithCacheInputs(static, self.method, len(self.example))

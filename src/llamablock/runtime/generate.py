@@ -20,9 +20,9 @@ from typing import Callable, Sequence
 
 import torch
 
-from llamablock.compiled_decode import CompiledDecoder
+from llamablock.fast.compiled_decode import CompiledDecoder
 from llamablock.kv_cache import KVCache
-from llamablock.sampling import Sampling, next_token
+from llamablock.runtime.sampling import Sampling, next_token
 
 
 @dataclass
@@ -87,7 +87,7 @@ class _TextStream:
 
 
 class _EagerRunner:
-    """The Decoder with a KVCache behind the interface of llamablock.compiled_decode.CompiledDecoder."""
+    """The Decoder with a KVCache behind the interface of llamablock.fast.compiled_decode.CompiledDecoder."""
 
     def __init__(self, model, total: int, use_cache: bool):
         self.model = model
@@ -107,7 +107,7 @@ class _EagerRunner:
 def generate(model, prompt_ids: Sequence[int], max_new_tokens: int = 64, sampling: Sampling | None = None, *,
              seed: int | None = None, eos_ids: Sequence[int] = (), stop_strings: Sequence[str] = (),
              tokenizer=None, on_text: Callable[[str], None] | None = None, use_cache: bool = True) -> Generation:
-    """Continue one prompt. `model` is a Decoder or a llamablock.compiled_decode.CompiledDecoder;
+    """Continue one prompt. `model` is a Decoder or a llamablock.fast.compiled_decode.CompiledDecoder;
     `use_cache=False` recomputes the whole sequence each step (a reference, Decoder only)."""
     prompt = list(prompt_ids)
     if not use_cache and isinstance(model, CompiledDecoder):

@@ -14,12 +14,12 @@ same model, rearranged so that torch.compile can turn the whole step into a few 
     unused slots costs at most the used ones again;
   * cos/sin of every position 0..L-1 computed once (llamablock.rope), looked up per step;
   * `step` has no checks and no Python branching on values, so it compiles to one graph
-    (llamablock.compiled_decode: AOTInductor or torch.compile, with freezing).
+    (llamablock.fast.compiled_decode: AOTInductor or torch.compile, with freezing).
 
 Prefill (t > 1 tokens) runs through the same fused layers from an empty cache, attention by
 scaled_dot_product_attention over the t tokens only, and fills the cache's first t slots. It has
 no branch on t, so one program compiled with t symbolic serves every prompt length
-(llamablock.compiled_decode), and it returns the logits of a position it is given, so that a
+(llamablock.fast.compiled_decode), and it returns the logits of a position it is given, so that a
 caller may pad a prompt at its end.
 Equality with `llamablock.model.Decoder`: the same operations on the same numbers, except that
 attention's softmax sums over L slots (zeros past `pos`) and the fused matmuls may block their
@@ -155,7 +155,7 @@ class StaticDecoder(nn.Module):
     """`model`'s weights in the static layout, with a cache of `length` slots for `batch` rows.
 
     The fused matrices are new tensors; the norms, output projections, embedding and head are
-    shared with `model` (no copy). `step` is the function to compile (llamablock.compiled_decode).
+    shared with `model` (no copy). `step` is the function to compile (llamablock.fast.compiled_decode).
     """
 
     def __init__(self, model, length: int, batch: int = 1):

@@ -19,14 +19,8 @@ import functools
 
 import torch
 
+from llamablock.norm import rms_norm
 from llamablock.rope import apply_rope
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm without Gemma's offset, written as llamablock.norm.RMSNorm.forward."""
-    x32 = x.float()
-    normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * normed.type_as(x)
 
 
 @functools.cache
@@ -36,7 +30,7 @@ def _compiled(fn):
 
 
 def fused_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """`rms_norm` as one compiled kernel."""
+    """`llamablock.norm.rms_norm` (no Gemma offset) as one compiled kernel."""
     return _compiled(rms_norm)(x, weight, eps)
 
 

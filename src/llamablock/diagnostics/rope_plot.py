@@ -6,25 +6,20 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
+
+from llamablock.util.plots import figure, save_png
 
 
 def plot_wavelengths(res: dict, path: str | Path) -> None:
     """Wavelength per pair for each method (log scale), L and T marked; unseen pairs circled.
-    Written atomically (a temporary file in the same folder, then os.replace)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    Written atomically (llamablock.util.plots)."""
     path = Path(path)
     if path.suffix.lower() != ".png":
         raise ValueError(f"--plot needs a .png file name, got {path}")
     if not path.parent.exists():
         raise FileNotFoundError(f"folder for --plot does not exist: {path.parent}")
-    fig, ax = plt.subplots(figsize=(9, 5.5))
+    fig, ax = figure(9, 5.5, dpi=120)
     styles = {"default": "k-", "linear": "C0--", "ntk": "C1-.", "dynamic": "C4:", "yarn": "C2-", "llama3": "C3:",
               "config": "C5-"}  # "config": the --config file's own scaling, when it has one
     for m in res["methods"]:
@@ -45,13 +40,4 @@ def plot_wavelengths(res: dict, path: str | Path) -> None:
     ax.set_title(f"RoPE pairs, head width {res['head_dim']}, base {res['base']:g}: circles reach angles unseen "
                  "in training", fontsize=10)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(0, 0.93))
-    fig.tight_layout()
-    fd, tmp = tempfile.mkstemp(suffix=".png", dir=path.parent)
-    os.close(fd)
-    try:
-        fig.savefig(tmp, dpi=120)
-        os.replace(tmp, path)
-    finally:
-        plt.close(fig)
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    save_png(fig, path)

@@ -12,8 +12,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from llamablock.config import ModelConfig
-
-DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "int8": 1}
+from llamablock.util.units import DTYPE_BYTES
 
 
 @dataclass(frozen=True)
@@ -53,11 +52,3 @@ def layouts(cfg: ModelConfig, tokens: int, batch: int = 1, dtype: str = "float16
     """The model as configured, beside MHA (kv = n_heads) and MQA (kv = 1) at the same size."""
     heads = sorted({cfg.n_heads, cfg.n_kv_heads, 1}, reverse=True)
     return [kv_cache_size(cfg, tokens, batch, dtype, kv_heads=h) for h in heads]
-
-
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.2f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1024
-    raise AssertionError("unreachable")

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, load_model, save_file, save_model
 
-from llamablock.io.hf_checkpoint import atomic_write
+from llamablock.util.files import atomic_write
 
 KEEP = 2  # complete checkpoints kept on disk
 

@@ -22,10 +22,10 @@ import math
 import time
 
 from llamablock.config import ModelConfig
-from llamablock.io.hf_checkpoint import atomic_write
+from llamablock.util.plots import figure, save_png
 from llamablock.model import empty_decoder
 from llamablock.presets import preset
-from llamablock.train import TrainConfig, train
+from llamablock.training.train import TrainConfig, train
 
 SIZE = dict(d_model=128, n_heads=4, n_layers=4)  # ~0.8M parameters; the default compare (18 runs) took 406 s on 2 idle cores (README)
 
@@ -77,7 +77,7 @@ def run_compare(steps: int = 200, seeds: tuple[int, ...] = (0, 1, 2), size: dict
     """Train every variant for every seed; one record per run. Runs are interleaved (all variants
     of seed 0, then seed 1, ...) so a change in machine load does not favour one variant.
     `log(line)` is called after each run (the command passes print with flush)."""
-    from llamablock.train import get_data
+    from llamablock.training.train import get_data
 
     warmup = round(0.4 * steps) if warmup is None else warmup
     t = TrainConfig(steps=steps, batch_size=batch_size, context=context, lr=lr, warmup=warmup,
@@ -140,14 +140,7 @@ def format_table(summary: list[dict]) -> str:
 
 
 def plot_compare(records: list[dict], summary: list[dict], path) -> None:
-    from pathlib import Path
-
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.5))
+    fig, (a, b) = figure(12, 4.5, ncols=2, dpi=100)
     for row in summary:
         curves = [r["val_curve"] for r in records if r["variant"] == row["variant"]]
         steps = [s for s, _ in curves[0]]
@@ -162,6 +155,4 @@ def plot_compare(records: list[dict], summary: list[dict], path) -> None:
     b.set_ylim(lo - 0.1 * (hi - lo + 1e-3), hi + 0.1 * (hi - lo + 1e-3))
     b.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)
     b.set(ylabel="final validation loss", title="equal parameters, equal steps")
-    fig.tight_layout()
-    atomic_write(Path(path), lambda p: fig.savefig(p, dpi=100, format="png"))
-    plt.close(fig)
+    save_png(fig, path)

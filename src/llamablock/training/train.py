@@ -27,11 +27,12 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from llamablock import data as D
-from llamablock import distributed as dd
-from llamablock import train_state as ckpt
+from llamablock.training import data as D
+from llamablock.training import distributed as dd
+from llamablock.training import checkpoint as ckpt
 from llamablock.config import ModelConfig
-from llamablock.io.hf_checkpoint import atomic_write
+from llamablock.util.files import atomic_write
+from llamablock.util.plots import figure, save_png
 from llamablock.model import Decoder
 
 
@@ -242,12 +243,7 @@ def _append_log(run_dir: Path, record: dict) -> None:
 
 
 def plot_curves(history: list[dict], path: Path, title: str = "") -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+    fig, (a, b) = figure(10, 4, ncols=2, dpi=100)
     a.plot([r["step"] for r in history], [r["train_loss"] for r in history], lw=0.8, label="train")
     ev = [r for r in history if "val_loss" in r]
     a.plot([r["step"] for r in ev], [r["val_loss"] for r in ev], "o-", label="validation")
@@ -255,6 +251,4 @@ def plot_curves(history: list[dict], path: Path, title: str = "") -> None:
     a.legend()
     b.plot([r["step"] for r in history], [r["lr"] for r in history])
     b.set(xlabel="step", ylabel="learning rate")
-    fig.tight_layout()
-    atomic_write(Path(path), lambda p: fig.savefig(p, dpi=100, format="png"))
-    plt.close(fig)
+    save_png(fig, path)

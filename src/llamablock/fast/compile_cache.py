@@ -9,7 +9,7 @@ empty at boot; `use_persistent_cache` points it at the user's cache directory in
 
 torch reads the variable each time it needs the directory, so this works after torch is imported
 (the command line calls it at start-up; tests/test_compiled_decode.py checks torch sees it). A
-TORCHINDUCTOR_CACHE_DIR the user set wins. llamablock.aoti_step keeps its packages in the
+TORCHINDUCTOR_CACHE_DIR the user set wins. llamablock.fast.aoti_step keeps its packages in the
 `llamablock-aoti/` subdirectory. `--no-compile` avoids the cache entirely.
 """
 
@@ -18,11 +18,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-
-def user_cache_dir() -> Path:
-    """llamablock's cache root, $XDG_CACHE_HOME/llamablock (the tracer's models live there too)."""
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "llamablock"
+from llamablock.util.files import user_cache_dir
 
 
 def cache_dir() -> Path:

@@ -1,17 +1,17 @@
 """The fast generation engine: a StaticDecoder with its decode step and prefill compiled.
 
     engine = CompiledDecoder(model, fmt="q8")     # model: a Decoder in float32 or bfloat16
-    generate(engine, prompt_ids, ...)             # llamablock.generate takes it in place of the model
+    generate(engine, prompt_ids, ...)             # llamablock.runtime.generate takes it in place of the model
 
 `fmt` is "float32", "bfloat16" (the model's own dtype, checked) or "q8"/"q4": the fused weights of
-the static layout are quantized (llamablock.quant) after fusing, so q, k and v share one int8 or
+the static layout are quantized (llamablock.fast.quant) after fusing, so q, k and v share one int8 or
 int4 matrix. The float model is kept: a request longer than the cache rebuilds the static layout
-at the next power-of-two length (llamablock.static_decode.cache_length) from it.
+at the next power-of-two length (llamablock.fast.static_decode.cache_length) from it.
 
 Compilation (`backend`): "aoti" (the default) exports the step, and the prefill with the prompt
 length symbolic (one program for every length), and compiles each ahead of time with AOTInductor
 into a package on disk, named by a hash of the weights, which later processes load instead of
-compiling (llamablock.aoti_step; BENCHMARKS.md's compile_cache table gives the start-up of a second
+compiling (llamablock.fast.aoti_step; BENCHMARKS.md's compile_cache table gives the start-up of a second
 run). Each program is loaded or compiled when first used at a cache length. "inductor" is
 torch.compile in this process, which re-traces the step in every new process and launches its
 kernels from Python (3.9 ms of a SmolLM2 q8 step, with dynamo's guards, in BENCHMARKS.md's kernel profile); it prefills
@@ -29,7 +29,7 @@ weights, so disk and memory hold the weights once more per program and cache len
 `compile=False` runs the same static layout eagerly: the reference the tests compare against.
 `inductor` adds inductor settings (e.g. {"cpp.enable_kernel_profile": True} for a per-kernel profile).
 `huge_pages` (default on) moves the AOTInductor step's copy of the weights into 2 MiB pages when it
-is loaded (llamablock.huge_pages; `llamablock bench huge_pages` measures it side by side).
+is loaded (llamablock.fast.huge_pages; `llamablock bench huge_pages` measures it side by side).
 """
 
 from __future__ import annotations
@@ -38,13 +38,13 @@ import time
 
 import torch
 
-from llamablock.quant import DTYPE_CHOICES, FORMATS, PREFILL_ROWS, load_dtype, quantize_model
-from llamablock.static_decode import StaticDecoder, cache_length, unsupported_reason
+from llamablock.fast.quant import DTYPE_CHOICES, FORMATS, PREFILL_ROWS, load_dtype, quantize_model
+from llamablock.fast.static_decode import StaticDecoder, cache_length, unsupported_reason
 
-BACKENDS = ("inductor", "aoti")  # torch.compile in this process, or an AOTInductor package (llamablock.aoti_step)
+BACKENDS = ("inductor", "aoti")  # torch.compile in this process, or an AOTInductor package (llamablock.fast.aoti_step)
 # The compiled prefill takes prompts of PREFILL_MIN to L - 1 tokens (L the cache length; a longer
 # one would leave no slot to decode into) and pads shorter ones at their end to PREFILL_MIN. Why a
-# minimum: q8/q4 layers switch to dequantized bfloat16 GEMMs at llamablock.quant.PREFILL_ROWS rows,
+# minimum: q8/q4 layers switch to dequantized bfloat16 GEMMs at llamablock.fast.quant.PREFILL_ROWS rows,
 # a branch on the length that a program for every length cannot hold (export would have to fix it).
 # SmolLM2, 512 tokens, against transformers in one run here (BENCHMARKS.md has the suite's run):
 # float32 1.19x (eager 0.93x), bfloat16 1.67x (1.08x), q8 1.73x (0.73x), q4 1.78x (0.50x); the
@@ -82,7 +82,7 @@ def step_options(fmt: str, options: dict) -> dict:
     key inside the scores' reduction. Side by side here: q8 at cache length 2048 1.34x (threshold 6:
     1.27x; 10 and 12: no gain; 4: 0.70x, other fusions broke), at 256 1.04x; bfloat16 1.07x; float32
     unchanged. The window is narrow (10 gained nothing): a change to the step's RoPE expression
-    should measure it again (llamablock.static_decode; the generated attention kernel shows whether
+    should measure it again (llamablock.fast.static_decode; the generated attention kernel shows whether
     q is loaded or recomputed inside the loop over cached keys)."""
     if not options.get("max_autotune"):
         return options
@@ -176,7 +176,7 @@ class CompiledDecoder:
 
     def _aoti(self, method: str):
         """The AOTInductor program for `method` at this length: loaded from the cache or compiled."""
-        from llamablock.aoti_step import AOTIProgram, weights_digest
+        from llamablock.fast.aoti_step import AOTIProgram, weights_digest
 
         if self._digest is None:
             self._digest = weights_digest(self.static)  # one hash of the weights for both programs

@@ -13,7 +13,7 @@ validation windows of 2L, 4L and 8L tokens, loss averaged over windows at every 
     there (positions.py raises) and is evaluated only where it is defined.
 The summary gives mean loss in position bands [0, L), [L, 2L), [2L, 4L), [4L, 8L).
 
-`run_long_context(...) -> dict` is the function the lab calls; `python -m llamablock.long_context`
+`run_long_context(...) -> dict` is the function the lab calls; `python -m llamablock.studies.long_context`
 prints the table and writes a plot.
 """
 
@@ -28,10 +28,11 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from llamablock.io.hf_checkpoint import atomic_write
+from llamablock.util.files import atomic_write
+from llamablock.util.plots import pyplot, save_png
 from llamablock.model import Decoder
 from llamablock.presets import preset
-from llamablock.train import TrainConfig, get_data, train
+from llamablock.training.train import TrainConfig, get_data, train
 
 SIZE = dict(d_model=128, n_layers=4, n_heads=4, n_kv_heads=2)
 METHODS = ("none", "linear", "ntk", "dynamic", "yarn")
@@ -133,13 +134,8 @@ def format_table(result: dict) -> str:
 
 
 def plot(result: dict, path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     lengths = sorted({int(n) for per in result["curves"].values() for n in per})
-    fig, axes = plt.subplots(1, len(lengths), figsize=(5 * len(lengths), 4), sharey=True)
+    fig, axes = pyplot().subplots(1, len(lengths), figsize=(5 * len(lengths), 4), sharey=True, dpi=100)
     for ax, n in zip(axes, lengths):
         for name, per in result["curves"].items():
             if str(n) in per:
@@ -151,13 +147,11 @@ def plot(result: dict, path) -> None:
         ax.set(title=f"evaluated at {n} tokens", xlabel="position")
     axes[0].set_ylabel("loss (nats/char)")
     axes[-1].legend(fontsize=7)
-    fig.tight_layout()
-    atomic_write(Path(path), lambda p: fig.savefig(p, dpi=100, format="png"))
-    plt.close(fig)
+    save_png(fig, path)
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m llamablock.long_context", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m llamablock.studies.long_context", description=__doc__.split("\n\n")[0])
     p.add_argument("--L", type=int, default=64, help="training context (default %(default)s)")
     p.add_argument("--steps", type=int, default=300, help="training steps per model (default %(default)s)")
     p.add_argument("--finetune-steps", type=int, default=40, help="fine-tune steps at 4L (default %(default)s)")

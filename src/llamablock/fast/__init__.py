@@ -1,0 +1,1 @@
+"""Fast engines: the same model transformed (fused weights, static cache, quantized layers, compiled)."""

@@ -1,0 +1,1 @@
+"""Generation, sampling and evaluation, behind an engine interface (prefill, step)."""

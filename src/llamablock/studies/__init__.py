@@ -1,0 +1,1 @@
+"""Experiments built on the library: ablations, long context, the token tracer."""

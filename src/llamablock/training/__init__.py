@@ -1,0 +1,1 @@
+"""Training the Shakespeare models: data, the loop, checkpoints, torch.distributed."""
