@@ -331,7 +331,7 @@ def run(quick: bool = False) -> list[Section]:
     bw = copy_bandwidth()
     ppl = {}
     if val_ids is not None:
-        from llamablock.commands.perplexity import sliding_perplexity
+        from llamablock.runtime.evaluate import sliding_perplexity
 
         for k, (m, _) in ours.items():
             ppl[k] = sliding_perplexity(m, val_ids[:512], context=512, stride=512)[0]

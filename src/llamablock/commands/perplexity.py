@@ -1,22 +1,17 @@
 """`llamablock perplexity`: a model's perplexity on a text file, with a sliding window.
 
-Windows of `context` tokens advance by `stride`; each window scores only the tokens the previous
-windows did not, so with stride < context every scored token sees at least context - stride
-tokens of history (the strided evaluation of transformers' perplexity guide). The first token of
-the file is never scored (nothing predicts it).
+Windows of `context` tokens advance by `stride` (llamablock.runtime.evaluate.sliding_perplexity,
+the strided evaluation of transformers' perplexity guide).
     perplexity = exp(total negative log-likelihood / tokens scored)
 """
 
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
-import torch
-import torch.nn.functional as F
-
 from llamablock.fast.quant import DTYPE_CHOICES
+from llamablock.runtime.evaluate import sliding_perplexity
 
 
 def add_arguments(p) -> None:
@@ -29,34 +24,6 @@ def add_arguments(p) -> None:
     p.add_argument("--dtype", choices=DTYPE_CHOICES, default="float32",
                    help="weights and activations; q8/q4: int8/int4 weights, bfloat16 activations (default: %(default)s)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
-
-
-@torch.no_grad()
-def sliding_perplexity(model, ids: list[int], context: int, stride: int, progress: bool = False) -> tuple[float, int]:
-    """(perplexity, tokens scored) of `ids` under `model`."""
-    if len(ids) < 2:
-        raise ValueError(f"need at least 2 tokens to measure perplexity, the text has {len(ids)}")
-    if not 2 <= context <= model.cfg.max_seq_len:
-        raise ValueError(f"--context must be in 2..{model.cfg.max_seq_len} (the model's context), got {context}")
-    if not 1 <= stride <= context:
-        raise ValueError(f"--stride must be in 1..{context} (the context), got {stride}")
-    from tqdm import tqdm
-
-    x = torch.tensor(ids)[None]  # (1, n)
-    n, nll, scored, prev_end = len(ids), 0.0, 0, 1
-    starts = [0]
-    while starts[-1] + context < n:  # the last window ends at the last token
-        starts.append(starts[-1] + stride)
-    for begin in tqdm(starts, desc="perplexity", unit="window", disable=not progress):
-        end = min(begin + context, n)
-        new = end - prev_end  # targets not scored yet: positions prev_end .. end-1
-        if new <= 0:
-            continue
-        logits = model(x[:, begin:end])[0, -new - 1:-1].float()  # (new, V): predictions of those targets
-        nll += F.cross_entropy(logits, x[0, end - new:end], reduction="sum").item()
-        scored += new
-        prev_end = end
-    return math.exp(nll / scored), scored
 
 
 def run(args) -> int:

@@ -2,71 +2,19 @@
 
 from __future__ import annotations
 
-import dataclasses
-import json
-import types
-import typing
-
 from llamablock.commands import UsageError
 from llamablock.config import ModelConfig
 from llamablock.presets import ARCH_PRESETS as ARCHS
 from llamablock.presets import PRESETS, preset
 
 
-def _field_types() -> dict[str, tuple]:
-    """ModelConfig field -> the python types its annotation allows (NoneType included)."""
-    hints = typing.get_type_hints(ModelConfig)
-    out = {}
-    for f in dataclasses.fields(ModelConfig):
-        hint = hints[f.name]
-        args = typing.get_args(hint) if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union else (hint,)
-        out[f.name] = tuple(typing.get_origin(a) or a for a in args)
-    return out
-
-
-def _convert(name: str, text: str, allowed: tuple):
-    if type(None) in allowed and text.lower() in ("none", "null"):
-        return None
-    for kind in allowed:
-        if kind is bool and text.lower() in ("true", "false", "1", "0"):
-            return text.lower() in ("true", "1")
-        if kind is int:
-            try:
-                return int(text)
-            except ValueError:
-                pass
-        if kind is float:
-            try:
-                return float(text)
-            except ValueError:
-                pass
-        if kind is dict:
-            try:
-                value = json.loads(text)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(value, dict):
-                return value
-        if kind is str:
-            return text
-    names = " or ".join("None" if k is type(None) else ("a JSON object" if k is dict else k.__name__) for k in allowed)
-    raise UsageError(f"--set {name}={text}: {name} expects {names}")
-
-
 def parse_overrides(items: list[str] | None) -> dict:
-    """`--set field=value` pairs, each checked against ModelConfig's field types."""
-    types_ = _field_types()
+    """`--set field=value` pairs (ModelConfig.parse_overrides); vocab_size is the tokenizer's, not a field to set."""
     out = {}
-    for item in items or []:
-        if "=" not in item:
-            raise UsageError(f"--set expects field=value, got {item!r}")
-        name, text = item.split("=", 1)
-        name = name.strip()
-        if name not in types_:
-            raise UsageError(f"--set: unknown field {name!r}; ModelConfig fields are {', '.join(sorted(types_))}")
-        if name == "vocab_size":
+    for item in items or []:  # one at a time: the first bad item is the one reported
+        if "=" in item and item.split("=", 1)[0].strip() == "vocab_size":
             raise UsageError("--set vocab_size: the vocabulary size is taken from the tokenizer (use --tokenizer)")
-        out[name] = _convert(name, text.strip(), types_[name])
+        out.update(ModelConfig.parse_overrides([item]))
     return out
 
 

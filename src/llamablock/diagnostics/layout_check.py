@@ -23,7 +23,7 @@ import torch
 
 from llamablock.model import Decoder
 from llamablock.rope import permute_qk
-from llamablock.training.train import lm_loss
+from llamablock.runtime.evaluate import lm_loss
 
 MARGIN = 0.5  # nats per token between the two losses before either order is called right
 

@@ -17,7 +17,8 @@ from llamablock.studies import ablation
 from llamablock.lab.record import Claim
 from llamablock.model import Decoder
 from llamablock.presets import preset
-from llamablock.training.train import TrainConfig, evaluate, get_data, train
+from llamablock.runtime.evaluate import evaluate
+from llamablock.training.train import TrainConfig, get_data, train
 from llamablock.training import data as D
 
 QUICK = dict(steps=60, seeds=(0,), size=dict(d_model=64, n_heads=4, n_layers=2), context=64)

@@ -12,7 +12,7 @@ Choices and their sources:
 Determinism: the weights come from `seed`; batch k is drawn from a generator seeded by
 (seed, k) (`data.sample_batch`), so a run is a function of its configs and a resumed run
 repeats the uninterrupted one exactly (on the same machine and thread count).
-Loss: mean cross-entropy of next-token prediction, in nats per token.
+Loss: mean cross-entropy of next-token prediction, in nats per token (runtime.evaluate.lm_loss).
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from llamablock.training import data as D
 from llamablock.training import distributed as dd
@@ -34,6 +33,7 @@ from llamablock.config import ModelConfig
 from llamablock.util.files import atomic_write
 from llamablock.util.plots import figure, save_png
 from llamablock.model import Decoder
+from llamablock.runtime.evaluate import evaluate, lm_loss
 
 
 @dataclass
@@ -90,23 +90,6 @@ def make_optimizer(model: torch.nn.Module, t: TrainConfig) -> torch.optim.AdamW:
     rest = [p for p in params if p.dim() < 2]
     groups = [{"params": decay, "weight_decay": t.weight_decay}, {"params": rest, "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=t.lr, betas=(0.9, 0.95), eps=1e-8)
-
-
-def lm_loss(model: torch.nn.Module, windows: torch.Tensor) -> torch.Tensor:
-    logits = model(windows[:, :-1])  # (b, t, V)
-    return F.cross_entropy(logits.flatten(0, 1).float(), windows[:, 1:].flatten())
-
-
-@torch.no_grad()
-def evaluate(model: torch.nn.Module, windows: torch.Tensor, batch_size: int = 16) -> float:
-    was = model.training
-    model.eval()
-    total = 0.0
-    for i in range(0, len(windows), batch_size):
-        chunk = windows[i: i + batch_size]
-        total += float(lm_loss(model, chunk)) * len(chunk)
-    model.train(was)
-    return total / len(windows)
 
 
 _DATA: dict[tuple, D.TokenData] = {}
