@@ -240,12 +240,10 @@ def test_prune_deletes_least_recently_used_packages_beyond_the_limit(tmp_path):
         (tmp_path / name / "lib.so").write_bytes(b"x" * 1000)
         os.utime(tmp_path / name, (1000 + i, 1000 + i))
     os.utime(tmp_path / "kept", (1, 1))  # the oldest, but the package just compiled
-    (tmp_path / "0123abcd.pt2").write_bytes(b"x")  # the earlier layout's archive
-    (tmp_path / ".0123abcd.77.pt2").write_bytes(b"x")  # and an older version compiling one now
     removed = prune(tmp_path, keep=tmp_path / "kept", max_bytes=2500)
-    # the old archive, then the oldest packages first, until 2 x 1000 bytes remain
-    assert removed == [tmp_path / "0123abcd.pt2", tmp_path / "old", tmp_path / "mid"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".0123abcd.77.pt2", ".compiling.123", "kept", "new"]
+    # the oldest packages first, until 2 x 1000 bytes remain
+    assert removed == [tmp_path / "old", tmp_path / "mid"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".compiling.123", "kept", "new"]
     assert prune(tmp_path, keep=tmp_path / "kept", max_bytes=10**6) == []
 
 

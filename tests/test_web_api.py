@@ -5,12 +5,10 @@ with good and bad input. Expected numbers are closed forms (stated at each) or t
 from __future__ import annotations
 
 import asyncio
-import importlib
 import json
 import math
 import re
 import socket
-import sys
 
 import pytest
 
@@ -221,19 +219,11 @@ def test_human_bytes(n, text):
     assert human_bytes(n) == text
 
 
-# -- rope-scaling (llamablock.diagnostics.rope_table, written in the RoPE-family issue) ---------------------
-
-def _needs(module: str):
-    try:
-        importlib.import_module(module)
-    except ImportError as e:
-        pytest.skip(f"{module} is not importable here ({e}); its figure answers 503")
-
+# -- rope-scaling (llamablock.diagnostics.rope_table) ----------------------------------------------
 
 def test_rope_scaling_module_claim_at_4096_to_32768(client):
     """Module 15.2: trained on 4,096 and run at 32,768, only the slow pairs reach unseen angles;
     interpolation fixes them all; NTK leaves some; YaRN and llama3 leave none."""
-    _needs("llamablock.diagnostics.rope_table")
     d = client.get("/api/rope-scaling", params=dict(train_len=4096, target_len=32768, head_dim=128)).json()
     by = {m["name"]: m for m in d["methods"]}
     assert {"default", "linear", "ntk", "yarn", "llama3"} <= set(by)
@@ -248,7 +238,6 @@ def test_rope_scaling_module_claim_at_4096_to_32768(client):
 
 
 def test_rope_scaling_no_extension_has_nothing_unseen(client):
-    _needs("llamablock.diagnostics.rope_table")
     d = client.get("/api/rope-scaling", params=dict(train_len=8192, target_len=8192, head_dim=64, base=500000)).json()
     assert all(m["n_unseen"] == 0 and m["n_crowded"] == 0 for m in d["methods"])
 
@@ -258,17 +247,15 @@ def test_rope_scaling_no_extension_has_nothing_unseen(client):
     (dict(train_len="4k"), 422, "train_len"), (dict(base="nan"), 422, "base"), (dict(target_len=2**25), 422, "target_len"),
 ])
 def test_rope_scaling_bad_input(client, params, status, parameter):
-    _needs("llamablock.diagnostics.rope_table")
     error(client.get("/api/rope-scaling", params=params), status, parameter)
 
 
-# -- token-tracer-compare (llamablock.studies.trace, written in the training issue) -------------------------
+# -- token-tracer-compare (llamablock.studies.trace) ---------------------------------------------
 
 @pytest.fixture(scope="module")
 def trace_client(tmp_path_factory):
     """A client whose tracer pair is trained tiny (2 steps) into a temporary cache, so the test
-    costs seconds rather than the two minutes of the real recipe; the face is what is tested."""
-    _needs("llamablock.studies.trace")
+    does not pay for the real recipe's training; the face is what is tested."""
     from llamablock.studies.trace import ensure_pair
     from llamablock.training.train import TrainConfig
 
@@ -279,10 +266,10 @@ def trace_client(tmp_path_factory):
 
 @pytest.mark.slow
 def test_token_tracer_passes_the_tracer_through(trace_client):
-    from llamablock.studies.trace import trace_pair
+    from llamablock.studies.trace import is_trained, pair_dirs, trace_pair
 
     client, cache = trace_client
-    assert client.get("/api/figures").json()["token-tracer-compare"]["trained"] is True
+    assert all(is_trained(run) for run in pair_dirs(cache).values())  # the endpoint will not train
     d = client.get("/api/token-tracer", params=dict(text="ROMEO: But soft", top_k=3)).json()
     direct = trace_pair("ROMEO: But soft", cache_dir=cache, top_k=3)
     assert d["tokens"] == list("ROMEO: But soft") and d["blocks"] == 4
@@ -306,30 +293,6 @@ def test_token_tracer_bad_input(trace_client, params, status, parameter):
     message = error(trace_client[0].get("/api/token-tracer", params=params), status, parameter)
     if status == 400:
         assert "not in the vocabulary" in message
-
-
-def test_tracer_status_says_untrained_for_an_empty_cache(tmp_path):
-    _needs("llamablock.studies.trace")
-    status = TestClient(create_app(trace_cache_dir=str(tmp_path))).get("/api/figures").json()["token-tracer-compare"]
-    assert status["available"] and status["trained"] is False and "trains both models" in status["first_use"]
-
-
-# -- the two figures that depend on other parts of the library ----------------------------------
-
-@pytest.mark.parametrize("module,endpoint,figure", [("llamablock.diagnostics.rope_table", "/api/rope-scaling", "rope-scaling"),
-                                                    ("llamablock.studies.trace", "/api/token-tracer", "token-tracer-compare")])
-def test_missing_library_part_gives_503_with_the_reason(client, monkeypatch, module, endpoint, figure):
-    monkeypatch.setitem(sys.modules, module, None)  # makes `import module` raise ImportError
-    reply = client.get(endpoint)
-    assert reply.status_code == 503 and "not available" in reply.json()["message"] and module in reply.json()["message"]
-    status = client.get("/api/figures").json()[figure]
-    assert status["available"] is False and module in status["reason"]
-
-
-def test_figures_status_names_a_reason_when_unavailable(client):
-    d = client.get("/api/figures").json()
-    for name in ("rope-scaling", "token-tracer-compare"):
-        assert d[name]["available"] or "not available" in d[name]["reason"]
 
 
 # -- the command -------------------------------------------------------------------------------

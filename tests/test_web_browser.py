@@ -32,14 +32,12 @@ ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disa
 TIMEOUT_MS = 20_000
 
 
-def tiny_trace_cache(root: Path) -> str | None:
-    """The tracer's pair trained for 2 steps (seconds, not the real recipe's two minutes): the page
-    is under test here, not the models. None where llamablock.studies.trace is not importable."""
-    try:
-        from llamablock.studies.trace import ensure_pair
-        from llamablock.training.train import TrainConfig
-    except ImportError:
-        return None
+def tiny_trace_cache(root: Path) -> str:
+    """The tracer's pair trained for 2 steps, not the real recipe: the page is under test here,
+    not the models."""
+    from llamablock.studies.trace import ensure_pair
+    from llamablock.training.train import TrainConfig
+
     ensure_pair(root, recipe=TrainConfig(steps=2, batch_size=2, context=32, warmup=0, eval_every=2, eval_windows=2))
     return str(root)
 
@@ -110,9 +108,7 @@ def wait_changed(page, name, before: str) -> None:
 def test_page_loads_without_console_errors_and_screenshots(page):
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     for name in FIGURES:
-        assert state(page, name) in ("ready", "unavailable"), (name, page.inner_text(f"#figure-{name} .error"))
-        if state(page, name) == "unavailable":  # a missing part of the library says so in the figure
-            assert "not available" in page.inner_text(f"#figure-{name} .unavailable")
+        assert state(page, name) == "ready", (name, page.inner_text(f"#figure-{name} .error"))
         page.locator(f"#figure-{name}").screenshot(path=str(ARTIFACTS / f"{name}.png"))
         assert (ARTIFACTS / f"{name}.png").stat().st_size > 5000
     assert page.errors == []
@@ -123,8 +119,6 @@ SLIDERS = {"rope-visualizer": 3, "rope-scaling": 1, "swiglu-gate": 2, "gqa": 3}
 
 def test_every_slider_changes_its_figure(page):
     for name, count in SLIDERS.items():
-        if state(page, name) == "unavailable":
-            continue
         sliders = page.locator(f"#figure-{name} input[type=range]").all()
         assert len(sliders) == count, name
         for slider in sliders:
@@ -174,8 +168,6 @@ def test_what_happens_is_revealed_on_request(page):
 
 
 def test_a_bad_value_is_reported_naming_the_parameter(page):
-    if state(page, "rope-scaling") == "unavailable":
-        pytest.skip("llamablock.diagnostics.rope_table is not importable here: the rope-scaling figure is unavailable")
     page.fill("#figure-rope-scaling input[name=train_len]", "0")
     page.wait_for_function("document.getElementById('figure-rope-scaling').dataset.state === 'error'")
     assert page.inner_text("#figure-rope-scaling .error").startswith("train_len:")
@@ -186,8 +178,6 @@ def test_a_bad_value_is_reported_naming_the_parameter(page):
 
 def test_tracer_block_stage_and_text(page):
     fig = "#figure-token-tracer-compare"
-    if state(page, "token-tracer-compare") == "unavailable":
-        pytest.skip("llamablock.studies.trace is not importable here: the tracer figure is unavailable")
     assert page.locator(f"{fig} .readout .model").count() == 2  # 2017 and 2024 side by side
     assert page.get_attribute(f"{fig} rect.chosen >> nth=0", "data-stage") == "block 1 after attention"
     for block, stage in (("2", "feed-forward"), ("4", "attention")):

@@ -1,6 +1,6 @@
 """Warnings for RoPE settings in a transformers config.json that load but do not do what they say.
 
-Each rule is a trap reported in the issue trackers of transformers, vLLM, llama.cpp and mlx-lm:
+Each rule is a trap reported in the bug trackers of transformers, vLLM, llama.cpp and mlx-lm:
 a scaling that is silently ignored shows only past the training length, so short tests pass.
 `lint_config(d)` returns one `RopeWarning` per trap; each message is one line that says what
 happens and what to write instead. Rules (names are stable, for filtering):
@@ -28,7 +28,7 @@ For a GGUF file (`lint_gguf`, or `lint_file` on a .gguf), the traps of llama.cpp
 
     gguf-missing-rope-freqs  named LLaMA 3.1/3.2/3.3 with a context above 8192 but no rope_freqs
                           tensor and no rope.scaling: converted without LLaMA 3.1's rescaling
-                          (converters before llama.cpp PR #8676, 2024, and forks that skipped
+                          (converters before llama.cpp PR #8676, and forks that skipped
                           the tensor, ik_llama.cpp #402): every runtime runs it with plain RoPE
     gguf-unmapped         a scaling llamablock refuses to load (io/gguf_rope.py says why)
     gguf-transformers-plain  the file scales RoPE; transformers' GGUF loader (5.x) ignores both

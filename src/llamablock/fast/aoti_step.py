@@ -1,11 +1,11 @@
 """The static decode step and prefill compiled ahead of time by AOTInductor, cached on disk.
 
-torch.compile re-traces the step in every new process (dynamo, AOTAutograd, freezing: ~16 s for
-SmolLM2 even with a warm cache) and launches its kernels from Python at every step. AOTInductor
-compiles an exported program into a shared library with a C++ launcher; a later process loads
-that library instead (BENCHMARKS.md: q8 122 tokens/s; in its kernel profile of the same step
-under torch.compile the Python launcher and dynamo's guards take 3.9 ms of each step, which the
-library has not). Tests check the library's logits against the eager step (1e-4, float32).
+torch.compile re-traces the step in every new process (dynamo, AOTAutograd, freezing), even
+with a warm cache, and launches its kernels from Python at every step, behind dynamo's guards.
+AOTInductor compiles an exported program into a shared library with a C++ launcher; a later
+process loads that library instead, and each step runs without the Python launcher and the
+guards (`llamablock bench decode` and `llamablock bench compile_cache` measure the step and
+the start-up). Tests check the library's logits against the eager step (1e-4, float32).
 
     step = AOTIProgram(static, fmt, options, "step", (ids, pos))   # static: a StaticDecoder
     logits = step(ids, pos)                     # writes the step's key/value into static's cache
@@ -24,9 +24,9 @@ Cache layout: `<inductor cache dir>/llamablock-aoti/<hash>/`, the .pt2 package t
 interrupted compile leaves nothing). After each compile the least recently used packages are
 deleted beyond MAX_CACHE_BYTES (`prune`), and AOTInductor's build copy of the new library is
 deleted from inductor's cache (`drop_build_copy`). Why unpacked: `aoti_load_package` unpacks the
-archive into a temporary directory on every load, 2.8 s of its 3.2 s for SmolLM2 in q8 (a
-331 MB library, the weights inside), while the same library loads in 0.4 s from a directory
-(measured here, torch 2.13). The library is run through
+archive into a temporary directory on every load, which is most of its load time since the
+library carries the weights (hundreds of MB for SmolLM2), while the same library loads from a
+directory with no copy. The library is run through
 `torch._C._aoti.AOTIModelContainerRunnerCpu`, the runner that the package loader and
 `torch._export.aot_load` wrap, given the flat list of input tensors.
 """
@@ -83,7 +83,8 @@ def _unregister_caches(static) -> list[torch.Tensor]:
 
 def weights_digest(static) -> str:
     """A hash of the static layout's weights and quantized buffers (the caches are not in its
-    state_dict: non-persistent). ~0.3 s for SmolLM2: computed once per layout, shared by its programs."""
+    state_dict: non-persistent). It reads every weight, so it is computed once per layout and
+    shared by its programs."""
     h = hashlib.blake2b(digest_size=16)
     for name, tensor in sorted(static.state_dict().items()):
         h.update(name.encode())
@@ -123,7 +124,7 @@ def source_digest(root: Path = Path(__file__).parents[1]) -> str:
 
 def package_dir() -> Path:
     """`<inductor cache dir>/llamablock-aoti`. The variable is read here first, as inductor's
-    cache_dir() does, because importing inductor to ask it costs 2 s of a warm start."""
+    cache_dir() does, because importing inductor just to ask would be a large part of a warm start."""
     root = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     if root is None:
         from torch._inductor.runtime.cache_dir_utils import cache_dir
@@ -132,7 +133,7 @@ def package_dir() -> Path:
     return Path(root).absolute() / "llamablock-aoti"
 
 
-MAX_CACHE_BYTES = 8 << 30  # the packages kept on disk (SmolLM2: 0.2-0.7 GB per program and cache length)
+MAX_CACHE_BYTES = 8 << 30  # the packages kept on disk (each holds its program's weights)
 
 
 def directory_bytes(directory: Path) -> int:
@@ -143,14 +144,9 @@ def directory_bytes(directory: Path) -> int:
 def prune(directory: Path, keep: Path, max_bytes: int = MAX_CACHE_BYTES) -> list[Path]:
     """Delete the least recently used packages (by modification time, which every load refreshes)
     until `directory` holds at most `max_bytes`; never `keep`, nor a compile in progress (a dot
-    name). Archives of the earlier one-file-per-package layout (`<hash>.pt2`) are deleted too. A
-    process that has a deleted package's library loaded keeps running it (Linux keeps an unlinked
-    file while it is mapped). Returns what was deleted."""
+    name). A process that has a deleted package's library loaded keeps running it (Linux keeps an
+    unlinked file while it is mapped). Returns what was deleted."""
     removed = []
-    for old in directory.glob("*.pt2"):  # packages of the earlier layout (one archive per key): never read now
-        if not old.name.startswith("."):  # an older version's compile in progress
-            old.unlink(missing_ok=True)
-            removed.append(old)
     entries = sorted((p.stat().st_mtime, p) for p in directory.iterdir() if p.is_dir() and not p.name.startswith("."))
     sizes = {p: directory_bytes(p) for _, p in entries}
     total = sum(sizes.values())
@@ -169,11 +165,11 @@ def drop_build_copy(package: Path, root: Path) -> list[Path]:
 
     aoti_compile_and_package builds the library in `<root>/<hash of the graph's code>/` and copies
     it into the package. Nothing reads or deletes that build copy afterwards (llamablock loads the
-    package), so the inductor cache held every program twice: 9 GB of build copies here, found when
-    the disk filled (the library carries the weights: 0.3-0.65 GB per SmolLM2 program). Only files
-    named as the package's own (hashes of their source) one level under `root` are deleted, then
-    the wrapper's directory and the build directory if that leaves them empty: another compile
-    building in the same directory keeps its files."""
+    package), so without this the inductor cache holds every program twice, each copy carrying
+    the program's weights, and grows without bound. Only files named as the package's own (hashes
+    of their source) one level under `root` are deleted, then the wrapper's directory and the
+    build directory if that leaves them empty: another compile building in the same directory
+    keeps its files."""
     removed = []
     for own in sorted(package.glob("*/data/aotinductor/model/*")):
         for copy in root.glob(f"*/{own.name}"):
@@ -226,7 +222,7 @@ class AOTIProgram:
             os.utime(self.path)  # recently used: pruned last
         # Linux lets a process use AMX tiles only after it asks (arch_prctl XTILEDATA). Inductor asks
         # while compiling; a process that only loads a library whose GEMMs use AMX (the bfloat16 and
-        # int8 prefill, here) died of SIGILL at its first call without this.
+        # int8 prefill on AMX CPUs) dies of SIGILL at its first call without this.
         torch.cpu._init_amx()
         self.runner = torch._C._aoti.AOTIModelContainerRunnerCpu(str(library), 1)
         self.huge_page_bytes = 0

@@ -1,20 +1,18 @@
 """2 MiB pages under the weights a decode step reads (Linux transparent huge pages).
 
 Decoding one token reads every weight once (module section 15.5). With the usual 4 KiB pages
-that stream crosses a page boundary, and needs another TLB entry, every 4 KiB: 131,000 pages per
-token for SmolLM2 in float32 (538 MB), 33,000 in q8. Linux backs memory with 2 MiB pages only
-where a process asks when /sys/kernel/mm/transparent_hugepage/enabled is `madvise` (as on this
-machine), and neither PyTorch nor AOTInductor asks: every llamablock process here had
-AnonHugePages 0 kB. Asking for the compiled step's weights, side by side here: SmolLM2's q8 step
-1.16x and 1.22x faster, float32 1.05x, in runs when the machine streamed memory slowly (q8 at
-112 tokens/s in 4 KiB pages), 0.97-1.07x (noise) in committed runs when it did not (q8 at
-138-143), 1.02-1.08x in the run BENCHMARKS.md records (q8 at 118). `llamablock bench huge_pages`
-measures it.
+that stream crosses a page boundary, and needs another TLB entry, every 4 KiB: about 131,000
+pages per token for SmolLM2 in float32 (538 MB of weights), about 33,000 in q8. When
+/sys/kernel/mm/transparent_hugepage/enabled is `madvise`, Linux backs memory with 2 MiB pages
+only where a process asks, and neither PyTorch nor AOTInductor asks, so a llamablock process
+otherwise has no huge pages under its weights (AnonHugePages stays 0 kB). Asking for them
+under the compiled step's weights helps most when the machine streams memory slowly and is
+within noise when it does not; `llamablock bench huge_pages` measures it side by side.
 
 `collapse(ranges)` marks each address range MADV_HUGEPAGE and asks the kernel to move what is
-already there into 2 MiB pages now (MADV_COLLAPSE, Linux 6.1 on; it copies: 2.2-2.6 s per GB
-here, 0.8 s for SmolLM2's q8 step at load). Only the whole 2 MiB pages inside a range change;
-nothing else about the memory does.
+already there into 2 MiB pages now (MADV_COLLAPSE, Linux 6.1 on). It copies the memory, so it
+costs time in proportion to the bytes moved, once at load. Only the whole 2 MiB pages inside a
+range change; nothing else about the memory does.
 Where the kernel refuses (no MADV_COLLAPSE, THP `never`, no free 2 MiB pages), the memory keeps
 its small pages and everything works as before: the function reports bytes, never raises.
 

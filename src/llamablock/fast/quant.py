@@ -13,19 +13,18 @@ of gpt-fast's `quantize.py`, on the same kernels:
         with `packed` from _convert_weight_to_int4pack_for_cpu(q (n, k) int32, 1).
         The "- 8" is the kernel's convention (zero point in the middle of the range).
 
-Why these choices (measured by the speed issue's probe on this 2-core CPU):
-  * the kernels are fast only with bfloat16 activations (float32/float16 inputs take paths
-    5-25x slower), so inputs are cast to bfloat16 and outputs back to the input dtype;
+Why these choices (`llamablock bench decode` measures speed and perplexity per format):
+  * the kernels are fast only with bfloat16 activations (float32/float16 inputs take much
+    slower paths), so inputs are cast to bfloat16 and outputs back to the input dtype;
   * int4 group 32 matches the Q4_1 blocks of llama.cpp's file the model ships in (32 weights
-    per block); group 64 lost quality;
+    per block); larger groups cost perplexity;
   * the output head in 8 bits (even under q4) keeps greedy tokens equal to float32.
 Prefill: the packed kernels work row by row of x, so their time grows linearly with the number
-of tokens (measured: 14.8 ms for 512 tokens of a 576 -> 1536 layer, against 1.4 ms to
-dequantize to bfloat16 and call the ordinary matmul). From PREFILL_ROWS rows on, a layer
-dequantizes its weight for that call (a transient bfloat16 copy, freed after) and runs the
-bfloat16 GEMM; decode (one row) always reads only the small integers. int4 keeps its own
-nibble-packed copy of the ids for this (half a byte per weight) because the kernel's packed
-layout is private to it.
+of tokens, and for a long prompt dequantizing to bfloat16 and calling the ordinary matmul is
+many times faster. From PREFILL_ROWS rows on, a layer dequantizes its weight for that call (a
+transient bfloat16 copy, freed after) and runs the bfloat16 GEMM; decode (one row) always
+reads only the small integers. int4 keeps its own nibble-packed copy of the ids for this
+(half a byte per weight) because the kernel's packed layout is private to it.
 Error per weight: rounding to nearest gives |W - dequant(W)| <= s / 2 (s the row or group
 step), plus the bfloat16 rounding of s and z (relative 2^-9). `dequantized()` returns the
 float32 weight the kernel actually multiplies by, for tests and perplexity checks.
@@ -62,9 +61,9 @@ class Int8Linear(nn.Module):
 
     @property
     def kernel(self) -> bool:
-        """Whether small batches use aten._weight_int8pack_mm: it returned NaN or 1e30 (or crashed) here
-        when k was not a multiple of 16 (torch 2.13, AVX-512; k = 8, 24, 33, 100 tried), so such
-        layers multiply by the dequantized weight."""
+        """Whether small batches use aten._weight_int8pack_mm: its AVX-512 path returns garbage
+        (NaN, huge values) or crashes when k is not a multiple of 16 (torch 2.13), so such layers
+        multiply by the dequantized weight; tests/test_quant.py covers both widths."""
         return self.in_features % 16 == 0
 
     def dequantized(self) -> torch.Tensor:

@@ -29,18 +29,19 @@ def time_calls(fns: dict[str, Callable[[], object]], repeats: int = 20, warmup: 
 
 
 def l3_size() -> str:
-    """This CPU's last-level cache as Linux reports it ("480 MiB"), for reports."""
+    """This CPU's last-level cache as Linux reports it (e.g. "32 MiB"), for reports."""
     try:
         with open("/sys/devices/system/cpu/cpu0/cache/index3/size") as f:
-            size = f.read().strip()  # e.g. "491520K"
+            size = f.read().strip()  # e.g. "32768K"
     except OSError:
         return "size unknown"
     return f"{int(size[:-1]) >> 10} MiB" if size.endswith("K") else size
 
 
 def eviction_buffer(nbytes: int = 1 << 30):
-    """A float32 buffer of `nbytes` for `best_time(..., evict=...)`. 1 GiB by default: twice the
-    480 MiB L3 of the machine these numbers come from."""
+    """A float32 buffer of `nbytes` for `best_time(..., evict=...)`. 1 GiB by default: larger
+    than the last-level cache even of server CPUs with hundreds of MiB of L3 (`l3_size()` reports
+    this one's), so reading it pushes a call's inputs out of the caches."""
     return torch.ones(nbytes // 4)
 
 
@@ -49,8 +50,8 @@ def best_time(fn: Callable[[], object], repeats: int, evict=None) -> float:
     `eviction_buffer`), read it before each call, so that the call's inputs come from memory
     and not from the caches ("cold"); without it the calls run back to back ("warm").
     Reading, not writing: written lines would leave the caches dirty and each call would pay
-    their write-back as well (measured: a plain read's 32 -> 8 KV-head ratio fell from
-    3.4-3.9x to 2.5x with a written buffer)."""
+    their write-back as well, which blurs the differences being measured (a written buffer
+    shrinks the KV-head ratios that `llamablock bench attention` measures)."""
     fn()
     best = float("inf")
     for _ in range(repeats):

@@ -12,13 +12,13 @@ rope-scaling: the per-pair table of `llamablock.diagnostics.rope_table`, the cod
 
 from __future__ import annotations
 
-import importlib
 import math
 
 import torch
 from fastapi import APIRouter, Query
 
 from llamablock.config import ModelConfig
+from llamablock.diagnostics.rope_table import compare_methods
 from llamablock.rope import apply_rope, rope_cos_sin
 from llamablock.rope_scaling import default_inv_freq
 from llamablock.web.errors import APIError
@@ -83,23 +83,6 @@ def rope_visualizer(
     }
 
 
-def _rope_table():
-    """llamablock.diagnostics.rope_table, or a 503 naming why the figure cannot be computed."""
-    try:
-        rope_table = importlib.import_module("llamablock.diagnostics.rope_table")
-    except ImportError as e:
-        raise APIError(None, f"rope-scaling is not available: llamablock.diagnostics.rope_table cannot be imported ({e})", 503) from None
-    return rope_table
-
-
-def scaling_status() -> dict:
-    try:
-        _rope_table()
-    except APIError as e:
-        return {"available": False, "reason": e.message}
-    return {"available": True, "reason": None}
-
-
 @router.get("/api/rope-scaling")
 def rope_scaling(
     train_len: int = Query(4096, ge=16, le=1 << 20, description="tokens the model was trained on"),
@@ -107,14 +90,13 @@ def rope_scaling(
     head_dim: int = Query(128, description=f"head width, one of {HEAD_DIMS}"),
     base: float = Query(10000.0, gt=1.0, le=1e9, allow_inf_nan=False, description="RoPE base"),
 ) -> dict:
-    table = _rope_table()
     if head_dim not in HEAD_DIMS:
         raise APIError("head_dim", f"head_dim must be one of {list(HEAD_DIMS)}, got {head_dim}")
     if target_len < train_len:
         raise APIError("target_len", f"target_len ({target_len}) must be at least train_len ({train_len}): "
                                      "the figure is about running past the training length")
     try:
-        methods = table.compare_methods(train_len, target_len, head_dim, base)
+        methods = compare_methods(train_len, target_len, head_dim, base)
     except ValueError as e:
         raise APIError(None, str(e)) from None
     # Columns per method for drawing; the records themselves are rope_table's.

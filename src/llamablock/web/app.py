@@ -7,8 +7,6 @@
     GET /api/swiglu-gate        15.4   api_ffn.py
     GET /api/presets, /api/gqa  15.5   api_gqa.py
     GET /api/token-tracer       15.6   api_trace.py (from llamablock.studies.trace)
-    GET /api/figures            which figures can be computed here (the last two need parts of the
-                                library written elsewhere; without them their endpoints answer 503)
 
 Static files go through Starlette's StaticFiles, which resolves each path and refuses any that
 lands outside its directory, so `..` and encoded variants cannot read the rest of the disk.
@@ -46,13 +44,6 @@ def create_app(trace_cache_dir: str | None = None, lab_results: str = "lab-out/r
     @app.get("/", include_in_schema=False)
     def index() -> FileResponse:
         return FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-cache"})
-
-    @app.get("/api/figures")
-    def figures() -> dict:
-        """Which figures can be computed here; the page asks this before calling an endpoint
-        that depends on a part of the library that may be missing."""
-        return {"rope-scaling": api_rope.scaling_status(),
-                "token-tracer-compare": api_trace.status(app.state.trace_cache_dir)}
 
     @app.get("/api/{rest:path}", include_in_schema=False)
     def unknown_api(rest: str) -> JSONResponse:

@@ -25,8 +25,7 @@ def body(parameter: str | None, message: str, error: str) -> dict:
 
 
 async def on_api_error(request: Request, exc: APIError) -> JSONResponse:
-    kind = "unavailable" if exc.status == 503 else "invalid parameter"
-    return JSONResponse(body(exc.parameter, exc.message, kind), status_code=exc.status)
+    return JSONResponse(body(exc.parameter, exc.message, "invalid parameter"), status_code=exc.status)
 
 
 async def on_validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:

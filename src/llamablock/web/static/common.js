@@ -85,18 +85,3 @@ export function showValues(form, labels = {}) {
   }
 }
 
-// Ask /api/figures whether a figure can be computed here; when it cannot, show why in the
-// figure and return false (no failing request is made, so the console stays clean).
-export async function available(section, name) {
-  const status = (await getJSON("/api/figures"))[name];
-  if (status.available) return true;
-  const plot = section.querySelector(".plot");
-  plot.innerHTML = "";
-  const note = document.createElement("p");
-  note.className = "unavailable";
-  note.textContent = status.reason;
-  plot.appendChild(note);
-  for (const control of section.querySelectorAll("input, select, button")) control.disabled = true;
-  section.dataset.state = "unavailable";
-  return false;
-}

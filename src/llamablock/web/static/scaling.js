@@ -2,7 +2,7 @@
 // from llamablock.diagnostics.rope_table (the code behind `llamablock rope`). Red: the pair reaches angles
 // at the target length that it never reached within the training length. Amber: a pair that had
 // already turned fully in training is slowed down (crowded: neighbours sit closer than trained).
-import { el, clear, fmt, wire, showValues, available } from "./common.js";
+import { el, clear, fmt, wire, showValues } from "./common.js";
 
 const W = 960, H = 440, PAD = { l: 58, r: 8, t: 44, b: 52 }, GAP = 12;
 const SEEN = "#2563eb", UNSEEN = "#dc2626", CROWDED = "#d97706";
@@ -67,9 +67,8 @@ function render(d, form) {
   }
 }
 
-export async function setup() {
+export function setup() {
   const section = document.getElementById("figure-rope-scaling");
-  if (!(await available(section, "rope-scaling"))) return;
   const { refresh } = wire(section, {
     endpoint: "/api/rope-scaling",
     params: (f) => ({ train_len: f.train_len.value, target_len: 2 ** Number(f.target_log2.value),

@@ -1,11 +1,13 @@
 // token-tracer-compare (15.6): the same text through the trained 2017 and 2024 models, stage by
 // stage, from llamablock.studies.trace. Bars: RMS of the residual stream at one character, per stage,
 // on one scale for both models; the chosen block and stage are highlighted and detailed below.
-import { el, clear, fmt, getJSON, available } from "./common.js";
+import { el, clear, fmt, getJSON } from "./common.js";
 
 const W = 960, H = 320, PAD = { l: 44, t: 34, b: 46 }, GAP = 40;
 const COLOR = { 2017: "#ea580c", 2024: "#2563eb" };
 const DESCRIPTION = { 2017: "post-LN LayerNorm, learned positions, ReLU, MHA", 2024: "pre-LN RMSNorm, RoPE, SwiGLU, GQA" };
+// Shown while a trace runs: the server trains the pair on its first trace and caches it.
+const TRACING = "tracing… (the first trace trains both models, which takes a while, and caches them)";
 let last = null;
 
 function short(name) {
@@ -118,22 +120,18 @@ async function run(section, form, note) {
   }
 }
 
-export async function setup() {
+export function setup() {
   const section = document.getElementById("figure-token-tracer-compare");
-  if (!(await available(section, "token-tracer-compare"))) return;
   const form = section.querySelector("form");
   const hint = document.createElement("p");
   hint.className = "hint-run";
   section.querySelector(".plot").before(hint);
-  const status = (await getJSON("/api/figures"))["token-tracer-compare"];
   form.addEventListener("submit", (e) => {
     e.preventDefault();
-    run(section, form, last || status.trained ? "tracing…" : `training, then tracing: ${status.first_use}…`);
+    run(section, form, last ? "tracing…" : TRACING);
   });
   for (const name of ["block", "stage", "token"]) {
     form[name].addEventListener("change", () => { if (last) draw(section, form); });
   }
-  if (status.trained) return run(section, form, "tracing…");
-  hint.textContent = `Press Trace to start: ${status.first_use}.`;
-  section.dataset.state = "idle";
+  return run(section, form, TRACING);
 }
