@@ -3,7 +3,7 @@ generation "up to 4x faster" going from 32 to 8 KV heads, because a step reads 4
 
 One query token, 32 query heads of width 128, a cache of 8,192 tokens with 32, 8 or 1 KV
 heads, float32 and bfloat16. Two implementations of the same maths:
-    grouped  llamablock's `Attention._attend`: the g query heads of a group stacked into one
+    grouped  llamablock's `Attention.attend`: the g query heads of a group stacked into one
              (g, d) x (d, s) matmul per KV head, each cached key read once;
     sdpa     torch's scaled_dot_product_attention(enable_gqa=True).
 The speed-up columns are time(32 KV heads) / time(this), per implementation and dtype, from
@@ -18,9 +18,11 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.common import Section, ms, verdict
-from llamablock.attention import Attention
+from llamablock.attention import Attention, AttentionInputs
 from llamablock.config import ModelConfig
 from llamablock.util.timing import best_time, eviction_buffer, l3_size, time_calls
+
+DECODE = AttentionInputs()  # one new token after a full cache: nothing to mask
 
 NAME = "attention"
 CLAIM = "GQA decode: 32 -> 8 KV heads at 8,192 tokens at least 3.5x faster (4x is the limit)"
@@ -30,7 +32,7 @@ KV_HEADS = (32, 8, 1)
 def _attention(n_kv: int, d: int, h: int) -> Attention:
     cfg = ModelConfig(vocab_size=8, d_model=h * d, n_layers=1, n_heads=h, n_kv_heads=n_kv, head_dim=d,
                       d_ff=8, max_seq_len=1 << 16)
-    with torch.device("meta"):  # the projections are not used: only _attend is timed
+    with torch.device("meta"):  # the projections are not used: only attend is timed
         return Attention(cfg)
 
 
@@ -48,7 +50,7 @@ def run(quick: bool = False) -> list[Section]:
             q = torch.randn(1, h, 1, d, dtype=dtype)  # (b, h, t, d)
             k = torch.randn(1, n_kv, s, d, dtype=dtype)  # (b, n_kv, s, d)
             v = torch.randn(1, n_kv, s, d, dtype=dtype)
-            fns[("grouped", n_kv)] = lambda att=att, q=q, k=k, v=v: att._attend(q, k, v, s - 1)
+            fns[("grouped", n_kv)] = lambda att=att, q=q, k=k, v=v: att.attend(q, k, v, DECODE)
             fns[("sdpa", n_kv)] = lambda q=q, k=k, v=v, g=n_kv != h: F.scaled_dot_product_attention(q, k, v, enable_gqa=g)
         # Same answer from both before timing them.
         for n_kv in KV_HEADS:
@@ -87,11 +89,11 @@ def attention_parts(dtype: torch.dtype, s: int, d: int, h: int, repeats: int, ev
         g = h // n_kv
         att = _attention(n_kv, d, h)
         q, k, v = (torch.randn(1, n, t, d, dtype=dtype) for n, t in ((h, 1), (n_kv, s), (n_kv, s)))
-        qg = q.reshape(1, n_kv, g, d)  # (b, n_kv, g, d): the group's query rows, as _attend stacks them
+        qg = q.reshape(1, n_kv, g, d)  # (b, n_kv, g, d): the group's query rows, as attend stacks them
         probs = torch.softmax(torch.randn(1, n_kv, g, s), dim=-1).to(dtype)  # (b, n_kv, g, s)
         kv = k.nbytes
         parts[n_kv] = {
-            "whole _attend": (lambda att=att, q=q, k=k, v=v: att._attend(q, k, v, s - 1), 2 * kv),
+            "whole attend": (lambda att=att, q=q, k=k, v=v: att.attend(q, k, v, DECODE), 2 * kv),
             "scores: (g, d) @ (d, s) per KV head": (lambda qg=qg, k=k: qg @ k.transpose(-1, -2), kv),
             "probs @ V: (g, s) @ (s, d) per KV head": (lambda p=probs, v=v: p @ v, kv),
             "read K and V (sum)": (lambda k=k, v=v: k.sum() + v.sum(), 2 * kv),
@@ -104,7 +106,7 @@ def attention_parts(dtype: torch.dtype, s: int, d: int, h: int, repeats: int, ev
             gbs = {n: parts[n][part][1] / t[n] / 1e9 for n in (32, 8)}
             found[(part, caches)] = (t[32] / t[8], gbs)
             sec.rows.append([part, caches, ms(t[32]), ms(t[8]), f"{t[32] / t[8]:.2f}x", f"{gbs[32]:.1f}", f"{gbs[8]:.1f}"])
-    read, whole = found[("read K and V (sum)", "cold")], found[("whole _attend", "cold")]
+    read, whole = found[("read K and V (sum)", "cold")], found[("whole attend", "cold")]
     scores = found[("scores: (g, d) @ (d, s) per KV head", "cold")]
     tried = (" Other layouts of the same products ((K @ qg^T)^T, einsum, one bmm per group row, one mv per head "
              "and row, chunks of 2048 keys) were no faster cold when tried in development (2026-11-30)."
@@ -116,7 +118,7 @@ def attention_parts(dtype: torch.dtype, s: int, d: int, h: int, repeats: int, ev
         f"({read[1][8]:.1f} against {read[1][32]:.1f} GB/s) and the whole attention {whole[0]:.2f}x. The "
         f"8-head case stacks g = 4 query rows into each matmul, and {BMM_LIBRARY[dtype]} at 4 rows streams "
         f"the keys at {scores[1][8]:.1f} GB/s where at one row (32 heads) it streams {scores[1][32]:.1f}. Warm, the "
-        f"8-head case's {parts[8]['whole _attend'][1] >> 20} MiB can stay in this CPU's L3 ({l3_size()}, shared with the machine's "
-        f"other tenants) and the ratio is {found[('whole _attend', 'warm')][0]:.2f}x. The table above alternates "
+        f"8-head case's {parts[8]['whole attend'][1] >> 20} MiB can stay in this CPU's L3 ({l3_size()}, shared with the machine's "
+        f"other tenants) and the ratio is {found[('whole attend', 'warm')][0]:.2f}x. The table above alternates "
         f"32 with 8 heads round by round, which lands in between.{tried}")
     return sec

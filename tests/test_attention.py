@@ -6,7 +6,7 @@ import torch.nn.functional as F
 
 from llamablock import Decoder, KVCache, ModelConfig
 from llamablock.alibi import alibi_slopes
-from llamablock.attention import Attention
+from llamablock.attention import Attention, attention_inputs
 
 
 def _cfg(**kw):
@@ -17,7 +17,7 @@ def _cfg(**kw):
 def _textbook_mha(attn: Attention, x: torch.Tensor, scores_fn) -> torch.Tensor:
     """Multi-head attention as section 6.6 writes it: per-head q, k, v from the same weights."""
     b, t, _ = x.shape
-    h, d = attn.n_heads, attn.d
+    h, d = attn.h, attn.hd
     q = attn.wq(x).view(b, t, h, d).transpose(1, 2)
     k = attn.wk(x).view(b, t, h, d).transpose(1, 2)
     v = attn.wv(x).view(b, t, h, d).transpose(1, 2)
@@ -30,11 +30,12 @@ def test_gqa_with_one_query_per_group_is_mha_bit_for_bit_prefill():
     x = torch.randn(2, 9, 32)
     pos = torch.arange(9).expand(2, 9)
     ref = _textbook_mha(attn, x, lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True))
-    assert (attn(x, pos) - ref).abs().max().item() == 0.0
+    assert (attn(x, attention_inputs(pos, 0, dtype=x.dtype)) - ref).abs().max().item() == 0.0
 
 
 def test_gqa_with_one_query_per_group_is_mha_bit_for_bit_decode():
-    attn = Attention(_cfg(n_kv_heads=4))
+    cfg = _cfg(n_kv_heads=4)
+    attn = Attention(cfg)
     x = torch.randn(1, 6, 32)
 
     def heads(y):  # (1, t, 32) -> (1, 4, t, 8)
@@ -43,10 +44,10 @@ def test_gqa_with_one_query_per_group_is_mha_bit_for_bit_decode():
     # The same projection calls on both sides (a Linear over 5 rows and over 1 row), so only
     # the attention arithmetic is compared.
     k_old, v_old = heads(attn.wk(x[:, :5])), heads(attn.wv(x[:, :5]))
-    cache = KVCache(attn.cfg, 1, 8)
+    cache = KVCache(cfg, 1, 8)
     cache.update(0, k_old, v_old)
     cache.advance(5)
-    got = attn(x[:, 5:], torch.tensor([[5]]), cache)
+    got = attn(x[:, 5:], attention_inputs(torch.tensor([[5]]), 5, dtype=x.dtype), cache)
 
     # Textbook MHA for the newest token: each head's query against all its keys.
     q = heads(attn.wq(x[:, 5:]))
@@ -88,7 +89,7 @@ def test_sliding_window_keeps_the_last_w_tokens():
     ref = _reference_masked(cfg, model, ids, (j <= i) & (i - j < 3))
     attn = model.layers[0].attn
     x = model.layers[0].norm1(model.embed(ids))
-    got = attn(x, torch.arange(10)[None])
+    got = attn(x, model.attention_inputs(torch.arange(10)[None]))
     assert (got - ref).abs().max().item() < 1e-6
 
 
@@ -100,7 +101,7 @@ def test_alibi_bias_matches_explicit_distance_penalty():
     bias = -alibi_slopes(4)[:, None, None] * (i - j)  # m * [-(i-1), ..., -1, 0], Press et al.
     ref = _reference_masked(cfg, model, ids, j <= i, bias)
     x = model.layers[0].norm1(model.embed(ids))
-    got = model.layers[0].attn(x, torch.arange(7)[None])
+    got = model.layers[0].attn(x, model.attention_inputs(torch.arange(7)[None]))
     assert (got - ref).abs().max().item() < 1e-6
 
 

@@ -71,8 +71,10 @@ def test_logits_match_transformers_beyond_original_length(tmp_path, name):
 def test_static_ntk_model_equals_transformers_with_the_raised_base(tmp_path):
     factor = 4.0
     hf, _ = _pair(tmp_path / "ref", {"rope_type": "default"}, theta=ntk_base(10000.0, factor, HEAD_DIM))
-    _, ours = _pair(tmp_path / "ours", {"rope_type": "default"})
-    ours.cfg.rope_scaling = {"rope_type": "ntk", "factor": factor}  # same weights (same seed), static NTK on top
+    _, plain = _pair(tmp_path / "ours", {"rope_type": "default"})
+    ours = llamablock.Decoder(plain.cfg.replace(rope_scaling={"rope_type": "ntk", "factor": factor}))
+    ours.load_state_dict(plain.state_dict())  # same weights (same seed), static NTK on top
+    ours.eval()
     ids = torch.randint(0, 97, (2, 48))
     pos = torch.stack([torch.arange(48), 3000 + 7 * torch.arange(48)])
     with torch.no_grad():

@@ -71,7 +71,7 @@ def test_stages_are_where_the_blocks_compute_them(tok):
         # Block 1 by hand: x + attn(norm1(x)) is the stream after attention.
         pos = torch.arange(ids.shape[1])[None]
         x = m.embed(ids)
-        x = x + m.layers[0].attn(m.layers[0].norm1(x), pos)
+        x = x + m.layers[0].attn(m.layers[0].norm1(x), m.attention_inputs(pos))
     got = torch.tensor(t["stages"][1]["rms"], dtype=torch.float64)
     assert torch.allclose(got, x[0].double().pow(2).mean(-1).sqrt(), rtol=0, atol=1e-6)
     assert "+ positions" in [s["name"] for s in trace_model(_model("gpt-2017-small", tok), tok, TEXT)["stages"]]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 
 import torch
+from torch import nn
 
 
 def _power_of_two_slopes(n: int) -> list[float]:
@@ -37,3 +38,19 @@ def alibi_bias(slopes: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor) -
     """
     distance = (q_pos[:, None] - k_pos[None, :]).to(torch.float32)  # (t, s)
     return -slopes[:, None, None] * distance
+
+
+class ALiBi(nn.Module):
+    """ALiBi for one model: its heads' slopes, built once; `bias` gives the score offsets.
+
+    A module only so that the slopes (a non-persistent buffer: derived, never stored in a
+    checkpoint) follow the model across devices.
+    """
+
+    def __init__(self, n_heads: int):
+        super().__init__()
+        self.register_buffer("slopes", alibi_slopes(n_heads), persistent=False)
+
+    def bias(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+        """(h, t, s) float32 for query positions (t,) and key positions (s,)."""
+        return alibi_bias(self.slopes, q_pos, k_pos)

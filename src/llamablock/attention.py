@@ -1,31 +1,36 @@
 """Causal self-attention with grouped key-value heads (module sections 15.1, 15.2, 15.5).
 
-One implementation covers all three head layouts: n_kv == n_heads is MHA, n_kv == 1 is MQA,
-between is GQA with g = n_heads / n_kv query heads per key-value head. Keys and values are
-never copied out to the query heads:
-  * prefill (t > 1): torch's scaled_dot_product_attention with enable_gqa=True, one fused call;
+One implementation covers all three head layouts: n_kv == h is MHA, n_kv == 1 is MQA, between
+is GQA with g = h / n_kv query heads per key-value head. Keys and values are never copied out
+to the query heads:
+  * plain causal prefill: torch's scaled_dot_product_attention with enable_gqa=True, one fused
+    call whose memory grows linearly with t (`llamablock bench long_prefill`);
   * decode (t == 1) and every masked case: the g query heads of a group are stacked along the
-    sequence axis, q (b, n_kv, g*t, d), and multiplied once against their key head
-    (b, n_kv, d, s): a grouped matmul that reads each cached key once per step. On a CPU this
-    beats SDPA's GQA path at decode (the speed issue measures it).
-Positions: RoPE rotates q and k here; ALiBi adds its bias to the scores; learned and
-sinusoidal positions are added at the embeddings instead and do nothing here.
+    sequence axis, q (b, n_kv, g*t, hd), and multiplied once against their key head
+    (b, n_kv, hd, s): a grouped matmul that reads each cached key once per step (`llamablock
+    bench attention` times it against SDPA's GQA path).
+The forward reads as project -> position -> cache -> attend. What every layer shares in one
+forward pass (RoPE's cos/sin, the mask) is built once by the decoder (`attention_inputs`):
+RoPE rotates q and k here; ALiBi is an additive bias in the mask; learned and sinusoidal
+positions are added at the embeddings instead and do nothing here.
 Masks use cache slots (token order), not position_ids, as transformers does: position_ids
 only choose rotation angles, so they may start anywhere (e.g. offset into the thousands).
-Shapes: b batch, t new tokens, s tokens in cache, h query heads, n_kv kv heads, d head width.
+Shapes (the package legend): b batch, t new tokens, s keys (cached + new), D model width,
+h query heads, n_kv key-value heads, g = h / n_kv, hd head width, r rotary width.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from llamablock.alibi import alibi_bias, alibi_slopes
+from llamablock.alibi import ALiBi
 from llamablock.config import ModelConfig
 from llamablock.kv_cache import KVCache
-from llamablock.rope import apply_rope, rope_cos_sin
-from llamablock.rope_scaling import rotates_cached_keys
+from llamablock.rope import Rotary
 
 
 def allowed_slots(q_slot: torch.Tensor, k_slot: torch.Tensor, window: int | None) -> torch.Tensor:
@@ -37,98 +42,105 @@ def allowed_slots(q_slot: torch.Tensor, k_slot: torch.Tensor, window: int | None
     return allowed
 
 
-class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer: int = 0):
-        super().__init__()
-        self.cfg = cfg
-        self.layer = layer
-        self.n_heads, self.n_kv, self.d = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-        self.wq = nn.Linear(cfg.d_model, self.n_heads * self.d, bias=cfg.qkv_bias)
-        self.wk = nn.Linear(cfg.d_model, self.n_kv * self.d, bias=cfg.qkv_bias)
-        self.wv = nn.Linear(cfg.d_model, self.n_kv * self.d, bias=cfg.qkv_bias)
-        self.wo = nn.Linear(self.n_heads * self.d, cfg.d_model, bias=cfg.o_bias)
-        if cfg.position == "alibi":
-            self.register_buffer("alibi_slopes", alibi_slopes(self.n_heads), persistent=False)
+@dataclass
+class AttentionInputs:
+    """What every attention layer reads in one forward pass, built once by `attention_inputs`.
 
-    def forward(self, x: torch.Tensor, position_ids: torch.Tensor, cache: KVCache | None = None,
-                pad_mask: torch.Tensor | None = None, rope_cs: tuple | None = None) -> torch.Tensor:
-        """rope_cs: (cos, sin) for these position_ids, computed once per forward by the Decoder
-        (the same for every layer); None computes them here."""
-        b, t, _ = x.shape
-        q = self.wq(x).view(b, t, self.n_heads, self.d).transpose(1, 2)  # (b, h, t, d)
-        k = self.wk(x).view(b, t, self.n_kv, self.d).transpose(1, 2)  # (b, n_kv, t, d)
-        v = self.wv(x).view(b, t, self.n_kv, self.d).transpose(1, 2)  # (b, n_kv, t, d)
-        start = cache.length if cache is not None else 0
-        rope = self.cfg.position == "rope"
-        late_keys = rope and rotates_cached_keys(self.cfg)  # dynamic NTK: cache keys unrotated
-        if rope:
-            cos, sin = rope_cs if rope_cs is not None else rope_cos_sin(self.cfg, position_ids, q.dtype, seq_len=start + t)
-            q = apply_rope(q, cos, sin, self.cfg.rope_layout)
-            if not late_keys:
-                k = apply_rope(k, cos, sin, self.cfg.rope_layout)
-        if cache is not None:
-            k, v = cache.update(self.layer, k, v)  # (b, n_kv, s, d), s = start + t
-        if late_keys:
-            k = self._rotate_all_keys(k, position_ids, start)
-        out = self._attend(q, k, v, start, pad_mask)  # (b, h, t, d)
-        return self.wo(out.transpose(1, 2).reshape(b, t, self.n_heads * self.d))
+    rope       (cos, sin), each (b, t, r/2): the new tokens' angles; None without RoPE
+    key_rope   (cos, sin), each (b, s, r/2): every key's angles, when the cache holds keys
+               before rotation (Rotary.late_keys); None otherwise
+    bias       additive float32 (1 or h, t, s): causal order, sliding window, ALiBi; None when
+               nothing is masked or when `causal` says SDPA applies the causal mask itself
+    pad_bias   float32 (b, t, s): -inf on left padding (batched generation); None without padding
+    causal     True for a plain causal prefill: SDPA's is_causal, no mask tensor built
+    """
 
-    def _rotate_all_keys(self, k: torch.Tensor, position_ids: torch.Tensor, start: int) -> torch.Tensor:
-        # Key positions: the new tokens' own ids, after the cached ones, which continue the
-        # new ones' numbering backwards (the cache keeps no positions).
-        s = k.shape[2]
-        before = position_ids[:, :1] - start + torch.arange(start, device=k.device)  # (b, start)
-        key_pos = torch.cat((before, position_ids), dim=1)  # (b, s)
-        cos, sin = rope_cos_sin(self.cfg, key_pos, k.dtype, seq_len=s)
-        return apply_rope(k, cos, sin, self.cfg.rope_layout)
+    rope: tuple[torch.Tensor, torch.Tensor] | None = None
+    key_rope: tuple[torch.Tensor, torch.Tensor] | None = None
+    bias: torch.Tensor | None = None
+    pad_bias: torch.Tensor | None = None
+    causal: bool = False
 
-    def _mask(self, t: int, s: int, start: int, device) -> torch.Tensor | None:
-        """Additive bias (h or 1, t, s) for causal order, sliding window and ALiBi, or None."""
-        window = self.cfg.sliding_window
-        alibi = self.cfg.position == "alibi"
-        needs_causal = t > 1
-        needs_window = window is not None and s > window
-        if not (needs_causal or needs_window or alibi):
-            return None
-        q_slot = torch.arange(start, start + t, device=device)  # (t,)
-        k_slot = torch.arange(s, device=device)  # (s,)
+
+def attention_inputs(position_ids: torch.Tensor, start: int, *, dtype: torch.dtype, rotary: Rotary | None = None,
+                     alibi: ALiBi | None = None, window: int | None = None,
+                     pad_mask: torch.Tensor | None = None) -> AttentionInputs:
+    """The position and mask terms for new tokens at `position_ids` (b, t), after `start` cached ones.
+
+    pad_mask (b, >= s) is True on real tokens, by cache slot (left-padded prompts batched together).
+    """
+    t = position_ids.shape[1]
+    s = start + t
+    device = position_ids.device
+    rope = key_rope = None
+    if rotary is not None:
+        rope = rotary.cos_sin(position_ids, dtype, seq_len=s)
+        if rotary.late_keys:
+            # Key positions: the new tokens' own ids, after the cached ones, which continue the
+            # new ones' numbering backwards (the cache keeps no positions).
+            before = position_ids[:, :1] - start + torch.arange(start, device=device)  # (b, start)
+            key_rope = rotary.cos_sin(torch.cat((before, position_ids), dim=1), dtype, seq_len=s)
+    window_bites = window is not None and s > window
+    if t > 1 and start == 0 and alibi is None and not window_bites and pad_mask is None:
+        return AttentionInputs(rope, key_rope, causal=True)
+    q_slot = torch.arange(start, s, device=device)  # (t,)
+    k_slot = torch.arange(s, device=device)  # (s,)
+    bias = None
+    if t > 1 or window_bites or alibi is not None:
         allowed = allowed_slots(q_slot, k_slot, window)  # (t, s)
         bias = torch.zeros(t, s, device=device).masked_fill(~allowed, float("-inf"))[None]  # (1, t, s)
-        if alibi:
-            bias = bias + alibi_bias(self.alibi_slopes, q_slot, k_slot)  # (h, t, s)
-        return bias
-
-    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int,
-                pad_mask: torch.Tensor | None = None) -> torch.Tensor:
-        b, h, t, d = q.shape
-        s = k.shape[2]
-        window_bites = self.cfg.sliding_window is not None and s > self.cfg.sliding_window
-        if t > 1 and start == 0 and self.cfg.position != "alibi" and not window_bites and pad_mask is None:
-            # Plain causal prefill: one fused call, memory linear in t (no (t, s) mask or score matrix
-            # is built; bench long_prefill measures it); enable_gqa shares each kv head with its group.
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_kv != h)
-        bias = self._mask(t, s, start, q.device)
-        g = h // self.n_kv
-        qg = q.reshape(b, self.n_kv, g * t, d)  # (b, n_kv, g*t, d): a group's queries stacked
-        scores = (qg @ k.transpose(-1, -2)) * d**-0.5  # (b, n_kv, g*t, s)
-        if bias is not None:
-            bias = bias.to(scores.dtype).expand(h, t, s).reshape(self.n_kv, g * t, s)
-            scores = scores + bias
-        if pad_mask is not None:
-            scores = scores + self._pad_bias(pad_mask, g, t, s, start)
-        probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
-        return (probs @ v).view(b, h, t, d)  # (b, n_kv, g*t, d) -> (b, h, t, d)
-
-    @staticmethod
-    def _pad_bias(pad_mask: torch.Tensor, g: int, t: int, s: int, start: int) -> torch.Tensor:
-        """-inf on padding keys, (b, 1, g*t, s), for batches of left-padded prompts.
-
-        pad_mask (b, >= s) is True on real tokens, by cache slot. A query may always see its own
-        slot, so a padding query's row is never all -inf (a NaN there would reach real rows
-        through 0 * NaN in probs @ v); what padding rows compute is never read.
-        """
-        q_slot = torch.arange(start, start + t, device=pad_mask.device)  # (t,)
-        k_slot = torch.arange(s, device=pad_mask.device)  # (s,)
+        if alibi is not None:
+            bias = bias + alibi.bias(q_slot, k_slot)  # (h, t, s)
+    pad_bias = None
+    if pad_mask is not None:
+        # A query may always see its own slot, so a padding query's row is never all -inf (a NaN
+        # there would reach real rows through 0 * NaN in probs @ v); padding rows are never read.
         allowed = pad_mask[:, None, :s] | (k_slot[None, None, :] == q_slot[None, :, None])  # (b, t, s)
-        bias = torch.zeros(allowed.shape, dtype=torch.float32, device=pad_mask.device).masked_fill(~allowed, float("-inf"))
-        return bias[:, None].repeat(1, 1, g, 1)  # (b, 1, g*t, s): rows ordered (group member, token)
+        pad_bias = torch.zeros(allowed.shape, dtype=torch.float32, device=device).masked_fill(~allowed, float("-inf"))
+    return AttentionInputs(rope, key_rope, bias, pad_bias)
+
+
+class Attention(nn.Module):
+    """W_q, W_k, W_v, W_o around grouped attention; `rotary` (shared by all layers) or None."""
+
+    def __init__(self, cfg: ModelConfig, layer: int = 0, rotary: Rotary | None = None):
+        super().__init__()
+        self.layer, self.rotary = layer, rotary
+        self.h, self.n_kv, self.hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        self.wq = nn.Linear(cfg.d_model, self.h * self.hd, bias=cfg.qkv_bias)
+        self.wk = nn.Linear(cfg.d_model, self.n_kv * self.hd, bias=cfg.qkv_bias)
+        self.wv = nn.Linear(cfg.d_model, self.n_kv * self.hd, bias=cfg.qkv_bias)
+        self.wo = nn.Linear(self.h * self.hd, cfg.d_model, bias=cfg.o_bias)
+
+    def forward(self, x: torch.Tensor, inputs: AttentionInputs, cache: KVCache | None = None) -> torch.Tensor:
+        """x (b, t, D) -> (b, t, D)."""
+        b, t, _ = x.shape
+        q = self.wq(x).view(b, t, self.h, self.hd).transpose(1, 2)  # (b, h, t, hd)
+        k = self.wk(x).view(b, t, self.n_kv, self.hd).transpose(1, 2)  # (b, n_kv, t, hd)
+        v = self.wv(x).view(b, t, self.n_kv, self.hd).transpose(1, 2)  # (b, n_kv, t, hd)
+        if inputs.rope is not None:
+            q = self.rotary.rotate(q, *inputs.rope)
+            if inputs.key_rope is None:
+                k = self.rotary.rotate(k, *inputs.rope)
+        if cache is not None:
+            k, v = cache.update(self.layer, k, v)  # (b, n_kv, s, hd)
+        if inputs.key_rope is not None:  # keys cached before rotation: rotate all with today's angles
+            k = self.rotary.rotate(k, *inputs.key_rope)
+        out = self.attend(q, k, v, inputs)  # (b, h, t, hd)
+        return self.wo(out.transpose(1, 2).reshape(b, t, self.h * self.hd))
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: AttentionInputs) -> torch.Tensor:
+        """softmax(q k^T / sqrt(hd) + mask) v, grouped: q (b, h, t, hd), k and v (b, n_kv, s, hd)."""
+        b, h, t, hd = q.shape
+        s = k.shape[2]
+        if inputs.causal:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_kv != h)
+        g = h // self.n_kv
+        qg = q.reshape(b, self.n_kv, g * t, hd)  # (b, n_kv, g*t, hd): a group's queries stacked
+        scores = (qg @ k.transpose(-1, -2)) * hd**-0.5  # (b, n_kv, g*t, s)
+        if inputs.bias is not None:
+            scores = scores + inputs.bias.to(scores.dtype).expand(h, t, s).reshape(self.n_kv, g * t, s)
+        if inputs.pad_bias is not None:  # rows ordered (group member, token), as qg's
+            scores = scores + inputs.pad_bias[:, None].repeat(1, 1, g, 1)  # (b, 1, g*t, s)
+        probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
+        return (probs @ v).view(b, h, t, hd)  # (b, n_kv, g*t, hd) -> (b, h, t, hd)

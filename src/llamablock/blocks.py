@@ -10,6 +10,7 @@ With post-LN the residual stream is renormalized after every add; with pre-LN no
 main path is normalized, so each block's addition accumulates and the model ends with one
 final norm (`Decoder.final_norm`). Which attention, norm and feed-forward go in is the
 config's choice (`make_block`), so the single-change ablations are configs, not new classes.
+Both take x (b, t, D), the forward pass's shared attention inputs and the cache; return (b, t, D).
 """
 
 from __future__ import annotations
@@ -17,11 +18,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from llamablock.attention import Attention
+from llamablock.attention import Attention, AttentionInputs
 from llamablock.config import ModelConfig
 from llamablock.ffn import make_ffn
 from llamablock.kv_cache import KVCache
 from llamablock.norm import make_norm
+from llamablock.rope import Rotary
 
 
 class PostNormBlock(nn.Module):
@@ -31,9 +33,8 @@ class PostNormBlock(nn.Module):
         super().__init__()
         self.attn, self.ffn, self.norm1, self.norm2 = attn, ffn, norm1, norm2
 
-    def forward(self, x: torch.Tensor, position_ids: torch.Tensor, cache: KVCache | None = None,
-                pad_mask: torch.Tensor | None = None, rope_cs: tuple | None = None) -> torch.Tensor:
-        x = self.norm1(x + self.attn(x, position_ids, cache, pad_mask, rope_cs))
+    def forward(self, x: torch.Tensor, inputs: AttentionInputs, cache: KVCache | None = None) -> torch.Tensor:
+        x = self.norm1(x + self.attn(x, inputs, cache))
         return self.norm2(x + self.ffn(x))
 
 
@@ -44,16 +45,16 @@ class PreNormBlock(nn.Module):
         super().__init__()
         self.attn, self.ffn, self.norm1, self.norm2 = attn, ffn, norm1, norm2
 
-    def forward(self, x: torch.Tensor, position_ids: torch.Tensor, cache: KVCache | None = None,
-                pad_mask: torch.Tensor | None = None, rope_cs: tuple | None = None) -> torch.Tensor:
-        x = x + self.attn(self.norm1(x), position_ids, cache, pad_mask, rope_cs)
+    def forward(self, x: torch.Tensor, inputs: AttentionInputs, cache: KVCache | None = None) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x), inputs, cache)
         return x + self.ffn(self.norm2(x))
 
 
-def make_block(cfg: ModelConfig, layer: int) -> nn.Module:
+def make_block(cfg: ModelConfig, layer: int, rotary: Rotary | None = None) -> nn.Module:
+    """Block `layer` of `cfg`; `rotary` is the model's RoPE (shared by every layer) or None."""
     block = PreNormBlock if cfg.norm_placement == "pre" else PostNormBlock
     return block(
-        Attention(cfg, layer),
+        Attention(cfg, layer, rotary),
         make_ffn(cfg),
         make_norm(cfg.norm, cfg.d_model, cfg.norm_eps, cfg.norm_offset),
         make_norm(cfg.norm, cfg.d_model, cfg.norm_eps, cfg.norm_offset),

@@ -1,12 +1,19 @@
-"""A preallocated key-value cache holding only the key-value heads (module section 15.5).
+"""The two KV-cache designs of generation, holding only the key-value heads (module section 15.5).
 
-Per layer, keys and values of shape (b, n_kv, max_len, d_head): with grouped-query attention
-the cache is n_heads / n_kv times smaller than with MHA, because query heads that share a
-key-value head share its cached entries; nothing is expanded to the query heads.
-Size: 2 x layers x n_kv x d_head x max_len x bytes per element, times the batch.
+Per layer, keys and values of shape (b, n_kv, L, hd): with grouped-query attention the cache is
+h / n_kv times smaller than with MHA, because query heads that share a key-value head share its
+cached entries; nothing is expanded to the query heads.
+Size: 2 x layers x n_kv x hd x L x bytes per element, times the batch.
 
-Each layer has its own pair of buffers: one shared buffer for all layers made a compiled
-decode step copy the whole cache at every layer (measured in the speed issue's probe).
+    KVCache        grows by appending: `update` stores the new tokens after the `length` already
+                   there and returns the filled part, (b, n_kv, s, hd). The eager Decoder's cache.
+    StaticKVCache  one fixed length L, written at a position: `write` stores one token in slot
+                   `pos` in place and returns all L slots, the unfilled ones for the caller to mask.
+                   Every decode step then has the same shapes, so one compiled program serves every
+                   position (llamablock.fast.static_decode).
+
+Both keep one pair of buffers per layer: a single buffer shared by all layers makes a compiled
+decode step copy the whole cache at every layer.
 """
 
 from __future__ import annotations
@@ -16,19 +23,23 @@ import torch
 from llamablock.config import ModelConfig
 
 
+def _buffers(cfg: ModelConfig, batch_size: int, length: int, dtype, device) -> list[torch.Tensor]:
+    if batch_size <= 0 or length <= 0:
+        raise ValueError(f"batch_size and the cache length must be positive, got {batch_size}, {length}")
+    shape = (batch_size, cfg.n_kv_heads, length, cfg.head_dim)  # (b, n_kv, L, hd)
+    return [torch.zeros(shape, dtype=dtype, device=device) for _ in range(cfg.n_layers)]
+
+
 class KVCache:
     def __init__(self, cfg: ModelConfig, batch_size: int, max_len: int | None = None,
                  dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"):
         self.max_len = max_len or cfg.max_seq_len
-        if batch_size <= 0 or self.max_len <= 0:
-            raise ValueError(f"batch_size and max_len must be positive, got {batch_size}, {self.max_len}")
-        shape = (batch_size, cfg.n_kv_heads, self.max_len, cfg.head_dim)  # (b, n_kv, s, d)
-        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(cfg.n_layers)]
-        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(cfg.n_layers)]
+        self.keys = _buffers(cfg, batch_size, self.max_len, dtype, device)
+        self.values = _buffers(cfg, batch_size, self.max_len, dtype, device)
         self.length = 0  # tokens already stored, the same for every layer
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store k, v (b, n_kv, t, d) at [length, length + t); return all keys and values so far."""
+        """Store k, v (b, n_kv, t, hd) at [length, length + t); return all keys and values so far."""
         start, end = self.length, self.length + k.shape[2]
         if end > self.max_len:
             raise ValueError(f"KV cache is full: {end} tokens requested, room for {self.max_len}")
@@ -46,3 +57,33 @@ class KVCache:
 
     def reset(self) -> None:
         self.length = 0
+
+
+class StaticKVCache:
+    """L slots per layer, written in place at a position; the caller masks the slots not yet written."""
+
+    def __init__(self, cfg: ModelConfig, batch_size: int, length: int,
+                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"):
+        self.length = length
+        self.keys = _buffers(cfg, batch_size, length, dtype, device)
+        self.values = _buffers(cfg, batch_size, length, dtype, device)
+
+    def fill(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store a prompt's k, v (b, n_kv, t, hd) in slots 0..t-1."""
+        t = k.shape[2]
+        self.keys[layer][:, :, :t] = k
+        self.values[layer][:, :, :t] = v
+
+    def write(self, layer: int, pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store k, v (b, n_kv, 1, hd) in slot `pos` (a (1,) long tensor, so that a compiled step takes
+        it as an input, not a constant); return all L slots, (b, n_kv, L, hd) each."""
+        self.keys[layer].index_copy_(2, pos, k)
+        self.values[layer].index_copy_(2, pos, v)
+        return self.keys[layer], self.values[layer]
+
+    def tensors(self) -> list[torch.Tensor]:
+        """k0, v0, k1, v1, ...: the order in which a compiled program takes them as inputs."""
+        return [t for pair in zip(self.keys, self.values) for t in pair]
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.keys + self.values)

@@ -9,42 +9,24 @@ left-padded prompts run together: padding keys are masked out of attention (llam
 skips the head's (t - 1) x d x vocab multiply (SmolLM2: 28M of its 135M weights).
 Without a cache, positions default to 0..t-1; with one, they continue from the tokens already
 stored. The head shares the embedding matrix when `tie_embeddings` is set.
+Position information is built once, from the config: absolute positions at the embeddings
+(2017), or a `Rotary` (RoPE) or `ALiBi` shared by every layer; each forward pass computes the
+layers' common attention inputs (cos/sin, the mask) once (`attention_inputs`).
 """
 
 from __future__ import annotations
 
 import torch
 from torch import nn
-from torch.overrides import TorchFunctionMode
 
+from llamablock.alibi import ALiBi
+from llamablock.attention import AttentionInputs, attention_inputs
 from llamablock.blocks import make_block
 from llamablock.config import ModelConfig
 from llamablock.kv_cache import KVCache
 from llamablock.norm import make_norm
 from llamablock.positions import LearnedPositions, SinusoidalPositions
-from llamablock.rope import rope_cos_sin
-
-
-class _SkipInit(TorchFunctionMode):
-    """Turns the `torch.nn.init` calls of module constructors into no-ops.
-
-    On the meta device the init functions still run, through the Python reference kernels, whose
-    first call imports torch._dynamo: 3 s of a 4.7 s SmolLM2 load here (cProfile, torch 2.13). A
-    loader overwrites every parameter anyway; transformers' `no_init_weights` skips init for the
-    same reason.
-    """
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        if getattr(func, "__module__", None) == "torch.nn.init":
-            return args[0] if args else kwargs.get("tensor")
-        return func(*args, **(kwargs or {}))
-
-
-def empty_decoder(cfg: ModelConfig) -> "Decoder":
-    """A Decoder with parameters on the meta device and no initialisation: only shapes, for a
-    loader to fill with `assign_weights` or for counting parameters."""
-    with torch.device("meta"), _SkipInit():
-        return Decoder(cfg)
+from llamablock.rope import Rotary
 
 
 class Decoder(nn.Module):
@@ -54,7 +36,9 @@ class Decoder(nn.Module):
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.positions = {"learned": lambda: LearnedPositions(cfg.max_seq_len, cfg.d_model),
                           "sinusoidal": lambda: SinusoidalPositions(cfg.d_model)}.get(cfg.position, lambda: None)()
-        self.layers = nn.ModuleList(make_block(cfg, i) for i in range(cfg.n_layers))
+        self.rotary = Rotary.from_config(cfg) if cfg.position == "rope" else None
+        self.alibi = ALiBi(cfg.n_heads) if cfg.position == "alibi" else None
+        self.layers = nn.ModuleList(make_block(cfg, i, self.rotary) for i in range(cfg.n_layers))
         # Post-LN already ends every block with a norm; pre-LN needs one before the head.
         pre = cfg.norm_placement == "pre"
         self.final_norm = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps, cfg.norm_offset) if pre else nn.Identity()
@@ -66,7 +50,7 @@ class Decoder(nn.Module):
         if input_ids.numel() and (int(input_ids.min()) < 0 or int(input_ids.max()) >= self.cfg.vocab_size):
             bad = int(input_ids.max()) if int(input_ids.max()) >= self.cfg.vocab_size else int(input_ids.min())
             raise ValueError(f"token id {bad} is out of range for a vocabulary of {self.cfg.vocab_size} (0..{self.cfg.vocab_size - 1})")
-        x = self.embed(input_ids)  # (b, t, d)
+        x = self.embed(input_ids)  # (b, t, D)
         if self.cfg.embed_scale is not None:
             # Gemma rounds the scale to the activation dtype first (GemmaModel's `normalizer`).
             x = x * torch.tensor(self.cfg.embed_scale, dtype=x.dtype)
@@ -79,6 +63,13 @@ class Decoder(nn.Module):
         t = input_ids.shape[1]
         return torch.arange(start, start + t, device=input_ids.device).expand(input_ids.shape[0], t)
 
+    def attention_inputs(self, position_ids: torch.Tensor, cache: KVCache | None = None,
+                         pad_mask: torch.Tensor | None = None, dtype: torch.dtype | None = None) -> AttentionInputs:
+        """What every layer's attention shares for new tokens at `position_ids` (b, t)."""
+        return attention_inputs(position_ids, cache.length if cache is not None else 0,
+                                dtype=dtype or self.embed.weight.dtype, rotary=self.rotary, alibi=self.alibi,
+                                window=self.cfg.sliding_window, pad_mask=pad_mask)
+
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
                 cache: KVCache | None = None, pad_mask: torch.Tensor | None = None,
                 last_only: bool = False) -> torch.Tensor:
@@ -90,13 +81,10 @@ class Decoder(nn.Module):
             position_ids = self.default_positions(input_ids, cache)
         elif position_ids.shape != input_ids.shape:
             raise ValueError(f"position_ids shape {tuple(position_ids.shape)} must equal input_ids shape {tuple(input_ids.shape)}")
-        x = self.embed_tokens(input_ids, position_ids)
-        rope_cs = None
-        if self.cfg.position == "rope":  # the same angles for every layer: compute them once
-            seq_len = (cache.length if cache is not None else 0) + input_ids.shape[1]
-            rope_cs = rope_cos_sin(self.cfg, position_ids, x.dtype, seq_len=seq_len)
+        x = self.embed_tokens(input_ids, position_ids)  # (b, t, D)
+        inputs = self.attention_inputs(position_ids, cache, pad_mask, x.dtype)
         for layer in self.layers:
-            x = layer(x, position_ids, cache, pad_mask, rope_cs)
+            x = layer(x, inputs, cache)
         if cache is not None:
             cache.advance(input_ids.shape[1])
         if last_only:  # generation needs only the next token's logits: skip the head elsewhere

@@ -17,23 +17,29 @@ each head and passes the rest through, as transformers does.
 
 Precision: angles are computed in float32 whatever the model dtype, then cos/sin are cast
 to the activations' dtype. bfloat16 angles at position 4096 would be off by whole radians.
-Shapes: b batch, h heads, t positions, d head width, r = rotary_dim.
+
+`Rotary` is RoPE for one model, built once from its config and handed to every attention
+layer: the frequencies (rope_scaling.py), the pair layout, and whether keys are cached before
+rotation (the types whose frequencies change with the length). The decoder computes cos/sin
+once per forward pass; each layer only rotates.
+Shapes (the package legend): b batch, h heads, t positions, hd head width, r rotary width.
 """
 
 from __future__ import annotations
 
 import torch
 
-from llamablock.config import ModelConfig
-from llamablock.rope_scaling import rope_frequencies
+from llamablock.rope_scaling import RopeSpec, rope_frequencies, rotates_cached_keys
+
+LAYOUTS = ("half", "interleaved")
 
 
 def rope_cos_sin(
-    cfg: ModelConfig, position_ids: torch.Tensor, dtype: torch.dtype, seq_len: int | None = None
+    cfg, position_ids: torch.Tensor, dtype: torch.dtype, seq_len: int | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin tables of shape (b, t, r/2), one angle per pair, scaled by the attention factor.
 
-    `seq_len` is the total sequence length the model has seen, read by the types whose frequencies
+    `cfg` is a ModelConfig or a RopeSpec (rope_scaling.py). `seq_len` is the total sequence length the model has seen, read by the types whose frequencies
     depend on it: dynamic NTK, and longrope (short or long factors).
     """
     inv_freq, attention_factor = rope_frequencies(cfg, seq_len=seq_len)  # (r/2,) float32
@@ -44,7 +50,7 @@ def rope_cos_sin(
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str) -> torch.Tensor:
-    """Rotate x (b, h, t, d) by the angles in cos/sin (b, t, r/2); features past r pass through."""
+    """Rotate x (b, h, t, hd) by the angles in cos/sin (b, t, r/2); features past r pass through."""
     r = cos.shape[-1] * 2
     x_rot, x_pass = x[..., :r], x[..., r:]
     cos, sin = cos[:, None], sin[:, None]  # (b, 1, t, r/2): broadcast over heads
@@ -83,3 +89,33 @@ def permute_qk(w: torch.Tensor, n_heads: int, head_dim: int, rotary_dim: int, to
         rot = rot.reshape(n_heads, 2, rotary_dim // 2, *rest).transpose(1, 2)
     rot = rot.reshape(n_heads, rotary_dim, *rest)
     return torch.cat((rot, keep), dim=1).reshape(n_heads * head_dim, *rest).contiguous()
+
+
+class Rotary:
+    """RoPE for one model: `cos_sin` for a forward pass, `rotate` for each layer's q and k.
+
+    `late_keys` is True for the types whose frequencies depend on the current length (dynamic
+    NTK, longrope): then the KV cache holds keys before rotation and all keys are rotated again
+    at every step with the current frequencies (rope_scaling.rotates_cached_keys says why).
+    """
+
+    def __init__(self, spec: RopeSpec, layout: str):
+        if layout not in LAYOUTS:
+            raise ValueError(f"rope layout must be 'half' or 'interleaved', got {layout!r}")
+        self.spec, self.layout = spec, layout
+        self.late_keys = rotates_cached_keys(spec)
+
+    @classmethod
+    def from_config(cls, cfg) -> "Rotary":
+        return cls(RopeSpec.of(cfg), cfg.rope_layout)
+
+    def cos_sin(self, position_ids: torch.Tensor, dtype: torch.dtype, seq_len: int | None = None):
+        """(cos, sin), each (b, t, r/2), for position_ids (b, t); `seq_len` as in rope_cos_sin."""
+        return rope_cos_sin(self.spec, position_ids, dtype, seq_len)
+
+    def rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """x (b, heads, t, hd) rotated in this model's pair layout."""
+        return apply_rope(x, cos, sin, self.layout)
+
+    def __repr__(self) -> str:
+        return f"Rotary({self.spec}, layout={self.layout!r})"

@@ -37,16 +37,52 @@ Defaults follow transformers 5 (modeling_rope_utils.py), which the tests compare
   * dynamic's clamp of the length to L (transformers; without it the bracket goes negative
     for short sequences): `dynamic_base(..., clamp=False)` shows the unclamped formula.
 
-Each method is a pure function of the config (llama-models' `apply_scaling`, mlx-lm's
-rope_utils): no state, every constant read from the config.
+Each method is a pure function of the settings (llama-models' `apply_scaling`, mlx-lm's
+rope_utils): no state, every constant read from them. The settings are four attributes,
+`rope_theta`, `rotary_dim`, `max_seq_len` and `rope_scaling`: a `ModelConfig` has them, and
+`RopeSpec` holds just them, for tools that study RoPE without a model (the per-pair table, the
+page, the lab).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from typing import Callable
+from typing import Any, Callable
 
 import torch
+
+
+@dataclasses.dataclass(frozen=True)
+class RopeSpec:
+    """What RoPE's frequencies depend on, and nothing else (the names are ModelConfig's).
+
+    rope_theta    the base; rotary_dim  the rotated width r (head width x partial rotary factor);
+    max_seq_len   the model's context (dynamic NTK's L, and yarn/llama3/longrope's fallback L);
+    rope_scaling  a transformers-style dict with `rope_type`, or None for the default schedule.
+    """
+
+    rope_theta: float
+    rotary_dim: int
+    max_seq_len: int
+    rope_scaling: dict[str, Any] | None = None
+
+    def __post_init__(self):
+        if not self.rope_theta > 0:
+            raise ValueError(f"rope_theta must be positive, got {self.rope_theta!r}")
+        if not isinstance(self.rotary_dim, int) or self.rotary_dim <= 0 or self.rotary_dim % 2:
+            raise ValueError(f"the rotary width must be even and positive, got {self.rotary_dim!r}: RoPE rotates pairs")
+        if not isinstance(self.max_seq_len, int) or self.max_seq_len <= 0:
+            raise ValueError(f"max_seq_len must be a positive integer, got {self.max_seq_len!r}")
+        validate_rope_scaling(self)
+
+    @classmethod
+    def of(cls, cfg) -> "RopeSpec":
+        """The RoPE settings of a ModelConfig (or of anything with the same four attributes)."""
+        return cls(cfg.rope_theta, cfg.rotary_dim, cfg.max_seq_len, cfg.rope_scaling)
+
+    def replace(self, **changes) -> "RopeSpec":
+        return dataclasses.replace(self, **changes)
 
 
 def default_inv_freq(base: float, dim: int) -> torch.Tensor:

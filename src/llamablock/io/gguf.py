@@ -36,7 +36,8 @@ import torch
 
 from llamablock.config import ModelConfig
 from llamablock.io.gguf_rope import rope_scaling_from_gguf
-from llamablock.model import Decoder, empty_decoder
+from llamablock.io.empty import empty_decoder
+from llamablock.model import Decoder
 from llamablock.rope import permute_qk
 
 # The quantization types this loader accepts: each is tested (tests/test_gguf.py).
@@ -68,8 +69,9 @@ def _plain_reader_class():
 
     The reader slices its memory map once per metadata item (~250,000 slices for SmolLM2's
     49,152-token vocabulary), and every slice of a np.memmap runs memmap.__array_finalize__ in
-    Python: 3.9 s of the reader's 4 s here (cProfile, gguf 0.19, numpy 2). A plain view of the same
-    mapping reads the same bytes without that hook (the memmap stays alive as the view's base).
+    Python, which is nearly all of the reader's time (cProfile, gguf 0.19, numpy 2). A plain view
+    of the same mapping reads the same bytes without that hook (the memmap stays alive as the
+    view's base). `llamablock bench compile_cache` reports the load ("model loaded at").
     """
     import gguf
 
@@ -187,8 +189,8 @@ def dequantize(tensor) -> np.ndarray:
     if kind in ("F32", "F16"):  # the reader already typed these; copy out of the read-only memory map
         return np.array(tensor.data, dtype=np.float32).reshape(shape)
     # gguf.quants.dequantize runs the format's block kernel on groups of 16 rows, a Python loop of
-    # ~13,000 calls for SmolLM2 (4 of its 4.5 s of loading); the same kernel (`dequantize_rows`)
-    # on ~1M-value chunks keeps the temporaries small at a fraction of the calls.
+    # ~13,000 calls for SmolLM2 that would dominate the load; the same kernel (`dequantize_rows`) on
+    # ~1M-value chunks keeps the temporaries small at a fraction of the calls.
     kernel = getattr(gguf.quants, kind)
     rows = tensor.data.reshape(shape[0], -1)
     out = np.empty(shape, dtype=np.float32)

@@ -18,7 +18,8 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from llamablock.config import ModelConfig
-from llamablock.model import Decoder, empty_decoder
+from llamablock.io.empty import empty_decoder
+from llamablock.model import Decoder
 from llamablock.util.files import atomic_write
 
 _LAYER = {

@@ -13,7 +13,7 @@ import itertools
 import torch
 import torch.nn.functional as F
 
-from llamablock.attention import Attention
+from llamablock.attention import Attention, AttentionInputs, attention_inputs
 from llamablock.config import ModelConfig
 from llamablock.kv_cache import KVCache
 from llamablock.diagnostics.kv_calculator import kv_cache_size
@@ -74,7 +74,7 @@ def claim_exercise() -> Claim:
 def textbook_mha(attn: Attention, x: torch.Tensor) -> torch.Tensor:
     """Multi-head attention as Module 6 writes it: every head its own keys and values."""
     b, t, _ = x.shape
-    h, d = attn.n_heads, attn.d
+    h, d = attn.h, attn.hd
 
     def heads(y):  # (b, t, h*d) -> (b, h, t, d)
         return y.view(b, t, h, d).transpose(1, 2)
@@ -91,7 +91,7 @@ def claim_gqa_is_mha() -> Claim:
         attn = Attention(cfg)
         x = torch.randn(2, 33, 64)
         with torch.no_grad():
-            worst = max(worst, float((attn(x, torch.arange(33).expand(2, 33)) - textbook_mha(attn, x)).abs().max()))
+            worst = max(worst, float((attn(x, attention_inputs(torch.arange(33).expand(2, 33), 0, dtype=x.dtype)) - textbook_mha(attn, x)).abs().max()))
     c = Claim("15.5.gqa-equals-mha", "15.5", "GQA with h_kv = h_q reproduces MHA bit for bit", 0.0, measured=worst,
               unit="largest |difference|", tolerance="exactly 0.0")
     return c.judge(worst == 0.0, "llamablock's grouped attention with 8 KV heads for 8 query heads against a "
@@ -133,7 +133,7 @@ def claim_decode_speed(quick: bool) -> Claim:
         attn = Attention(cfg.replace(n_kv_heads=kv))
         q = torch.randn(1, 32, 1, 128)
         k, v = torch.randn(1, kv, tokens, 128), torch.randn(1, kv, tokens, 128)
-        fns[kv] = (lambda a=attn, q=q, k=k, v=v: a._attend(q, k, v, start=tokens - 1))
+        fns[kv] = (lambda a=attn, q=q, k=k, v=v: a.attend(q, k, v, AttentionInputs()))  # one new token: no mask
         sdpa[kv] = (lambda q=q, k=k, v=v, g=kv != 32: F.scaled_dot_product_attention(q, k, v, enable_gqa=g))
     t = time_calls({**{f"grouped-{k}": f for k, f in fns.items()}, **{f"sdpa-{k}": f for k, f in sdpa.items()}},
                    repeats=10 if quick else 40)

@@ -23,7 +23,7 @@ import time
 
 from llamablock.config import ModelConfig
 from llamablock.util.plots import figure, save_png
-from llamablock.model import empty_decoder
+from llamablock.io.empty import empty_decoder
 from llamablock.presets import preset
 from llamablock.training.train import TrainConfig, train
 

@@ -12,8 +12,9 @@ Stages are read with forward hooks on the model's own modules (model.py is uncha
 logits are the model's): pre-LN's stream after attention is the input of norm2, after the
 feed-forward it is the block's output; post-LN's are the outputs of norm1 and norm2.
 
-`trace_pair(text, cache_dir=None)` trains the pair on first use (85 s on an idle 2-core machine, measured once in development;
-`TRACE_RECIPE`) and caches the checkpoints under ~/.cache/llamablock/trace-v1.
+`trace_pair(text, cache_dir=None)` trains the pair on first use (`TRACE_RECIPE`; that first
+trace therefore takes a while) and caches the checkpoints under ~/.cache/llamablock/trace-v1,
+so later traces only run the two models.
 """
 
 from __future__ import annotations
