@@ -3,7 +3,7 @@
 Issue 8 asks that compilation be paid once: a second run of the same command should start
 decoding within 10 s. Two child processes run one after the other with the same, initially
 empty, inductor cache directory (TORCHINDUCTOR_CACHE_DIR, as llamablock.fast.compile_cache sets for
-the command line). Each loads the model, builds llamablock.fast.compiled_decode.CompiledDecoder,
+the command line). Each loads the model, builds llamablock.fast.compiled_decode.AOTIEngine,
 prefills a prompt and decodes one token; it reports the seconds from process start to that first
 decoded token, and how many of them went to compiling (the first step at this cache length).
 Full: SmolLM2-135M in q8 with autotuning, as `llamablock generate --compile --dtype q8`.
@@ -24,7 +24,7 @@ CHILD = r"""
 import time
 t_start = time.perf_counter()
 import json, sys, torch
-from llamablock.fast.compiled_decode import CompiledDecoder
+from llamablock.fast.compiled_decode import AOTIEngine
 quick = sys.argv[1] == "quick"
 if quick:
     from llamablock.config import ModelConfig
@@ -35,7 +35,7 @@ else:
     import llamablock
     model, fmt = llamablock.load_pretrained(None, torch.bfloat16), "q8"
 t_loaded = time.perf_counter()
-engine = CompiledDecoder(model, fmt, autotune=not quick)
+engine = AOTIEngine(model, fmt, autotune=not quick)
 ids = torch.randint(0, model.cfg.vocab_size, (1, 32))
 logits = engine.prefill(ids)
 engine.step(logits.argmax(-1, keepdim=True), 32)

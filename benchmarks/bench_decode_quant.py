@@ -115,14 +115,16 @@ def _models(quick: bool):
 
 
 class _Compiled:
-    """llamablock.fast.compiled_decode.CompiledDecoder: the static layout, its step compiled."""
+    """A compiled engine of llamablock.fast.compiled_decode: the static layout, its step compiled."""
 
     def __init__(self, model, fmt: str, steps: int, autotune: bool, backend: str = "aoti", compile_prefill: bool = True,
                  **inductor):
-        from llamablock.fast.compiled_decode import CompiledDecoder
+        from llamablock.fast.compiled_decode import AOTIEngine, InductorEngine
 
-        self.engine = CompiledDecoder(model, fmt, autotune=autotune, inductor=inductor, backend=backend,
-                                      compile_prefill=compile_prefill)
+        if backend == "inductor":
+            self.engine = InductorEngine(model, fmt, autotune=autotune, inductor=inductor)
+        else:
+            self.engine = AOTIEngine(model, fmt, autotune=autotune, inductor=inductor, compile_prefill=compile_prefill)
         self.steps = steps
 
     def prefill(self, ids):
@@ -144,7 +146,7 @@ def _add_compiled(runners: dict, ours: dict, prompt, steps: int, quick: bool) ->
     for fmt in ("float32",) if quick else ("float32", "bfloat16", "q8", "q4"):
         base = ours["float32" if fmt == "float32" else "bfloat16"][0]  # the float model: it fuses, then quantizes
         r = _Compiled(base, fmt, steps, autotune=not quick, compile_prefill=not quick)
-        r.engine.warm_up(prompt.shape[1] + steps + 8)
+        r.engine.prepare(prompt.shape[1] + steps + 8)
         out.append(f"llamablock {fmt} compiled")
         r.start(prompt)
         ref = runners[f"llamablock {fmt}"]
@@ -272,10 +274,10 @@ from llamablock.fast.compile_cache import use_persistent_cache
 from llamablock.fast.malloc import tune_allocator
 tune_allocator(); use_persistent_cache()
 import llamablock
-from llamablock.fast.compiled_decode import CompiledDecoder
+from llamablock.fast.compiled_decode import AOTIEngine
 fmt, ids, new = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
-engine = CompiledDecoder(llamablock.load_pretrained(None, torch.bfloat16), fmt)
-engine.warm_up(len(ids) + new + 1)
+engine = AOTIEngine(llamablock.load_pretrained(None, torch.bfloat16), fmt)
+engine.prepare(len(ids) + new + 1)
 prompt = torch.tensor([ids])
 @torch.no_grad()
 def run():

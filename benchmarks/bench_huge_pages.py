@@ -1,7 +1,7 @@
 """The compiled decode step with its weights in 2 MiB pages against 4 KiB pages (llamablock.fast.huge_pages).
 
 Per format, a child process (with the command line's allocator settings, llamablock.fast.malloc)
-builds two CompiledDecoder engines from the same model: the first compiles the AOTInductor
+builds two AOTIEngine engines from the same model: the first compiles the AOTInductor
 package (or loads it from the cache) and keeps its weights in the 4 KiB pages they were loaded
 into, the second loads the same package and moves its weights into 2 MiB pages. Both run the
 same library. Both prefill the same prompt, then decode blocks of `steps` greedy steps from the
@@ -30,7 +30,7 @@ import json, sys, torch
 from llamablock.fast.compile_cache import use_persistent_cache
 from llamablock.fast.malloc import tune_allocator
 tune_allocator(); use_persistent_cache()
-from llamablock.fast.compiled_decode import CompiledDecoder
+from llamablock.fast.compiled_decode import AOTIEngine
 from llamablock.fast.huge_pages import huge_bytes
 from llamablock.util.timing import time_calls
 fmt, quick, prompt, steps, repeats = sys.argv[1], sys.argv[2] == "quick", *map(int, sys.argv[3:6])
@@ -47,8 +47,8 @@ with torch.no_grad():
     for huge in (False, True):
         if huge:
             before = huge_bytes()
-        engine = CompiledDecoder(model, fmt, autotune=not quick, compile_prefill=not quick, huge_pages=huge)
-        engine.warm_up(prompt + steps + 1)
+        engine = AOTIEngine(model, fmt, autotune=not quick, compile_prefill=not quick, huge_pages=huge)
+        engine.prepare(prompt + steps + 1)
         engines[huge] = engine
     ids = torch.randint(0, model.cfg.vocab_size, (1, prompt), generator=torch.Generator().manual_seed(0))
     token = torch.tensor([[1]])
@@ -57,7 +57,7 @@ with torch.no_grad():
         raise SystemExit(f"{fmt}: the same library gave other logits with its weights in huge pages")
     block = lambda e: (lambda: [e.step(token, prompt + i) for i in range(steps)])
     t = time_calls({"small": block(engines[False]), "huge": block(engines[True])}, repeats=repeats, warmup=1)
-print(json.dumps({"before": before, "moved": engines[True]._step.huge_page_bytes,
+print(json.dumps({"before": before, "moved": engines[True]._step_program.huge_page_bytes,
                   "small": steps / t["small"]["median"], "huge": steps / t["huge"]["median"]}))
 """
 

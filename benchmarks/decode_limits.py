@@ -82,7 +82,7 @@ def int8_kernels(static, repeats: int = 7, stream_mib: int = STREAM_MIB) -> tupl
 def _step_weights(static) -> list[torch.Tensor]:
     """The matrices one decode step reads: fused q/k/v, output, fused gate/up and down per layer, the head."""
     return [w for layer in static.layers
-            for w in (layer.wqkv.weight, layer.wo.weight, layer.w_gate_up.weight, layer.w_down.weight)] + [static.head.weight]
+            for w in (layer.wqkv.weight, layer.wo.weight, layer.ffn.w_gate_up.weight, layer.ffn.w_down.weight)] + [static.head.weight]
 
 
 def float32_gemvs(static, repeats: int = 7) -> tuple[Section, float]:

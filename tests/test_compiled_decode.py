@@ -17,7 +17,7 @@ import torch
 
 import llamablock
 from hf_reference import tiny_hf_model
-from llamablock.fast.compiled_decode import PREFILL_MIN, CompiledDecoder
+from llamablock.fast.compiled_decode import PREFILL_MIN, AOTIEngine, InductorEngine, StaticEngine
 from llamablock.config import ModelConfig
 from llamablock.runtime.generate import generate
 from llamablock.kv_cache import KVCache
@@ -85,8 +85,8 @@ def test_padded_prefill_equals_eager_decoder(tmp_path, family, kw):
     for r, g in zip(ref, got):
         torch.testing.assert_close(g, r, atol=1e-5, rtol=0)
     plain.prefill(ids)
-    for a, b in zip(static.layers, plain.layers):
-        torch.testing.assert_close(a.k_cache[:, :, :150], b.k_cache[:, :, :150], atol=1e-5, rtol=0)
+    for a, b in zip(static.cache.keys, plain.cache.keys):
+        torch.testing.assert_close(a[:, :, :150], b[:, :, :150], atol=1e-5, rtol=0)
 
 
 @torch.no_grad()
@@ -109,7 +109,7 @@ def test_sliding_window_is_applied_in_the_static_step():
 def test_compiled_step_equals_eager(tiny):
     ids = torch.tensor([PROMPT])
     ref = _eager_logits(tiny, ids, 12)
-    engine = CompiledDecoder(tiny, autotune=False, backend="inductor")
+    engine = InductorEngine(tiny, autotune=False)
     got = _static_logits(engine.prefill, engine.step, ids, 12)
     assert engine.compile_seconds > 0  # the first step compiled
     for r, g in zip(ref, got):
@@ -118,7 +118,7 @@ def test_compiled_step_equals_eager(tiny):
 
 
 def test_generate_with_the_compiled_engine_equals_eager(tiny):
-    engine = CompiledDecoder(tiny, autotune=False, backend="inductor")
+    engine = InductorEngine(tiny, autotune=False)
     a = generate(tiny, PROMPT, max_new_tokens=20)
     b = generate(engine, PROMPT, max_new_tokens=20)
     assert a.tokens == b.tokens and len(b.tokens) == 20
@@ -142,7 +142,7 @@ def test_quantized_engine_equals_quantized_eager_model(tiny, fmt):
 
     bf16 = copy.deepcopy(tiny).to(torch.bfloat16)
     eager = quantize_model(copy.deepcopy(bf16), fmt)
-    engine = CompiledDecoder(bf16, fmt, compile=False)
+    engine = StaticEngine(bf16, fmt)
     ids = torch.tensor([PROMPT])
     ref = _eager_logits(eager, ids, 8)
     got = _static_logits(engine.prefill, engine.step, ids, 8)
@@ -151,7 +151,7 @@ def test_quantized_engine_equals_quantized_eager_model(tiny, fmt):
 
 
 def test_cache_grows_for_longer_requests(tiny):
-    engine = CompiledDecoder(tiny, compile=False)
+    engine = StaticEngine(tiny)
     engine.start(10)
     assert engine.length == MIN_CACHE
     long_prompt = (PROMPT * 40)[:MIN_CACHE]
@@ -174,13 +174,13 @@ def test_unsupported_configs_are_named(tiny):
     dyn = ModelConfig(**base, rope_scaling={"rope_type": "dynamic", "factor": 2.0})
     assert "dynamic NTK" in unsupported_reason(dyn)
     with pytest.raises(ValueError, match="does not support position 'learned'"):
-        CompiledDecoder(Decoder(ModelConfig(**base, position="learned")))
+        StaticEngine(Decoder(ModelConfig(**base, position="learned")))
     with pytest.raises(ValueError, match="needs the model loaded in torch.bfloat16"):
-        CompiledDecoder(tiny, "q8")
+        AOTIEngine(tiny, "q8")
     with pytest.raises(ValueError, match="format must be one of"):
-        CompiledDecoder(tiny, "q3")
+        InductorEngine(tiny, "q3")
     with pytest.raises(ValueError, match="use_cache=False needs the eager Decoder"):
-        generate(CompiledDecoder(tiny, compile=False), PROMPT, 4, use_cache=False)
+        generate(StaticEngine(tiny), PROMPT, 4, use_cache=False)
 
 
 def test_persistent_compile_cache_location(monkeypatch, tmp_path):
@@ -202,9 +202,9 @@ def test_persistent_compile_cache_location(monkeypatch, tmp_path):
 
 _FRESH_PROCESS = r"""
 import sys, torch, llamablock
-from llamablock.fast.compiled_decode import CompiledDecoder
+from llamablock.fast.compiled_decode import AOTIEngine
 model = llamablock.load_pretrained(sys.argv[1], torch.bfloat16)
-engine = CompiledDecoder(model, "bfloat16")  # autotuned: bfloat16 GEMM templates may use AMX
+engine = AOTIEngine(model, "bfloat16")  # autotuned: bfloat16 GEMM templates may use AMX
 with torch.no_grad():
     logits = engine.prefill(torch.arange(1, 21)[None])
     logits = engine.step(logits.argmax(-1, keepdim=True), 20)
@@ -275,7 +275,7 @@ def test_aoti_backend_equals_eager_and_reloads_from_its_package(tiny):
     lengths below its minimum (padded), inside its range and at its maximum (L - 1); a second
     engine with the same weights loads the unpacked packages instead of compiling; other weights
     get another key."""
-    engine = CompiledDecoder(tiny, autotune=False, backend="aoti")
+    engine = AOTIEngine(tiny, autotune=False)
     gen = torch.Generator().manual_seed(0)
     for n, steps in ((len(PROMPT), 8), (150, 8), (255, 0)):  # 7 < PREFILL_MIN, 150, and 255 = L - 1
         ids = torch.tensor([PROMPT]) if n == len(PROMPT) else torch.randint(0, tiny.cfg.vocab_size, (1, n), generator=gen)
@@ -283,15 +283,15 @@ def test_aoti_backend_equals_eager_and_reloads_from_its_package(tiny):
         got = _static_logits(engine.prefill, engine.step, ids, steps)
         for r, g in zip(ref, got):
             torch.testing.assert_close(g, r, atol=1e-4, rtol=0)
-    assert engine._prefill is not None and engine.length == 256 and PREFILL_MIN > len(PROMPT)
-    for program in (engine._step, engine._prefill):
+    assert engine._prefill_program is not None and engine.length == 256 and PREFILL_MIN > len(PROMPT)
+    for program in (engine._step_program, engine._prefill_program):
         (library,) = program.path.glob("*/data/aotinductor/model/*.so")
         # AOTInductor's build copy of the library is gone from the inductor cache (drop_build_copy)
         assert not list(program.path.parent.parent.glob(f"*/{library.name}"))
     assert engine.compile_seconds > 0
-    again = CompiledDecoder(tiny, autotune=False, backend="aoti")
+    again = AOTIEngine(tiny, autotune=False)
     assert generate(again, PROMPT, max_new_tokens=12).tokens == generate(tiny, PROMPT, max_new_tokens=12).tokens
-    assert again.compile_seconds == 0 and again._step.path == engine._step.path
+    assert again.compile_seconds == 0 and again._step_program.path == engine._step_program.path
     import copy
 
     other = copy.deepcopy(tiny)
@@ -301,8 +301,6 @@ def test_aoti_backend_equals_eager_and_reloads_from_its_package(tiny):
     a, b = StaticDecoder(tiny, 64), StaticDecoder(other, 64)
     example = (torch.zeros(1, 1, dtype=torch.long), torch.zeros(1, dtype=torch.long))
     assert package_key(a, "float32", {}, "step", example) != package_key(b, "float32", {}, "step", example)
-    with pytest.raises(ValueError, match="backend must be one of"):
-        CompiledDecoder(tiny, backend="tvm")
 
 
 def test_package_key_names_the_source(tiny, monkeypatch, tmp_path):
@@ -336,7 +334,7 @@ def test_float32_step_calls_mkl_gemv_and_equals_eager(tiny):
                                                                "realize_opcount_threshold": 8}
     assert step_options("q8", inductor_options(True)) == {**inductor_options(True), "realize_opcount_threshold": 8}
     assert step_options("float32", inductor_options(False)) == inductor_options(False)
-    engine = CompiledDecoder(tiny, "float32", compile_prefill=False)
+    engine = AOTIEngine(tiny, "float32", compile_prefill=False)
     ids = torch.tensor([PROMPT])
     for r, g in zip(_eager_logits(tiny, ids, 6), _static_logits(engine.prefill, engine.step, ids, 6)):
         torch.testing.assert_close(g, r, atol=1e-4, rtol=0)

@@ -57,20 +57,20 @@ def test_the_compiled_steps_weights_move_into_huge_pages_and_give_the_same_logit
     without huge pages."""
     if _thp_mode() in (None, "never"):
         pytest.skip(f"transparent huge pages are unavailable here ({THP}: {_thp_mode()})")
-    from llamablock.fast.compiled_decode import CompiledDecoder
+    from llamablock.fast.compiled_decode import AOTIEngine
     from llamablock.config import ModelConfig
     from llamablock.model import Decoder
 
     cfg = ModelConfig(vocab_size=16384, d_model=128, n_layers=1, n_heads=4, n_kv_heads=2, max_seq_len=256,
                       tie_embeddings=False)
     model = Decoder(cfg).eval()
-    engines = [CompiledDecoder(model, autotune=False, compile_prefill=False, huge_pages=h) for h in (True, False)]
+    engines = [AOTIEngine(model, autotune=False, compile_prefill=False, huge_pages=h) for h in (True, False)]
     ids = torch.arange(1, 9)[None]
     logits = []
     for engine in engines:
         engine.prefill(ids)
         logits.append(engine.step(torch.tensor([[3]]), 8))
-    with_huge, without = (e._step for e in engines)
+    with_huge, without = (e._step_program for e in engines)
     if with_huge.huge_page_bytes == 0:
         pytest.skip("the kernel refused MADV_COLLAPSE (older than Linux 6.1, or no free 2 MiB pages)")
     weight_bytes = 2 * 16384 * 128 * 4  # embedding and head, float32

@@ -3,9 +3,9 @@
 Ends with one summary line on stderr: prompt tokens, new tokens, prefill and decode tokens/s
 (decode = forward passes after the prefill, divided by their wall time). `--json` prints the
 token ids and the text instead, as one JSON object. `--compile` decodes with
-llamablock.fast.compiled_decode.CompiledDecoder (an AOTInductor package, compiled once per model,
-format and cache length, then loaded); its compile time is reported in the summary, never
-counted as decode time.
+llamablock.fast.compiled_decode.AOTIEngine (AOTInductor packages, compiled once per model, format
+and cache length, then loaded); its compile time is reported in the summary, never counted as
+decode time.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ import torch
 
 from llamablock.commands import UsageError
 from llamablock.fast.quant import DTYPE_CHOICES
-
 
 
 def add_arguments(p) -> None:
@@ -38,8 +37,8 @@ def add_arguments(p) -> None:
                    help="weights and activations; q8/q4: int8/int4 weights, bfloat16 activations (default: %(default)s)")
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=False,
                    help="decode and prefill with the static layout compiled ahead of time (llamablock.fast.compiled_decode, "
-                        "AOTInductor): 1.6-4.5x the eager tokens/s (BENCHMARKS.md); compiling takes a few minutes once "
-                        "per model, format and cache length, later runs load the compiled packages (default: eager)")
+                        "AOTInductor; BENCHMARKS.md compares its speed); compiling takes minutes once per model, format "
+                        "and cache length, later runs load the compiled packages (default: eager)")
     p.add_argument("--json", action="store_true", help="print token ids and text as JSON instead of streaming")
 
 
@@ -69,7 +68,7 @@ def _one(model, tok, text: str, args, sampling, chat_history=None, engine=None):
         print(f"[the compiled decode step and prefill: loading them from {package_dir()}, or compiling them once "
               "(a few minutes; `llamablock cache` shows the disk they take)]",
               file=sys.stderr, flush=True)
-        engine.warm_up(total)
+        engine.prepare(total)
     g = generate(model if engine is None else engine, ids, args.max_new_tokens, sampling, seed=args.seed, eos_ids=tok.eos_ids,
                  stop_strings=args.stop, tokenizer=tok, on_text=on_text)
     if chat_history is not None:
@@ -101,9 +100,9 @@ def run(args) -> int:
     model, tok = load_model_and_tokenizer(args.model, load_dtype(args.dtype))
     engine = None
     if args.compile:
-        from llamablock.fast.compiled_decode import CompiledDecoder
+        from llamablock.fast.compiled_decode import AOTIEngine
 
-        engine = CompiledDecoder(model, args.dtype)  # quantizes its own fused weights for q8/q4
+        engine = AOTIEngine(model, args.dtype)  # quantizes its own fused weights for q8/q4
     else:
         model = apply_dtype(model, args.dtype)  # q8/q4: llamablock.fast.quant
     if args.prompt is not None:

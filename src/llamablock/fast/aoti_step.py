@@ -12,10 +12,9 @@ the start-up). Tests check the library's logits against the eager step (1e-4, fl
     prefill = AOTIProgram(static, fmt, options, "prefill", (ids_t, last), lengths=(32, 1023))
     logits = prefill(ids, last)                 # any prompt length t in 32..1023 (t symbolic)
 
-Export: `torch.export` of `static.step` with the per-layer caches as inputs that the program
-writes in place (as module buffers they would alias those inputs, which export refuses), so the
-caches are un-registered from the layers and kept as plain attributes; the eager prefill keeps
-writing the same tensors. Weights become constants of the library (freezing), so it is only valid
+Export: `torch.export` of `static.step` with the static cache's per-layer tensors as inputs that
+the program writes in place (the cache is a plain attribute of the StaticDecoder, not module
+state, which export would refuse to alias with inputs); the eager prefill writes the same tensors. Weights become constants of the library (freezing), so it is only valid
 for these exact weights: it is named by a hash of the static layout's state (weights and
 quantized buffers), the config, format, cache length, inductor options and the torch version.
 
@@ -50,7 +49,7 @@ from llamablock.fast.huge_pages import collapse, tensor_ranges
 
 
 class _WithCacheInputs(nn.Module):
-    """static.<method>(*args, k0, v0, k1, v1, ...) -> logits: the caches are inputs, written in place."""
+    """static.<method>(*args, k0, v0, k1, v1, ...) -> logits: the cache's tensors are inputs, written in place."""
 
     def __init__(self, static, method: str, n_args: int):
         super().__init__()
@@ -58,27 +57,13 @@ class _WithCacheInputs(nn.Module):
 
     def forward(self, *inputs):
         args, caches = inputs[:self.n_args], inputs[self.n_args:]
-        layers = self.static.layers
-        saved = [(layer.k_cache, layer.v_cache) for layer in layers]
+        cache = self.static.cache
+        saved = cache.keys, cache.values
         try:
-            for i, layer in enumerate(layers):
-                layer.k_cache, layer.v_cache = caches[2 * i], caches[2 * i + 1]
+            cache.keys, cache.values = list(caches[0::2]), list(caches[1::2])
             return getattr(self.static, self.method)(*args)
-        finally:  # tracing hands in stand-ins; the layers keep the real tensors for the eager prefill
-            for layer, (k, v) in zip(layers, saved):
-                layer.k_cache, layer.v_cache = k, v
-
-
-def _unregister_caches(static) -> list[torch.Tensor]:
-    """Turn each layer's cache buffers into plain attributes; return them in input order."""
-    caches = []
-    for layer in static.layers:
-        for name in ("k_cache", "v_cache"):
-            tensor = layer._buffers.pop(name, None)
-            if tensor is not None:
-                object.__setattr__(layer, name, tensor)
-            caches.append(getattr(layer, name))
-    return caches
+        finally:  # tracing hands in stand-ins; the cache keeps the real tensors for the eager prefill
+            cache.keys, cache.values = saved
 
 
 def weights_digest(static) -> str:
@@ -208,7 +193,7 @@ class AOTIProgram:
     def __init__(self, static, fmt: str, options: dict, method: str, example: tuple, digest: str | None = None,
                  lengths: tuple[int, int] | None = None, huge_pages: bool = False):
         self.method, self.example, self.lengths = method, example, lengths
-        self.caches = _unregister_caches(static)
+        self.caches = static.cache.tensors()
         self.path = package_dir() / package_key(static, fmt, options, method, example, digest, lengths)
         self.compile_seconds = 0.0
         library = _library(self.path)

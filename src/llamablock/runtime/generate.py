@@ -7,6 +7,9 @@ Stops on an end-of-sequence id, on a stop string (needs the tokenizer), or after
 max_new_tokens. Text streams through `on_text`: each call gets the newly final characters,
 holding back an incomplete UTF-8 character and anything that could still become a stop string.
 
+`generate` runs any engine of llamablock.runtime.engine (prefill, step): a Decoder is wrapped in
+the eager one; the compiled engines of llamablock.fast are passed in as they are.
+
 Batches: prompts of different lengths are left-padded to the longest, so every row's next token
 sits in the same column; `pad_mask` hides padding keys and position_ids count real tokens only,
 so each row computes what it would alone (tested).
@@ -20,8 +23,9 @@ from typing import Callable, Sequence
 
 import torch
 
-from llamablock.fast.compiled_decode import CompiledDecoder
 from llamablock.kv_cache import KVCache
+from llamablock.model import Decoder
+from llamablock.runtime.engine import EagerEngine, RecomputeEngine
 from llamablock.runtime.sampling import Sampling, next_token
 
 
@@ -86,33 +90,20 @@ class _TextStream:
         return stopped
 
 
-class _EagerRunner:
-    """The Decoder with a KVCache behind the interface of llamablock.fast.compiled_decode.CompiledDecoder."""
-
-    def __init__(self, model, total: int, use_cache: bool):
-        self.model = model
-        self.cache = KVCache(model.cfg, 1, total, dtype=_model_dtype(model)) if use_cache else None
-
-    def prefill(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.model(ids, cache=self.cache, last_only=True)[:, -1]
-
-    def step(self, ids: torch.Tensor, pos: int) -> torch.Tensor:
-        return self.model(ids, cache=self.cache)[:, -1]  # the cache knows the position
-
-    def forward_all(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.model(ids, last_only=True)[:, -1]
-
-
 @torch.no_grad()
 def generate(model, prompt_ids: Sequence[int], max_new_tokens: int = 64, sampling: Sampling | None = None, *,
              seed: int | None = None, eos_ids: Sequence[int] = (), stop_strings: Sequence[str] = (),
              tokenizer=None, on_text: Callable[[str], None] | None = None, use_cache: bool = True) -> Generation:
-    """Continue one prompt. `model` is a Decoder or a llamablock.fast.compiled_decode.CompiledDecoder;
+    """Continue one prompt. `model` is a Decoder or an engine (llamablock.runtime.engine);
     `use_cache=False` recomputes the whole sequence each step (a reference, Decoder only)."""
     prompt = list(prompt_ids)
-    if not use_cache and isinstance(model, CompiledDecoder):
+    if isinstance(model, Decoder):
+        engine = EagerEngine(model) if use_cache else RecomputeEngine(model)
+    elif not use_cache:
         raise ValueError("use_cache=False needs the eager Decoder, not a compiled engine")
-    check_request(model, len(prompt), max_new_tokens)
+    else:
+        engine = model
+    check_request(engine, len(prompt), max_new_tokens)
     if stop_strings and tokenizer is None:
         raise ValueError("stop strings need the tokenizer")
     s = sampling or Sampling()
@@ -122,12 +113,10 @@ def generate(model, prompt_ids: Sequence[int], max_new_tokens: int = 64, samplin
     seq[0, :n] = torch.tensor(prompt)
     eos = set(int(e) for e in eos_ids)
     stream = _TextStream(tokenizer, stop_strings, on_text) if tokenizer is not None else None
-    runner = model if isinstance(model, CompiledDecoder) else _EagerRunner(model, n + max_new_tokens, use_cache)
-    if isinstance(runner, CompiledDecoder) and not runner.covers(n + max_new_tokens):
-        runner.warm_up(n + max_new_tokens)  # build and compile before the clock: decode_seconds is decoding only
+    engine.prepare(n + max_new_tokens)  # allocate, build, compile before the clock: decode_seconds is decoding only
 
     t0 = time.perf_counter()
-    logits = runner.prefill(seq[:, :n])  # (1, V)
+    logits = engine.prefill(seq[:, :n])  # (1, V)
     t1 = time.perf_counter()
     new: list[int] = []
     reason, steps = "length", 0
@@ -144,7 +133,7 @@ def generate(model, prompt_ids: Sequence[int], max_new_tokens: int = 64, samplin
         if len(new) == max_new_tokens:
             break
         cur = n + len(new)
-        logits = runner.step(seq[:, cur - 1: cur], cur - 1) if use_cache else runner.forward_all(seq[:, :cur])
+        logits = engine.step(seq[:, cur - 1: cur], cur - 1)
         steps += 1
     t2 = time.perf_counter()
     if stream is not None and reason != "stop_string":

@@ -1,0 +1,72 @@
+"""The engine interface that generation talks to, and the eager engines behind it.
+
+An engine runs one sequence of batch 1 through a model with a cache:
+
+    engine.cfg                        the model's ModelConfig
+    engine.prepare(total_tokens)      make room for prompt + new tokens: allocate, build, compile
+                                      (before any timing starts)
+    engine.prefill(ids (1, t))        the prompt at positions 0..t-1 -> logits (1, V) of the last
+    engine.step(ids (1, 1), pos)      one token at position pos -> logits (1, V)
+
+`EagerEngine` is the Decoder with its KVCache, the reference every other engine is tested
+against; `RecomputeEngine` keeps no cache and runs the whole sequence at every step (the
+definition that a cache must reproduce). The compiled engines of llamablock.fast satisfy the
+same interface, so `generate` never imports them (mlx-lm's models never import its generate).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from llamablock.config import ModelConfig
+from llamablock.kv_cache import KVCache
+
+
+class Engine(Protocol):
+    cfg: ModelConfig
+
+    def prepare(self, total_tokens: int) -> None: ...
+
+    def prefill(self, ids: torch.Tensor) -> torch.Tensor: ...
+
+    def step(self, ids: torch.Tensor, pos: int) -> torch.Tensor: ...
+
+
+class EagerEngine:
+    """A Decoder with a KVCache of exactly the request's length."""
+
+    def __init__(self, model):
+        self.model, self.cfg = model, model.cfg
+        self.cache: KVCache | None = None
+
+    def prepare(self, total_tokens: int) -> None:
+        self.cache = KVCache(self.cfg, 1, total_tokens, dtype=self.model.embed.weight.dtype,
+                             device=self.model.embed.weight.device)
+
+    def prefill(self, ids: torch.Tensor) -> torch.Tensor:
+        self.cache.reset()
+        return self.model(ids, cache=self.cache, last_only=True)[:, -1]
+
+    def step(self, ids: torch.Tensor, pos: int) -> torch.Tensor:
+        return self.model(ids, cache=self.cache)[:, -1]  # the cache knows the position
+
+
+class RecomputeEngine:
+    """No cache: every step runs the whole sequence so far (a reference, slow by design)."""
+
+    def __init__(self, model):
+        self.model, self.cfg = model, model.cfg
+        self.seq: torch.Tensor | None = None
+
+    def prepare(self, total_tokens: int) -> None:
+        self.seq = None
+
+    def prefill(self, ids: torch.Tensor) -> torch.Tensor:
+        self.seq = ids
+        return self.model(ids, last_only=True)[:, -1]
+
+    def step(self, ids: torch.Tensor, pos: int) -> torch.Tensor:
+        self.seq = torch.cat([self.seq[:, :pos], ids], dim=1)  # (1, pos + 1)
+        return self.model(self.seq, last_only=True)[:, -1]
