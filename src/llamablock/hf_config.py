@@ -24,7 +24,7 @@ SUPPORTED = ("llama", "mistral", "qwen2", "gemma")
 _GATED_ACTS = {"silu": "swiglu", "swish": "swiglu", "gelu_pytorch_tanh": "geglu", "gelu_new": "geglu"}
 
 
-def _rope_settings(hf: dict[str, Any]) -> tuple[float, dict | None, float]:
+def rope_settings(hf: dict[str, Any]) -> tuple[float, dict | None, float]:
     """(theta, scaling dict or None, partial rotary factor) from either transformers form.
 
     When a config.json holds both, transformers 5 takes a non-empty v4 `rope_scaling` and
@@ -67,7 +67,7 @@ def fields_from_hf(hf: dict[str, Any]) -> dict[str, Any]:
         raise ValueError(f"hidden_act {act!r} is not supported for {family}; expected one of {sorted(_GATED_ACTS)}")
     if family == "qwen2" and hf.get("use_sliding_window"):
         raise ValueError("qwen2 with use_sliding_window=true (window on some layers only) is not supported")
-    theta, scaling, partial = _rope_settings(hf)
+    theta, scaling, partial = rope_settings(hf)
     n_heads = hf["num_attention_heads"]
     d_model = hf["hidden_size"]
     attention_bias = bool(hf.get("attention_bias", False))

@@ -19,29 +19,25 @@ in the config (alibi.py): nothing here applies to it.
                divided by s, a smooth blend between
     longrope   per-pair divisors: short_factor up to L, long_factor past it
 
-Defaults follow transformers 5 (modeling_rope_utils.py), which the tests compare against to
-1e-6. Known differences elsewhere, with a keyword switch where a user may need the other:
-  * which length is the original one: transformers' yarn/llama3/longrope read
-    `original_max_position_embeddings` (a top-level one, as Phi-3 writes, wins: hf_config.py)
-    and fall back to `max_position_embeddings`; dynamic always uses `max_position_embeddings`
-    (`cfg.max_seq_len`) as L.
-  * transformers 4.x before PR #40320 (issue #38224, 2025) overrode yarn's `factor` by
-    max_position_embeddings / original_max_position_embeddings whenever the original length
-    was given (so Qwen's 32768/32768 silently meant factor 1); now the explicit factor is used
-    and derived from the lengths only when it is null.
-    `yarn_frequencies(..., factor_from_lengths=True)` reproduces the old reading.
+Defaults follow transformers 5 (modeling_rope_utils.py; the tests compare to 1e-6). Known
+differences elsewhere, with a keyword switch where a user may need the other:
+  * the original length L: yarn/llama3/longrope read `original_max_position_embeddings` (a
+    top-level one, as Phi-3 writes, wins: hf_config.py), else `max_position_embeddings`;
+    dynamic always uses `max_position_embeddings` (`cfg.max_seq_len`).
+  * transformers 4.x before PR #40320 replaced yarn's `factor` by max_position_embeddings /
+    original_max_position_embeddings whenever both lengths were given (Qwen's 32768/32768
+    silently meant factor 1): `yarn_frequencies(..., factor_from_lengths=True)` reads it so.
   * llama.cpp scales yarn's ramp by `ext_factor` (1 = transformers, 0 = plain interpolation
     and no 0.1 ln s term): `yarn_frequencies(..., ext_factor=...)`.
-  * litgpt clamps llama3's blend to [0, 1] and applies it to every pair instead of choosing
-    by band; the values are the same outside the exact band edges, so there is no switch.
-  * dynamic's clamp of the length to L (transformers; without it the bracket goes negative
-    for short sequences): `dynamic_base(..., clamp=False)` shows the unclamped formula.
+  * litgpt clamps llama3's blend to [0, 1] for every pair instead of choosing by band: the
+    same values outside the exact band edges, so there is no switch.
+  * dynamic clamps the length to at least L (without it the bracket goes negative for short
+    sequences): `dynamic_base(..., clamp=False)` shows the unclamped formula.
 
-Each method is a pure function of the settings (llama-models' `apply_scaling`, mlx-lm's
-rope_utils): no state, every constant read from them. The settings are four attributes,
-`rope_theta`, `rotary_dim`, `max_seq_len` and `rope_scaling`: a `ModelConfig` has them, and
-`RopeSpec` holds just them, for tools that study RoPE without a model (the per-pair table, the
-page, the lab).
+Each method is a pure function of four settings, `rope_theta`, `rotary_dim`, `max_seq_len` and
+`rope_scaling` (llama-models' `apply_scaling`, mlx-lm's rope_utils): no state, every constant
+read from them. A `ModelConfig` has them; `RopeSpec` holds just them, for tools that study RoPE
+without a model (the per-pair table, the page, the lab).
 """
 
 from __future__ import annotations
@@ -55,12 +51,8 @@ import torch
 
 @dataclasses.dataclass(frozen=True)
 class RopeSpec:
-    """What RoPE's frequencies depend on, and nothing else (the names are ModelConfig's).
-
-    rope_theta    the base; rotary_dim  the rotated width r (head width x partial rotary factor);
-    max_seq_len   the model's context (dynamic NTK's L, and yarn/llama3/longrope's fallback L);
-    rope_scaling  a transformers-style dict with `rope_type`, or None for the default schedule.
-    """
+    """What RoPE's frequencies depend on, and nothing else (ModelConfig's names): the base, the
+    rotary width r, the model's context (dynamic's L, the others' fallback L), the scaling dict."""
 
     rope_theta: float
     rotary_dim: int
@@ -68,12 +60,10 @@ class RopeSpec:
     rope_scaling: dict[str, Any] | None = None
 
     def __post_init__(self):
-        if not self.rope_theta > 0:
-            raise ValueError(f"rope_theta must be positive, got {self.rope_theta!r}")
-        if not isinstance(self.rotary_dim, int) or self.rotary_dim <= 0 or self.rotary_dim % 2:
-            raise ValueError(f"the rotary width must be even and positive, got {self.rotary_dim!r}: RoPE rotates pairs")
-        if not isinstance(self.max_seq_len, int) or self.max_seq_len <= 0:
-            raise ValueError(f"max_seq_len must be a positive integer, got {self.max_seq_len!r}")
+        r, n = self.rotary_dim, self.max_seq_len
+        if not (self.rope_theta > 0 and isinstance(r, int) and r > 0 and r % 2 == 0 and isinstance(n, int) and n > 0):
+            raise ValueError(f"RoPE needs a positive base, an even positive rotary width (it rotates pairs) and a "
+                             f"positive context; got base {self.rope_theta!r}, width {r!r}, context {n!r}")
         validate_rope_scaling(self)
 
     @classmethod
@@ -204,10 +194,6 @@ def yarn_frequencies(cfg, seq_len: int | None = None, *, factor_from_lengths: bo
     return inv_freq, attention
 
 
-def _yarn(cfg, seq_len: int | None) -> tuple[torch.Tensor, float]:
-    return yarn_frequencies(cfg, seq_len)
-
-
 def _llama3(cfg, seq_len: int | None) -> tuple[torch.Tensor, float]:
     """LLaMA 3.1's rescaling: wavelengths below original/high_freq_factor unchanged, above
     original/low_freq_factor divided by `factor`, a smooth blend between (llama-models
@@ -254,7 +240,7 @@ def _longrope(cfg, seq_len: int | None) -> tuple[torch.Tensor, float]:
 # rope_type -> function(cfg, seq_len) -> (inv_freq, attention_factor)
 ROPE_TYPES: dict[str, Callable] = {
     "default": _default, "linear": _linear, "ntk": _ntk, "dynamic": _dynamic,
-    "yarn": _yarn, "llama3": _llama3, "longrope": _longrope,
+    "yarn": yarn_frequencies, "llama3": _llama3, "longrope": _longrope,
 }
 
 
@@ -269,8 +255,8 @@ def rope_frequencies(cfg, seq_len: int | None = None) -> tuple[torch.Tensor, flo
 def rotates_cached_keys(cfg) -> bool:
     """True when the frequencies depend on the current length (dynamic NTK, and longrope which
     switches factor sets past the original length). Then the cache holds keys BEFORE rotation
-    and attention rotates all keys with the current frequencies at every step (attention.py
-    `_rotate_all_keys`), so no key stays rotated with a stale base. transformers caches rotated
+    and attention rotates all keys with the current frequencies at every step (attention.py,
+    `AttentionInputs.key_rope`), so no key stays rotated with a stale base. transformers caches rotated
     keys, so its cached generation drifts from its own full forward once the base changes.
 
     Limit, true of any cache: in layers above the first, the cached keys and values at earlier
@@ -278,7 +264,6 @@ def rotates_cached_keys(cfg) -> bool:
     model (or re-running the prefix) reproduces the full forward exactly; the test checks that.
     """
     return rope_type(cfg) in ("dynamic", "longrope")
-
 
 
 # Validation ---------------------------------------------------------------------------------

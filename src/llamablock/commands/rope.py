@@ -1,7 +1,8 @@
 """`llamablock rope`: what each context-extension method does to each rotary pair (section 15.2),
 and `llamablock rope lint config.json|file.gguf`: RoPE settings that load but do not do what they say.
 
-Thin: the numbers come from llamablock.diagnostics.rope_table, the warnings from llamablock.diagnostics.rope_lint.
+Thin: the numbers come from llamablock.diagnostics.rope_table (which also reads the config), the
+warnings from llamablock.diagnostics.rope_lint.
 """
 
 from __future__ import annotations
@@ -9,11 +10,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from llamablock.config import ModelConfig
 from llamablock.diagnostics.rope_plot import plot_wavelengths
-from llamablock.diagnostics.rope_table import compare_methods, config_method
-
-DEFAULT_TRAIN, DEFAULT_TARGET = 4096, 32768  # the module's example: trained on 4k, run at 32k
+from llamablock.diagnostics.rope_table import DEFAULT_TARGET, DEFAULT_TRAIN, RopeConfig, pair_table, read_rope_config
 
 
 def add_arguments(p) -> None:
@@ -41,70 +39,7 @@ def add_arguments(p) -> None:
     layout.add_argument("--tokens", type=int, default=256, help="tokens of text to compare losses on (default %(default)s)")
 
 
-def _load(spec: str) -> ModelConfig:
-    from llamablock.presets import PRESETS, preset
-
-    if spec in PRESETS:
-        return preset(spec)
-    if not Path(spec).exists():
-        raise ValueError(f"--config {spec!r} is neither a preset ({', '.join(sorted(PRESETS))}) nor an existing file")
-    cfg = ModelConfig.from_json_file(spec)  # raises on bad JSON, and on families the library cannot run...
-    return cfg
-
-
-def _rope_only(spec: str) -> ModelConfig | None:
-    """...but the pairs need only the RoPE fields, so a transformers config of another family
-    (e.g. Phi-3 with longrope) is read for those alone."""
-    from llamablock.hf_config import SUPPORTED, _rope_settings
-
-    try:
-        d = json.loads(Path(spec).read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(d, dict) or "model_type" not in d or d["model_type"] in SUPPORTED:
-        return None
-    heads, hidden = d.get("num_attention_heads"), d.get("hidden_size")
-    if not (heads and hidden):
-        return None
-    theta, scaling, partial = _rope_settings(d)
-    head_dim = d.get("head_dim") or hidden // heads
-    return ModelConfig(vocab_size=1, d_model=head_dim, n_layers=1, n_heads=1, head_dim=head_dim, d_ff=1,
-                       max_seq_len=d.get("max_position_embeddings", 2048), rope_theta=theta,
-                       partial_rotary_factor=partial, rope_scaling=scaling, family="llamablock")
-
-
-def _settings(args):
-    cfg = (_rope_only(args.config) or _load(args.config)) if args.config else None
-    if cfg is not None and cfg.position != "rope":
-        return cfg, None
-    scales = cfg is not None and cfg.rope_scaling is not None
-    if cfg is not None:
-        from llamablock.rope_scaling import original_length
-
-        train = args.train_len or (original_length(cfg) if scales else cfg.max_seq_len)
-        target = args.target_len or (cfg.max_seq_len if scales and cfg.max_seq_len > train else 8 * train)
-    else:
-        train, target = args.train_len or DEFAULT_TRAIN, args.target_len or DEFAULT_TARGET
-    head_dim = args.head_dim or (cfg.head_dim if cfg else 128)
-    base = args.base or (cfg.rope_theta if cfg else 10000.0)
-    partial = cfg.partial_rotary_factor if cfg else 1.0
-    for name, v in (("--train-len", train), ("--target-len", target), ("--head-dim", head_dim)):
-        if v <= 0:
-            raise ValueError(f"{name} must be positive, got {v}")
-    if target < train:
-        raise ValueError(f"--target-len ({target}) must be at least --train-len ({train})")
-    if not base > 0:
-        raise ValueError(f"--base must be positive, got {base}")
-    if int(head_dim * partial) % 2 or int(head_dim * partial) < 4:
-        raise ValueError(f"--head-dim {head_dim} (x partial rotary {partial}) must give an even rotary width >= 4")
-    records = compare_methods(train, target, head_dim, base, partial)
-    if scales and not args.head_dim and not args.base:
-        records.append(config_method(cfg, train, target))
-    return cfg, dict(train_len=train, target_len=target, head_dim=head_dim, base=base,
-                     partial_rotary_factor=partial, methods=records)
-
-
-def _alibi(cfg: ModelConfig) -> int:
+def _alibi(cfg: RopeConfig) -> int:
     from llamablock.alibi import alibi_slopes
 
     slopes = alibi_slopes(cfg.n_heads).tolist()
@@ -185,9 +120,10 @@ def run(args) -> int:
         return _lint(args)
     if getattr(args, "action", None) == "layout":
         return _layout(args)
-    cfg, res = _settings(args)
-    if res is None:
+    cfg = read_rope_config(args.config) if args.config else None
+    if cfg is not None and cfg.spec is None:
         return _alibi(cfg)
+    res = pair_table(cfg, args.train_len, args.target_len, args.head_dim, args.base)
     if args.plot:
         plot_wavelengths(res, args.plot)
     if args.json:

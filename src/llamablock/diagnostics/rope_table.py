@@ -24,10 +24,14 @@ line, the lab and the web page call. Frequencies come from rope_scaling.py, neve
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from llamablock.config import ModelConfig
-from llamablock.rope_scaling import rope_frequencies
+from llamablock.config import ModelConfig, read_config_json
+from llamablock.hf_config import SUPPORTED, rope_settings
+from llamablock.presets import PRESETS, preset
+from llamablock.rope_scaling import RopeSpec, original_length, rope_frequencies
 
 TOL = 1e-3
 # Methods compared, in the order of section 15.2. longrope needs per-pair factor lists that
@@ -56,16 +60,9 @@ def method_scaling(method: str, train_len: int, target_len: int) -> dict[str, An
     }[method]
 
 
-def _config(head_dim: int, base: float, train_len: int, partial_rotary_factor: float, scaling) -> ModelConfig:
-    # A one-head config is all the frequencies need; max_seq_len is dynamic's original length.
-    return ModelConfig(vocab_size=1, d_model=head_dim, n_layers=1, n_heads=1, head_dim=head_dim, d_ff=1,
-                       max_seq_len=train_len, rope_theta=base, partial_rotary_factor=partial_rotary_factor,
-                       rope_scaling=scaling)
-
-
-def pair_records(cfg: ModelConfig, train_len: int, target_len: int) -> tuple[list[dict[str, Any]], float]:
+def pair_records(cfg: RopeSpec | ModelConfig, train_len: int, target_len: int) -> tuple[list[dict[str, Any]], float]:
     """Per-pair records for the scaling `cfg` carries, evaluated at the target length, and the
-    attention factor; the unscaled reference is the same config without scaling."""
+    attention factor; the unscaled reference is the same settings without scaling."""
     base_freq, _ = rope_frequencies(cfg.replace(rope_scaling=None))
     scaled, attention = rope_frequencies(cfg, seq_len=target_len)
     rows = []
@@ -99,7 +96,8 @@ def compare_methods(train_len: int, target_len: int, head_dim: int, base: float 
         scaling = method_scaling(method, train_len, target_len)
         if scaling is not None and scaling["factor"] == 1.0:
             scaling = None  # nothing to extend: every method is the unscaled schedule
-        cfg = _config(head_dim, base, train_len, partial_rotary_factor, scaling)
+        # max_seq_len is the training length: dynamic NTK's original length.
+        cfg = RopeSpec(base, int(head_dim * partial_rotary_factor), train_len, scaling)
         out.append(summarize(method, LABELS.get(method, method), scaling, *pair_records(cfg, train_len, target_len)))
     return out
 
@@ -110,7 +108,83 @@ def summarize(method: str, label: str, scaling, pairs: list[dict], attention: fl
             "crowded_pairs": [p["pair"] for p in pairs if p["crowded"]]}
 
 
-def config_method(cfg: ModelConfig, train_len: int, target_len: int) -> dict[str, Any]:
+def config_method(cfg: RopeSpec | ModelConfig, train_len: int, target_len: int) -> dict[str, Any]:
     """The record for a config's own scaling (e.g. Llama 3.1's llama3 rule, a Phi-3 longrope list)."""
     kind = (cfg.rope_scaling or {}).get("rope_type", "default")
     return summarize("config", f"this config ({kind})", cfg.rope_scaling, *pair_records(cfg, train_len, target_len))
+
+
+# Reading the RoPE fields of a config ----------------------------------------------------------
+DEFAULT_TRAIN, DEFAULT_TARGET = 4096, 32768  # the module's example: trained on 4k, run at 32k
+
+
+@dataclass(frozen=True)
+class RopeConfig:
+    """The fields of a model config that position encoding reads: enough for the per-pair table
+    (or, for ALiBi, the heads' slopes). `spec` is None when the model does not use RoPE."""
+
+    family: str
+    position: str
+    n_heads: int
+    head_dim: int
+    partial_rotary_factor: float
+    spec: RopeSpec | None
+
+
+def read_rope_config(source: str) -> RopeConfig:
+    """A preset name, or a config.json (llamablock's or transformers'). A transformers config of a
+    family llamablock cannot run (Phi-3 with longrope, say) is read for its RoPE fields alone."""
+    if source in PRESETS:
+        cfg = preset(source)
+    elif not Path(source).exists():
+        raise ValueError(f"--config {source!r} is neither a preset ({', '.join(sorted(PRESETS))}) nor an existing file")
+    else:
+        d = read_config_json(source)
+        if "model_type" in d and d["model_type"] not in SUPPORTED:
+            return _foreign(d, source)
+        cfg = ModelConfig.from_json_file(source)
+    spec = RopeSpec.of(cfg) if cfg.position == "rope" else None
+    return RopeConfig(cfg.family, cfg.position, cfg.n_heads, cfg.head_dim, cfg.partial_rotary_factor, spec)
+
+
+def _foreign(d: dict, source: str) -> RopeConfig:
+    heads, hidden = d.get("num_attention_heads"), d.get("hidden_size")
+    if not (isinstance(heads, int) and isinstance(hidden, int) and heads > 0 and hidden > 0):
+        raise ValueError(f"{source}: num_attention_heads and hidden_size must be positive integers to find the head width")
+    theta, scaling, partial = rope_settings(d)
+    head_dim = d.get("head_dim") or hidden // heads
+    spec = RopeSpec(theta, int(head_dim * partial), d.get("max_position_embeddings", 2048), scaling)
+    return RopeConfig(str(d["model_type"]), "rope", heads, head_dim, partial, spec)
+
+
+def pair_table(cfg: RopeConfig | None = None, train_len: int | None = None, target_len: int | None = None,
+               head_dim: int | None = None, base: float | None = None) -> dict[str, Any]:
+    """`llamablock rope`'s result: every method's per-pair records at train_len -> target_len, plus
+    the config's own scaling as a column when it has one. Lengths default to the config's (its
+    original length and context when it scales, else its context and 8 times that), and to the
+    module's 4,096 -> 32,768 without a config; head width and base to the config's, else 128 and 10,000."""
+    spec = cfg.spec if cfg is not None else None
+    scales = spec is not None and spec.rope_scaling is not None
+    if spec is not None:
+        train = train_len or (original_length(spec) if scales else spec.max_seq_len)
+        target = target_len or (spec.max_seq_len if scales and spec.max_seq_len > train else 8 * train)
+    else:
+        train, target = train_len or DEFAULT_TRAIN, target_len or DEFAULT_TARGET
+    own = scales and head_dim is None and base is None  # the config's own scaling fits these pairs
+    head_dim = head_dim or (cfg.head_dim if cfg else 128)
+    base = base or (spec.rope_theta if spec else 10000.0)
+    partial = cfg.partial_rotary_factor if cfg else 1.0
+    for name, v in (("--train-len", train), ("--target-len", target), ("--head-dim", head_dim)):
+        if v <= 0:
+            raise ValueError(f"{name} must be positive, got {v}")
+    if target < train:
+        raise ValueError(f"--target-len ({target}) must be at least --train-len ({train})")
+    if not base > 0:
+        raise ValueError(f"--base must be positive, got {base}")
+    if int(head_dim * partial) % 2 or int(head_dim * partial) < 4:
+        raise ValueError(f"--head-dim {head_dim} (x partial rotary {partial}) must give an even rotary width >= 4")
+    records = compare_methods(train, target, head_dim, base, partial)
+    if own:
+        records.append(config_method(spec, train, target))
+    return dict(train_len=train, target_len=target, head_dim=head_dim, base=base,
+                partial_rotary_factor=partial, methods=records)

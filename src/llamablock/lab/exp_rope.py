@@ -1,6 +1,6 @@
 """Section 15.1: RoPE makes the score depend only on the gap m - n (module lab 4a).
 
-Every rotation here goes through the library's `rope_cos_sin` and `apply_rope` (float32, the
+Every rotation here goes through the library's `Rotary` (rope_cos_sin and apply_rope; float32, the
 module's neighbouring-pair layout), so the lab measures the code the models run.
 """
 
@@ -12,11 +12,10 @@ import numpy as np
 import sympy
 import torch
 
-from llamablock.config import ModelConfig
 from llamablock.lab.record import Claim
 from llamablock.positions import LearnedPositions
-from llamablock.rope import apply_rope, rope_cos_sin
-from llamablock.rope_scaling import default_inv_freq
+from llamablock.rope import Rotary
+from llamablock.rope_scaling import RopeSpec, default_inv_freq
 
 
 # The ids of the claims this experiment records (for `llamablock lab --only`).
@@ -31,30 +30,30 @@ CLAIMS = (
 )
 
 
-def _head(head_dim: int, base: float = 10000.0) -> ModelConfig:
-    return ModelConfig(vocab_size=2, d_model=head_dim, n_layers=1, n_heads=1, rope_theta=base,
-                       rope_layout="interleaved")
+def _head(head_dim: int, base: float = 10000.0) -> Rotary:
+    """RoPE for one head of width `head_dim`, in the module's neighbouring-pair layout."""
+    return Rotary(RopeSpec(base, head_dim, 2048), "interleaved")
 
 
-def rotated_score(cfg: ModelConfig, q: torch.Tensor, k: torch.Tensor, m: int, n: int) -> float:
+def rotated_score(rotary: Rotary, q: torch.Tensor, k: torch.Tensor, m: int, n: int) -> float:
     """<R_m q, R_n k> in float32, through the library's rotation."""
     d = q.shape[-1]
-    cos, sin = rope_cos_sin(cfg, torch.tensor([[m, n]]), torch.float32)
-    x = torch.stack([q, k]).view(1, 1, 2, d)
-    r = apply_rope(x, cos, sin, cfg.rope_layout)[0, 0]
+    cos, sin = rotary.cos_sin(torch.tensor([[m, n]]), torch.float32)
+    x = torch.stack([q, k]).view(1, 1, 2, d)  # (b, h, t, hd): t = 0 the query, t = 1 the key
+    r = rotary.rotate(x, cos, sin)[0, 0]
     return float(r[0] @ r[1])
 
 
-def offset_spread(cfg: ModelConfig, offsets, starts, seeds: int = 5) -> dict[int, float]:
+def offset_spread(rotary: Rotary, offsets, starts, seeds: int = 5) -> dict[int, float]:
     """Largest change of the score at a fixed offset as both tokens slide over `starts`."""
-    d = cfg.head_dim
+    d = rotary.spec.rotary_dim
     out = {}
     for off in offsets:
         worst = 0.0
         for seed in range(seeds):
             g = torch.Generator().manual_seed(seed)
             q, k = torch.randn(d, generator=g), torch.randn(d, generator=g)
-            s = [rotated_score(cfg, q, k, n + off, n) for n in starts]
+            s = [rotated_score(rotary, q, k, n + off, n) for n in starts]
             worst = max(worst, max(s) - min(s))
         out[off] = worst
     return out
@@ -87,9 +86,9 @@ def _np_rot(a: float) -> np.ndarray:
 def claim_2d_pair(quick: bool) -> Claim:
     c = Claim("15.1.rope-2d-offset", "15.1", "one 2D pair: score at a fixed offset constant across positions",
               4.77e-7, unit="max spread of the score", tolerance="float32 rounding: below 1e-5")
-    cfg = _head(2)  # one pair, theta = 1 rad per token
+    rope = _head(2)  # one pair, theta = 1 rad per token
     starts = list(range(0, 200 if quick else 1000, 7))
-    spread = offset_spread(cfg, [0, 1, 7, 63, 200], starts, seeds=3 if quick else 10)
+    spread = offset_spread(rope, [0, 1, 7, 63, 200], starts, seeds=3 if quick else 10)
     c.measured = max(spread.values())
     return c.judge(c.measured < 1e-5, f"q, k ~ N(0, 1) in 2D, positions {starts[0]}..{starts[-1]} in steps of 7, "
                    f"offsets 0, 1, 7, 63, 200; largest spread per offset: "
@@ -100,16 +99,16 @@ def claim_2d_pair(quick: bool) -> Claim:
 def claim_head(quick: bool) -> Claim:
     c = Claim("15.1.rope-head-offset", "15.1", "32-dim head, base 10000: score depends only on the offset",
               1e-5, unit="max spread of the score", tolerance="same order as the module's ~1e-5 (below 1e-4)")
-    cfg = _head(32)
+    rope = _head(32)
     starts = list(range(0, 300, 11))  # the verdict: positions within a few hundred, as the module's
-    spread = offset_spread(cfg, [0, 1, 7, 63, 200], starts, seeds=3 if quick else 10)
+    spread = offset_spread(rope, [0, 1, 7, 63, 200], starts, seeds=3 if quick else 10)
     c.measured = max(spread.values())
     details = ("q, k ~ N(0, I_32), positions " f"{starts[0]}..{starts[-1]}; largest spread per offset: "
                + ", ".join(f"{o}: {v:.2e}" for o, v in spread.items()))
     if not quick:
         # Float32 angles m * theta carry a rounding of about m * 6e-8 rad, so the spread grows
         # with absolute position: the identity is exact, its float32 evaluation is not.
-        far = offset_spread(cfg, [0, 7, 200], list(range(0, 20000, 997)), seeds=3)
+        far = offset_spread(rope, [0, 7, 200], list(range(0, 20000, 997)), seeds=3)
         details += (f". Over positions 0..20,000 the spread grows to {max(far.values()):.1e}: float32 angles "
                     "m * theta are rounded by about m * 6e-8 rad, so the error grows with absolute position")
     return c.judge(c.measured < 1e-4, details)
@@ -156,7 +155,7 @@ def claim_no_entry() -> Claim:
         raised = ""
     except ValueError as e:
         raised = str(e)
-    cos, sin = rope_cos_sin(_head(8), torch.tensor([[10**6]]), torch.float32)
+    cos, sin = _head(8).cos_sin(torch.tensor([[10**6]]), torch.float32)
     finite = bool(torch.isfinite(cos).all() and torch.isfinite(sin).all())
     c.measured = "raises" if raised else "no error"
     return c.judge(bool(raised) and finite, f"table of 512: position 512 -> {raised!r}; RoPE at position "
@@ -180,10 +179,10 @@ def claim_frequency_ratio() -> Claim:
 def claim_shift_both() -> Claim:
     c = Claim("15.1.shift-both", "15.1", "adding 5 to both positions leaves the dot product unchanged", 0.0,
               unit="|score change| (float32)", tolerance="float32 rounding: below 1e-5")
-    cfg = _head(2)
+    rope = _head(2)
     g = torch.Generator().manual_seed(0)
     q, k = torch.randn(2, generator=g), torch.randn(2, generator=g)
-    worst = max(abs(rotated_score(cfg, q, k, m + 5, n + 5) - rotated_score(cfg, q, k, m, n))
+    worst = max(abs(rotated_score(rope, q, k, m + 5, n + 5) - rotated_score(rope, q, k, m, n))
                 for m in range(0, 40, 3) for n in range(0, 40, 5))
     c.measured = worst
     return c.judge(worst < 1e-5, "one pair, theta = 1, every (m, n) on a grid in 0..39")

@@ -9,9 +9,8 @@ from __future__ import annotations
 import torch
 
 from llamablock.alibi import alibi_slopes
-from llamablock.config import ModelConfig
 from llamablock.lab.record import Claim
-from llamablock.rope_scaling import rope_frequencies
+from llamablock.rope_scaling import RopeSpec, rope_frequencies
 from llamablock.diagnostics.rope_table import compare_methods
 
 TRAIN, TARGET, HEAD = 4096, 32768, 128
@@ -28,13 +27,9 @@ CLAIMS = (
 )
 
 
-def head_config(rope_scaling: dict | None = None, base: float = 10000.0) -> ModelConfig:
-    return ModelConfig(vocab_size=2, d_model=HEAD, n_layers=1, n_heads=1, rope_theta=base,
-                       max_seq_len=TRAIN, rope_scaling=rope_scaling)
-
-
 def inv_freq(rope_scaling: dict | None = None, base: float = 10000.0) -> torch.Tensor:
-    return rope_frequencies(head_config(rope_scaling, base))[0].double()
+    """The frequencies of a head of width HEAD trained on TRAIN tokens, float64 for the ratios."""
+    return rope_frequencies(RopeSpec(base, HEAD, TRAIN, rope_scaling))[0].double()
 
 
 def claim_interpolation_crowds() -> Claim:

@@ -1,7 +1,7 @@
 """Figures of module section 15.1 (`rope-visualizer`) and 15.2 (`rope-scaling`).
 
 rope-visualizer: one query pair and one key pair of a head, rotated by the library's RoPE
-(`rope_cos_sin` + `apply_rope`, the module's neighbouring-pair layout), at positions m and n.
+(`Rotary.cos_sin` + `Rotary.rotate`, the module's neighbouring-pair layout), at positions m and n.
 The frequency is chosen as a pair index i of a head of width d: theta_i = base^(-2i/d)
 (`default_inv_freq`). The reply holds both rotated arrows, the angle between them, their dot
 product, and the same score computed a second way, q . R(n - m) k, which is the identity of
@@ -17,10 +17,9 @@ import math
 import torch
 from fastapi import APIRouter, Query
 
-from llamablock.config import ModelConfig
 from llamablock.diagnostics.rope_table import compare_methods
-from llamablock.rope import apply_rope, rope_cos_sin
-from llamablock.rope_scaling import default_inv_freq
+from llamablock.rope import Rotary
+from llamablock.rope_scaling import RopeSpec, default_inv_freq
 from llamablock.web.errors import APIError
 
 router = APIRouter()
@@ -29,14 +28,14 @@ MAX_POSITION = 131072  # Llama 3.1's context; past it float32 angles lose the di
 HEAD_DIMS = (8, 16, 32, 64, 80, 96, 128, 256)
 
 
-def _rotate(cfg: ModelConfig, pair: int, q, k, m: float, n: float) -> tuple[list[float], list[float]]:
+def _rotate(rotary: Rotary, pair: int, q, k, m: float, n: float) -> tuple[list[float], list[float]]:
     """q at position m and k at position n, as rows of one head; return their rotated pairs."""
-    d = cfg.head_dim
-    x = torch.zeros(1, 1, 2, d)  # (b, h, t, d): t = 0 the query, t = 1 the key
+    hd = rotary.spec.rotary_dim
+    x = torch.zeros(1, 1, 2, hd)  # (b, h, t, hd): t = 0 the query, t = 1 the key
     x[0, 0, 0, 2 * pair : 2 * pair + 2] = torch.tensor(q)
     x[0, 0, 1, 2 * pair : 2 * pair + 2] = torch.tensor(k)
-    cos, sin = rope_cos_sin(cfg, torch.tensor([[m, n]]), torch.float32)  # (1, 2, d/2)
-    rot = apply_rope(x, cos, sin, cfg.rope_layout)[0, 0, :, 2 * pair : 2 * pair + 2]  # (2, 2)
+    cos, sin = rotary.cos_sin(torch.tensor([[m, n]]), torch.float32)  # (1, 2, hd/2)
+    rot = rotary.rotate(x, cos, sin)[0, 0, :, 2 * pair : 2 * pair + 2]  # (2, 2)
     return rot[0].tolist(), rot[1].tolist()
 
 
@@ -61,12 +60,11 @@ def rope_visualizer(
     if pair >= head_dim // 2:
         raise APIError("pair", f"pair must be below head_dim / 2 = {head_dim // 2}, got {pair}")
     # One head of the width asked for, default (unscaled) RoPE, the module's pair layout.
-    cfg = ModelConfig(vocab_size=1, d_model=head_dim, n_layers=1, n_heads=1, head_dim=head_dim,
-                      rope_theta=base, rope_layout="interleaved", max_seq_len=MAX_POSITION + 1)
+    rotary = Rotary(RopeSpec(base, head_dim, MAX_POSITION + 1), "interleaved")
     q, k = [q0, q1], [k0, k1]
-    q_rot, k_rot = _rotate(cfg, pair, q, k, m, n)
+    q_rot, k_rot = _rotate(rotary, pair, q, k, m, n)
     # The 15.1 identity, computed independently: leave q where it is, turn k by n - m alone.
-    q_same, k_gap = _rotate(cfg, pair, q, k, 0, n - m)
+    q_same, k_gap = _rotate(rotary, pair, q, k, 0, n - m)
     theta = float(default_inv_freq(base, head_dim)[pair])
     between = math.degrees(_angle(k_rot) - _angle(q_rot))
     between = (between + 180.0) % 360.0 - 180.0  # in [-180, 180)
