@@ -15,8 +15,7 @@ RoPE rotates q and k here; ALiBi is an additive bias in the mask; learned and si
 positions are added at the embeddings instead and do nothing here.
 Masks use cache slots (token order), not position_ids, as transformers does: position_ids
 only choose rotation angles, so they may start anywhere (e.g. offset into the thousands).
-Shapes (the package legend): b batch, t new tokens, s keys (cached + new), D model width,
-h query heads, n_kv key-value heads, g = h / n_kv, hd head width, r rotary width.
+Shapes: the package legend (llamablock/__init__.py).
 """
 
 from __future__ import annotations

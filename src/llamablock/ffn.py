@@ -34,7 +34,7 @@ def swish(z: torch.Tensor) -> torch.Tensor:
 
 
 class GatedFFN(nn.Module):
-    """SwiGLU (act="swiglu") or GeGLU (act="geglu"). x: (b, t, d) -> (b, t, d)."""
+    """SwiGLU (act="swiglu") or GeGLU (act="geglu"). x: (b, t, D) -> (b, t, D)."""
 
     def __init__(self, d_model: int, d_ff: int, act: str = "swiglu", bias: bool = False):
         super().__init__()

@@ -12,9 +12,9 @@ from torch import nn
 
 
 def sinusoidal_table(positions: torch.Tensor, d_model: int) -> torch.Tensor:
-    """(..., d_model) float32 for integer positions (...)."""
+    """(..., D) float32 for integer positions (...)."""
     inv = 1.0 / (10000.0 ** (torch.arange(0, d_model, 2, dtype=torch.float32) / d_model))
-    angles = positions.to(torch.float32)[..., None] * inv  # (..., d/2)
+    angles = positions.to(torch.float32)[..., None] * inv  # (..., D/2)
     return torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2)[..., :d_model]
 
 

@@ -22,7 +22,7 @@ to the activations' dtype. bfloat16 angles at position 4096 would be off by whol
 layer: the frequencies (rope_scaling.py), the pair layout, and whether keys are cached before
 rotation (the types whose frequencies change with the length). The decoder computes cos/sin
 once per forward pass; each layer only rotates.
-Shapes (the package legend): b batch, h heads, t positions, hd head width, r rotary width.
+Shapes: the package legend (llamablock/__init__.py).
 """
 
 from __future__ import annotations

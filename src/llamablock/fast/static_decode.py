@@ -27,8 +27,7 @@ the step's softmax sums over L slots (zeros past `pos`) and the fused matmuls ma
 sums differently, so logits agree to float rounding, not bit for bit (tests state the tolerance).
 Scope: RoPE models with frequencies fixed for the whole sequence, pre-LN (every LLaMA-family
 checkpoint). `unsupported_reason` names what is not covered; those run on the eager Decoder.
-Shapes (the package legend): b batch, t new tokens, L cache slots, D model width, h query heads,
-n_kv key-value heads, g = h / n_kv, hd head width, r rotary width, V vocabulary.
+Shapes: the package legend (llamablock/__init__.py).
 """
 
 from __future__ import annotations

@@ -76,7 +76,7 @@ def textbook_mha(attn: Attention, x: torch.Tensor) -> torch.Tensor:
     b, t, _ = x.shape
     h, d = attn.h, attn.hd
 
-    def heads(y):  # (b, t, h*d) -> (b, h, t, d)
+    def heads(y):  # (b, t, h*hd) -> (b, h, t, hd)
         return y.view(b, t, h, d).transpose(1, 2)
 
     out = F.scaled_dot_product_attention(heads(attn.wq(x)), heads(attn.wk(x)), heads(attn.wv(x)), is_causal=True)

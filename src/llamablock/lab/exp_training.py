@@ -112,7 +112,7 @@ def average_kv_heads(model: Decoder, n_kv: int) -> Decoder:
     state = model.state_dict()
     for name, w in list(state.items()):
         if any(name.endswith(f"attn.{m}.{kind}") for m in ("wk", "wv") for kind in ("weight", "bias")):
-            heads = w.view(cfg.n_kv_heads, cfg.head_dim, *w.shape[1:])  # (old kv, d, ...)
+            heads = w.view(cfg.n_kv_heads, cfg.head_dim, *w.shape[1:])  # (old n_kv, hd, D)
             state[name] = heads.view(n_kv, g, cfg.head_dim, *w.shape[1:]).mean(1).reshape(n_kv * cfg.head_dim, *w.shape[1:])
     new.load_state_dict(state)
     return new.eval()

@@ -7,7 +7,7 @@ Repetition penalty (Keskar et al. 2019, CTRL): for every token already in the se
 positive logit is divided by the penalty and a negative one multiplied by it.
 Top-p (Holtzman et al. 2019): keep the smallest set of most likely tokens whose probability
 sums to at least p; the most likely token is always kept.
-Shapes: b batch, V vocabulary.
+Shapes: the package legend (llamablock/__init__.py).
 """
 
 from __future__ import annotations

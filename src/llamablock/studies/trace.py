@@ -40,7 +40,7 @@ CACHE_VERSION = "trace-v1"  # bump when TRACE_RECIPE changes so old checkpoints 
 
 
 def _stats(x: torch.Tensor) -> dict:
-    """x (t, d) -> per-token lists of rms, mean, var over the feature axis."""
+    """x (t, D) -> per-token lists of rms, mean, var over the feature axis."""
     x = x.double()
     return {"rms": x.pow(2).mean(-1).sqrt().tolist(), "mean": x.mean(-1).tolist(),
             "var": x.var(-1, unbiased=False).tolist()}
