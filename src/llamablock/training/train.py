@@ -43,9 +43,8 @@ class TrainConfig:
     context: int = 128
     lr: float = 1e-3
     min_lr_ratio: float = 0.1
-    # Post-LN needs a long warm-up (Xiong et al. 2020): with 10 of 200 steps the 2017 preset
-    # stalled at the unigram loss (3.29 nats) on this corpus, with 100 of 200 it trained (2.52):
-    # measured once while choosing this default, not rechecked by a test.
+    # Post-LN needs a long warm-up (Xiong et al. 2020): with a short one the 2017 preset stalls at
+    # the unigram loss on this corpus, so the default warms up for half of the default run.
     warmup: int = 100
     weight_decay: float = 0.1
     grad_clip: float = 1.0
