@@ -44,7 +44,7 @@ class TrainConfig:
     lr: float = 1e-3
     min_lr_ratio: float = 0.1
     # Post-LN needs a long warm-up (Xiong et al. 2020): with a short one the 2017 preset stalls at
-    # the unigram loss on this corpus, so the default warms up for half of the default run.
+    # the unigram loss on this corpus, so the default warms up for a third of the default run.
     warmup: int = 100
     weight_decay: float = 0.1
     grad_clip: float = 1.0
