@@ -153,7 +153,7 @@ def _add_compiled(runners: dict, ours: dict, prompt, steps: int, quick: bool) ->
         ref.start(prompt)
         for i in range(4):  # the prefill's logits, then three steps
             # bfloat16 over 30 layers: a reordered sum moves logits by a few bf16 ulps (0.125 at 16-32),
-            # so the check is relative to the logit scale, as the model test in tests/test_quant.py.
+            # so the check is relative to the logit scale, as the model test in tests/fast/test_quant.py.
             diff = (r.logits.float() - ref.logits.float()).abs().max()
             if diff > 2**-4 * ref.logits.float().abs().max():
                 where = f"step {i}" if i else "prefill"

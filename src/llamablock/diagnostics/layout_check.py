@@ -10,7 +10,7 @@ but each head's angles then turn the wrong feature pairs: the q/k layout mix-up.
 No weight statistic tells the two orders apart, so the check asks the model: the next-token
 loss on a stretch of real text with the rows as loaded, and with them permuted as the fix for a
 mix-up would permute them (to the model's own layout, reading them as the other one). A trained
-model is much worse under the wrong order (tests/test_layout_check.py shows it on SmolLM2-135M);
+model is much worse under the wrong order (tests/diagnostics/test_layout_check.py shows it on SmolLM2-135M);
 random weights are not, and the check says it cannot tell.
 """
 

@@ -15,7 +15,7 @@ Both use a relative tolerance of 1e-3 so float32 rounding of an exact ratio does
 
 The module's claim at L = 4,096, T = 32,768, head width 128: unscaled, only slow pairs are
 unseen; interpolation crowds the fast pairs; NTK leaves some middle pairs unseen (overshooting);
-YaRN (and LLaMA 3.1's rule) leaves none. tests/test_rope_table.py checks it.
+YaRN (and LLaMA 3.1's rule) leaves none. tests/diagnostics/test_rope_table.py checks it.
 
 `compare_methods(train_len, target_len, head_dim, base)` is the pure function the command
 line, the lab and the web page call. Frequencies come from rope_scaling.py, never re-derived.

@@ -63,7 +63,7 @@ class Int8Linear(nn.Module):
     def kernel(self) -> bool:
         """Whether small batches use aten._weight_int8pack_mm: its AVX-512 path returns garbage
         (NaN, huge values) or crashes when k is not a multiple of 16 (torch 2.13), so such layers
-        multiply by the dequantized weight; tests/test_quant.py covers both widths."""
+        multiply by the dequantized weight; tests/fast/test_quant.py covers both widths."""
         return self.in_features % 16 == 0
 
     def dequantized(self) -> torch.Tensor:

@@ -40,7 +40,7 @@ from llamablock.io.empty import empty_decoder
 from llamablock.model import Decoder
 from llamablock.rope import permute_qk
 
-# The quantization types this loader accepts: each is tested (tests/test_gguf.py).
+# The quantization types this loader accepts: each is tested (tests/io/test_gguf.py).
 SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
 # Architectures implemented, with the family name our config uses and whether the file's q/k rows
 # are in llama.cpp's interleaved ("NORM") rope order.

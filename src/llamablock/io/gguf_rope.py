@@ -24,7 +24,7 @@ floored and ceiled) and transformers' yarn compute the same ramp and the same 0.
 
 transformers' own GGUF loader (5.x) maps neither for llama/qwen2 files: its config mapping has no
 rope.scaling keys and it skips `rope_freqs`, so it runs such a file with plain RoPE
-(tests/test_gguf_rope.py checks this, so that the claim is retired when it stops being true).
+(tests/io/test_gguf_rope.py checks this, so that the claim is retired when it stops being true).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 References: transformers loading the same GGUF (`from_pretrained(dir, gguf_file=...)`), and the
 `gguf` package's quantize/dequantize. Tolerances: SmolLM2 logits 1e-3 (the issue's bound, float32
-on both sides); tiny float32 files 1e-4 (tests/test_hf_parity.py's bound).
+on both sides); tiny float32 files 1e-4 (tests/components/test_hf_parity.py's bound).
 """
 
 import gguf

@@ -1,7 +1,7 @@
 """The q/k layout check (llamablock.diagnostics.layout_check, `llamablock rope layout`) on a real checkpoint.
 
 Reference: SmolLM2-135M-Instruct as llamablock loads it, whose logits match transformers
-(tests/test_gguf.py), so its rows are in the order its layout needs; the mix-up is made by
+(tests/io/test_gguf.py), so its rows are in the order its layout needs; the mix-up is made by
 hand the way it happens, by leaving llama.cpp's row permutation in place (rope.permute_qk to
 "interleaved") while the model rotates "half" pairs. On 128 tokens of Shakespeare the right order
 scores 3.34 nats per token and the wrong ones 4.77-4.96 (measured 2026-11-30); the margin

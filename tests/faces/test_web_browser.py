@@ -25,7 +25,7 @@ uvicorn = pytest.importorskip("uvicorn", reason="uvicorn is not installed")
 
 from llamablock.web.app import create_app  # noqa: E402
 
-ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts" / "web"
+ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts" / "web"
 FIGURES = ("rope-visualizer", "rope-scaling", "swiglu-gate", "gqa", "token-tracer-compare")
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
         "--disable-component-update", "--disable-sync"]

@@ -4,7 +4,7 @@ Reference: a tiny transformers Llama whose config declares the scaling, written 
 llama.cpp's converter writes it: linear and yarn as rope.scaling metadata, llama3 as the
 rope_freqs tensor of per-pair divisors. The divisors are computed from transformers' own
 frequencies (its default inv_freq over its llama3 inv_freq), not from llamablock's. Logits are
-compared at 1e-4 (tests/test_hf_parity.py's bound) over 512 positions, far enough for the slow
+compared at 1e-4 (tests/components/test_hf_parity.py's bound) over 512 positions, far enough for the slow
 pairs, where the scalings act, to turn; each case also checks that plain RoPE misses that bound
 by far, so the comparison can fail.
 """
