@@ -284,6 +284,19 @@ def test_token_tracer_passes_the_tracer_through(trace_client):
     assert all("normalized" in s for s in d["models"][0]["stages"] if s["name"].startswith("block"))
 
 
+def test_token_tracer_without_training_answers_409_and_trains_nothing(tmp_path):
+    """train=false (what the page asks on load) never starts the first-use training."""
+    from llamablock.studies.trace import pair_dirs
+
+    client = TestClient(create_app(trace_cache_dir=str(tmp_path)))
+    assert "first trace trains" in error(client.get("/api/token-tracer", params=dict(train="false")), 409, "train")
+    assert not any(run.exists() for run in pair_dirs(tmp_path).values())
+
+
+def test_token_tracer_with_the_pair_trained_traces_without_training_flag(trace_client):
+    assert trace_client[0].get("/api/token-tracer", params=dict(text="To be", train="false")).status_code == 200
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("params,status,parameter", [
     (dict(text=""), 422, "text"), (dict(text="x" * 201), 422, "text"), (dict(text="café ☃"), 400, "text"),

@@ -45,6 +45,10 @@ def tiny_trace_cache(root: Path) -> str:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     cache = tiny_trace_cache(tmp_path_factory.mktemp("trace-cache"))
+    yield from _serve(cache)
+
+
+def _serve(cache: str):
     sock = socket.create_server(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     srv = uvicorn.Server(uvicorn.Config(create_app(trace_cache_dir=cache), log_level="warning"))
@@ -196,3 +200,17 @@ def test_tracer_block_stage_and_text(page):
     page.click(f"{fig} button[name=run]")
     page.wait_for_function("document.getElementById('figure-token-tracer-compare').dataset.state === 'error'")
     assert page.inner_text(f"{fig} .error").startswith("text:")
+
+
+def test_tracer_waits_for_a_press_when_its_models_are_not_trained(browser, tmp_path):
+    """On load the page asks the tracer not to train (train=false); with an empty cache it shows
+    how to start instead of training both models because someone opened the page."""
+    from llamablock.studies.trace import pair_dirs
+
+    for url in _serve(str(tmp_path)):
+        pg = browser.new_page()
+        pg.goto(url + "/")
+        pg.wait_for_function("document.getElementById('figure-token-tracer-compare').dataset.state === 'idle'")
+        assert pg.inner_text("#figure-token-tracer-compare .hint-run").startswith("Press Trace to start")
+        pg.close()
+    assert not any(run.exists() for run in pair_dirs(tmp_path).values())

@@ -23,9 +23,10 @@ export function fmt(x, digits = 4) {
 }
 
 export class ApiError extends Error {
-  constructor(message, parameter) {
+  constructor(message, parameter, status = null) {
     super(message);
     this.parameter = parameter;
+    this.status = status;
   }
 }
 
@@ -39,7 +40,7 @@ export async function getJSON(path, params = {}) {
   } catch (e) {
     throw new ApiError(`${path}: HTTP ${reply.status}`, null);
   }
-  if (!reply.ok) throw new ApiError(data.message || `HTTP ${reply.status}`, data.parameter || null);
+  if (!reply.ok) throw new ApiError(data.message || `HTTP ${reply.status}`, data.parameter || null, reply.status);
   return data;
 }
 

@@ -98,13 +98,13 @@ function fill(select, values, chosen) {
   select.value = values.some(([v]) => String(v) === keep) ? keep : String(chosen);
 }
 
-async function run(section, form, note) {
+async function run(section, form, note, train = true) {
   section.dataset.state = "loading";
   section.querySelector(".error").textContent = "";
   const hint = section.querySelector(".hint-run");
   hint.textContent = note;
   try {
-    last = await getJSON("/api/token-tracer", { text: form.text.value });
+    last = await getJSON("/api/token-tracer", { text: form.text.value, train });
     fill(form.block, Array.from({ length: last.blocks }, (_, i) => [i + 1, `block ${i + 1}`]), 1);
     const n = last.tokens.length;
     form.token.innerHTML = "";
@@ -115,6 +115,11 @@ async function run(section, form, note) {
     section.dataset.state = "ready";
   } catch (err) {
     hint.textContent = "";
+    if (err.status === 409) {  // on load, with the pair not trained yet: wait for a press of Trace
+      hint.textContent = `Press Trace to start: ${err.message}.`;
+      section.dataset.state = "idle";
+      return;
+    }
     section.querySelector(".error").textContent = err.parameter ? `${err.parameter}: ${err.message}` : err.message;
     section.dataset.state = "error";
   }
@@ -133,5 +138,5 @@ export function setup() {
   for (const name of ["block", "stage", "token"]) {
     form[name].addEventListener("change", () => { if (last) draw(section, form); });
   }
-  return run(section, form, TRACING);
+  return run(section, form, "tracing…", false);  // at once only if the pair is already trained
 }
