@@ -33,9 +33,9 @@ import torch
 
 from benchmarks import decode_limits
 from benchmarks.common import Section, ms, run_child, verdict
+from llamablock.fast.quant import quantize_model, weight_bytes
 from llamablock.kv_cache import KVCache
 from llamablock.util.timing import time_calls
-from llamablock.fast.quant import quantize_model, weight_bytes
 
 NAME = "decode"
 CLAIM = "decode at batch 1: float32/bfloat16 >= 3x transformers; q8 >= 1.75x and q4 >= 1.5x llama.cpp"
@@ -94,10 +94,10 @@ def _models(quick: bool):
     else:
         import transformers
 
-        from llamablock.training.data import load_split
         from llamablock.io.gguf import open_gguf
         from llamablock.io.resolve import resolve_model
         from llamablock.io.tokenizer import tokenizer_from_gguf
+        from llamablock.training.data import load_split
 
         path = resolve_model(None)
         tok = tokenizer_from_gguf(open_gguf(path))

@@ -14,8 +14,8 @@ import torch
 
 from benchmarks.common import Section, ms, verdict
 from llamablock.fast.fused import fused_rms_norm
-from llamablock.util.timing import time_calls
 from llamablock.norm import RMSNorm
+from llamablock.util.timing import time_calls
 
 NAME = "norm"
 CLAIM = "fused RMSNorm at width 4096 at most 0.85x LayerNorm's time"

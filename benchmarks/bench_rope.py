@@ -16,8 +16,8 @@ import torch
 from benchmarks.common import Section, ms
 from llamablock.config import ModelConfig
 from llamablock.fast.fused import fused_apply_rope
-from llamablock.util.timing import time_calls
 from llamablock.rope import apply_rope, rope_cos_sin
+from llamablock.util.timing import time_calls
 
 NAME = "rope"
 CLAIM = "RoPE application cost, eager layouts vs transformers vs a fused kernel"

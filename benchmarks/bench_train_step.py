@@ -13,9 +13,9 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.common import Section, matmul_peak, ms
-from llamablock.util.timing import time_calls
 from llamablock.model import Decoder
 from llamablock.presets import preset
+from llamablock.util.timing import time_calls
 
 NAME = "train_step"
 CLAIM = "training step throughput of the 2017 and 2024 small presets, as MFU of the measured matmul peak"

@@ -29,10 +29,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from llamablock.runtime.generate import generate  # noqa: E402
 from llamablock.io.gguf import load_gguf, open_gguf  # noqa: E402
 from llamablock.io.resolve import resolve_model  # noqa: E402
 from llamablock.kv_cache import KVCache  # noqa: E402
+from llamablock.runtime.generate import generate  # noqa: E402
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 

@@ -22,9 +22,8 @@ import torch.nn.functional as F
 
 from benchmarks.common import Section, ms
 from llamablock.fast.huge_pages import collapse, tensor_ranges
-from llamablock.util.timing import time_calls
 from llamablock.fast.quant import Int8Linear
-
+from llamablock.util.timing import time_calls
 
 STREAM_MIB = 1024  # larger than this machine's L3 (480 MiB): the rate of memory, not of a cache
 

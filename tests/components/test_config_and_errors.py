@@ -5,11 +5,11 @@ import json
 
 import pytest
 import torch
+from hf_reference import tiny_hf_model
 
 import llamablock
 from llamablock import Decoder, ModelConfig, preset
 from llamablock.presets import PRESETS
-from hf_reference import tiny_hf_model
 
 BASE = dict(vocab_size=50, d_model=32, n_layers=1, n_heads=4)
 

@@ -6,9 +6,9 @@ Each tiny model is saved with transformers' save_pretrained and loaded with ours
 
 import pytest
 import torch
+from hf_reference import tiny_hf_model
 
 import llamablock
-from hf_reference import tiny_hf_model
 
 CASES = [
     ("llama", dict(n_heads=4, n_kv=4)),  # MHA

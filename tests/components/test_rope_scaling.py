@@ -19,7 +19,13 @@ from transformers.models.phi.modeling_phi import PhiRotaryEmbedding
 
 from llamablock import ModelConfig
 from llamablock.rope import rope_cos_sin
-from llamablock.rope_scaling import default_inv_freq, dynamic_base, ntk_base, rope_frequencies, yarn_frequencies
+from llamablock.rope_scaling import (
+    default_inv_freq,
+    dynamic_base,
+    ntk_base,
+    rope_frequencies,
+    yarn_frequencies,
+)
 
 
 def _factors(n, seed, lo=1.0, hi=6.0):  # a LongRoPE factor list of n entries, rising like Phi-3's

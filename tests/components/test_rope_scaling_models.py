@@ -11,9 +11,9 @@ key cached with a stale base would show.
 
 import pytest
 import torch
+from hf_reference import tiny_hf_model
 
 import llamablock
-from hf_reference import tiny_hf_model
 from llamablock.rope_scaling import ntk_base
 
 MAX_POS = 16

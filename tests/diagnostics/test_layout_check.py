@@ -10,15 +10,15 @@ asserted is 1 nat, twice the check's own 0.5.
 
 import pytest
 import torch
+from hf_reference import tiny_hf_model
 
 import llamablock
-from hf_reference import tiny_hf_model
 from llamablock.cli import main
 from llamablock.config import ModelConfig
-from llamablock.training.data import corpus_text
-from llamablock.io.loading import load_model_and_tokenizer
 from llamablock.diagnostics.layout_check import check_layout, permute_qk_rows
+from llamablock.io.loading import load_model_and_tokenizer
 from llamablock.model import Decoder
+from llamablock.training.data import corpus_text
 
 
 @pytest.fixture(scope="module")

@@ -13,8 +13,8 @@ import matplotlib.image
 import pytest
 
 from llamablock.cli import main
-from llamablock.presets import preset
 from llamablock.diagnostics.rope_table import compare_methods, config_method
+from llamablock.presets import preset
 
 L, T, D, BASE = 4096, 32768, 128, 10000.0
 

@@ -69,9 +69,9 @@ def test_decode_limits_time_the_real_layers_of_a_static_layout():
 
     from benchmarks import decode_limits
     from llamablock.config import ModelConfig
-    from llamablock.model import Decoder
     from llamablock.fast.quant import quantize_model
     from llamablock.fast.static_decode import StaticDecoder
+    from llamablock.model import Decoder
 
     cfg = ModelConfig(vocab_size=256, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=128, max_seq_len=128)
     model = Decoder(cfg).eval()

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-
 from gguf_tiny import write_tiny_gguf
 from hf_reference import tiny_hf_model
+
 from llamablock import cli
 from llamablock.io.loading import load_model_and_tokenizer
 from llamablock.io.resolve import resolve_model

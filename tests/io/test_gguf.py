@@ -9,10 +9,10 @@ import gguf
 import numpy as np
 import pytest
 import torch
-
-import llamablock
 from gguf_tiny import random_kquant_blocks, to_torch, write_tiny_gguf
 from hf_reference import tiny_hf_model
+
+import llamablock
 from llamablock.io.gguf import dequantize, llamacpp_permute, load_gguf, open_gguf
 from llamablock.io.resolve import resolve_model
 from llamablock.rope import permute_qk

@@ -13,14 +13,14 @@ import numpy as np
 import pytest
 import torch
 import transformers
-
 from gguf_tiny import write_tiny_gguf
 from hf_reference import tiny_hf_model
+
 from llamablock.cli import main
-from llamablock.io.gguf import load_gguf
-from llamablock.kv_cache import KVCache
 from llamablock.diagnostics.rope_lint import lint_file
 from llamablock.fast.static_decode import StaticDecoder
+from llamablock.io.gguf import load_gguf
+from llamablock.kv_cache import KVCache
 
 TOL = 1e-4
 LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,

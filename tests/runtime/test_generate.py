@@ -7,11 +7,16 @@ logits processors (TopKLogitsWarper, TopPLogitsWarper, RepetitionPenaltyLogitsPr
 
 import pytest
 import torch
+from hf_reference import tiny_hf_model
 
 import llamablock
-from hf_reference import tiny_hf_model
 from llamablock.runtime.generate import generate, generate_batch
-from llamablock.runtime.sampling import Sampling, apply_repetition_penalty, filter_top_k_top_p, next_token
+from llamablock.runtime.sampling import (
+    Sampling,
+    apply_repetition_penalty,
+    filter_top_k_top_p,
+    next_token,
+)
 
 
 @pytest.fixture(scope="module")
@@ -95,8 +100,11 @@ def test_stop_string_and_streaming(tiny):
 
 
 def test_sampling_filters_match_transformers():
-    from transformers.generation.logits_process import (RepetitionPenaltyLogitsProcessor, TopKLogitsWarper,
-                                                        TopPLogitsWarper)
+    from transformers.generation.logits_process import (
+        RepetitionPenaltyLogitsProcessor,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+    )
 
     logits = torch.randn(3, 50) * 3
     hist = torch.randint(0, 50, (3, 9))

@@ -2,8 +2,8 @@
 
 import json
 
-from llamablock.studies.ablation import count_params, run_compare, summarize, variants
 from llamablock.cli import main
+from llamablock.studies.ablation import count_params, run_compare, summarize, variants
 
 
 def test_each_ablation_changes_one_thing_at_equal_budget():

@@ -3,9 +3,16 @@
 import pytest
 import torch
 
-from llamablock.studies.long_context import _with_rope, bands, format_table, loss_by_position, rope_scaling_for, run_long_context
 from llamablock.model import Decoder
 from llamablock.presets import preset
+from llamablock.studies.long_context import (
+    _with_rope,
+    bands,
+    format_table,
+    loss_by_position,
+    rope_scaling_for,
+    run_long_context,
+)
 
 SMALL = dict(vocab_size=65, d_model=32, n_layers=1, n_heads=4, n_kv_heads=2, d_ff=64, max_seq_len=16)
 

@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from llamablock.cli import main
-from llamablock.training.data import CharTokenizer, corpus_text
 from llamablock.model import Decoder
 from llamablock.presets import preset
 from llamablock.studies.trace import ensure_pair, trace_model, trace_pair
+from llamablock.training.data import CharTokenizer, corpus_text
 from llamablock.training.train import TrainConfig, init_weights
 
 TEXT = "ROMEO:\nBut soft, what light through yonder window breaks?"

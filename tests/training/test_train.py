@@ -6,8 +6,8 @@ import shutil
 import pytest
 import torch
 
-from llamablock.training import checkpoint as train_state
 from llamablock.presets import preset
+from llamablock.training import checkpoint as train_state
 from llamablock.training.train import TrainConfig, load_trained, lr_at, train
 
 # A tiny 2024-style model (the architecture does not matter to these properties).

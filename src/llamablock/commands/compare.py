@@ -24,7 +24,12 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from llamablock.studies.ablation import format_table, plot_compare, run_compare, summarize
+    from llamablock.studies.ablation import (
+        format_table,
+        plot_compare,
+        run_compare,
+        summarize,
+    )
 
     if args.seeds <= 0 or args.steps <= 0:
         raise ValueError("--seeds and --steps must be positive")

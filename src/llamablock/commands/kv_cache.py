@@ -7,8 +7,8 @@ from pathlib import Path
 
 from llamablock.config import ModelConfig
 from llamablock.diagnostics.kv_calculator import layouts
-from llamablock.util.units import DTYPE_BYTES, human_bytes
 from llamablock.presets import PRESETS, preset
+from llamablock.util.units import DTYPE_BYTES, human_bytes
 
 
 def add_arguments(p) -> None:

@@ -8,10 +8,15 @@ warnings from llamablock.diagnostics.rope_lint.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 from llamablock.diagnostics.rope_plot import plot_wavelengths
-from llamablock.diagnostics.rope_table import DEFAULT_TARGET, DEFAULT_TRAIN, RopeConfig, pair_table, read_rope_config
+from llamablock.diagnostics.rope_table import (
+    DEFAULT_TARGET,
+    DEFAULT_TRAIN,
+    RopeConfig,
+    pair_table,
+    read_rope_config,
+)
 
 
 def add_arguments(p) -> None:
@@ -102,9 +107,9 @@ def _lint(args) -> int:
 def _layout(args) -> int:
     import torch
 
-    from llamablock.training.data import corpus_text
-    from llamablock.io.loading import load_model_and_tokenizer
     from llamablock.diagnostics.layout_check import check_layout
+    from llamablock.io.loading import load_model_and_tokenizer
+    from llamablock.training.data import corpus_text
 
     if args.tokens < 16:
         raise ValueError(f"--tokens must be at least 16, got {args.tokens}")

@@ -29,8 +29,18 @@ import time
 
 import torch
 
-from llamablock.fast.quant import DTYPE_CHOICES, FORMATS, PREFILL_ROWS, load_dtype, quantize_model
-from llamablock.fast.static_decode import StaticDecoder, cache_length, unsupported_reason
+from llamablock.fast.quant import (
+    DTYPE_CHOICES,
+    FORMATS,
+    PREFILL_ROWS,
+    load_dtype,
+    quantize_model,
+)
+from llamablock.fast.static_decode import (
+    StaticDecoder,
+    cache_length,
+    unsupported_reason,
+)
 
 # The compiled prefill takes prompts of PREFILL_MIN to L - 1 tokens (L the cache length; a longer
 # one would leave no slot to decode into) and pads shorter ones at their end to PREFILL_MIN. Why a

@@ -35,8 +35,8 @@ import numpy as np
 import torch
 
 from llamablock.config import ModelConfig
-from llamablock.io.gguf_rope import rope_scaling_from_gguf
 from llamablock.io.empty import empty_decoder
+from llamablock.io.gguf_rope import rope_scaling_from_gguf
 from llamablock.model import Decoder
 from llamablock.rope import permute_qk
 

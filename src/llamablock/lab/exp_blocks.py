@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import sympy
 
-from llamablock.ffn import gated_ffn_width
 from llamablock.diagnostics.kv_calculator import kv_cache_size
+from llamablock.ffn import gated_ffn_width
 from llamablock.lab.record import Claim
 from llamablock.model import Decoder
 from llamablock.norm import make_norm

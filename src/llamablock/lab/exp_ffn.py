@@ -9,7 +9,6 @@ import torch
 from llamablock.ffn import MLP, GatedFFN, gated_ffn_width, swish
 from llamablock.lab.record import Claim
 
-
 # The ids of the claims this experiment records (for `llamablock lab --only`).
 CLAIMS = (
     "15.4.swish-values",

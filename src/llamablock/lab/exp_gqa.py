@@ -15,12 +15,12 @@ import torch.nn.functional as F
 
 from llamablock.attention import Attention, AttentionInputs, attention_inputs
 from llamablock.config import ModelConfig
-from llamablock.kv_cache import KVCache
 from llamablock.diagnostics.kv_calculator import kv_cache_size
-from llamablock.util.units import human_bytes
+from llamablock.kv_cache import KVCache
 from llamablock.lab.record import Claim
-from llamablock.util.timing import best_time, eviction_buffer, l3_size, time_calls
 from llamablock.presets import preset
+from llamablock.util.timing import best_time, eviction_buffer, l3_size, time_calls
+from llamablock.util.units import human_bytes
 
 GiB = 2**30
 

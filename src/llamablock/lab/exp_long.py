@@ -9,8 +9,8 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from llamablock.studies import long_context, trace
 from llamablock.lab.record import Claim
+from llamablock.studies import long_context, trace
 
 TEXT = "ROMEO:\nBut soft, what light through yonder window breaks?"
 

@@ -17,9 +17,8 @@ import torch.nn.functional as F
 
 from llamablock.fast.fused import fused_rms_norm
 from llamablock.lab.record import Claim
-from llamablock.util.timing import time_calls
 from llamablock.norm import make_norm
-
+from llamablock.util.timing import time_calls
 
 # The ids of the claims this experiment records (for `llamablock lab --only`).
 CLAIMS = (

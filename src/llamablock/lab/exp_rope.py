@@ -17,7 +17,6 @@ from llamablock.positions import LearnedPositions
 from llamablock.rope import Rotary
 from llamablock.rope_scaling import RopeSpec, default_inv_freq
 
-
 # The ids of the claims this experiment records (for `llamablock lab --only`).
 CLAIMS = (
     "15.1.rotation-identity",

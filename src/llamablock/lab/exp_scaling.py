@@ -9,9 +9,9 @@ from __future__ import annotations
 import torch
 
 from llamablock.alibi import alibi_slopes
+from llamablock.diagnostics.rope_table import compare_methods
 from llamablock.lab.record import Claim
 from llamablock.rope_scaling import RopeSpec, rope_frequencies
-from llamablock.diagnostics.rope_table import compare_methods
 
 TRAIN, TARGET, HEAD = 4096, 32768, 128
 FACTOR = TARGET / TRAIN  # 8

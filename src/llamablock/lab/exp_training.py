@@ -13,13 +13,13 @@ import dataclasses
 
 import torch
 
-from llamablock.studies import ablation
 from llamablock.lab.record import Claim
 from llamablock.model import Decoder
 from llamablock.presets import preset
 from llamablock.runtime.evaluate import evaluate
-from llamablock.training.train import TrainConfig, get_data, train
+from llamablock.studies import ablation
 from llamablock.training import data as D
+from llamablock.training.train import TrainConfig, get_data, train
 
 QUICK = dict(steps=60, seeds=(0,), size=dict(d_model=64, n_heads=4, n_layers=2), context=64)
 FULL = dict(steps=200, seeds=(0, 1, 2), size=None, context=128)

@@ -18,8 +18,8 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from llamablock.util.files import atomic_write
 from llamablock.lab.record import NOT_MEASURABLE, Claim
+from llamablock.util.files import atomic_write
 
 # (module, the sections its claims belong to, title) in the module's order. The last two train
 # small models, so they come last: the quick lab shows every exact claim within seconds.

@@ -22,10 +22,10 @@ import math
 import time
 
 from llamablock.config import ModelConfig
-from llamablock.util.plots import figure, save_png
 from llamablock.io.empty import empty_decoder
 from llamablock.presets import preset
 from llamablock.training.train import TrainConfig, train
+from llamablock.util.plots import figure, save_png
 
 SIZE = dict(d_model=128, n_heads=4, n_layers=4)  # ~0.8M parameters; the default compare (18 runs) took 406 s on 2 idle cores (README)
 

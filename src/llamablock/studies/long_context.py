@@ -28,11 +28,11 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from llamablock.util.files import atomic_write
-from llamablock.util.plots import pyplot, save_png
 from llamablock.model import Decoder
 from llamablock.presets import preset
 from llamablock.training.train import TrainConfig, get_data, train
+from llamablock.util.files import atomic_write
+from llamablock.util.plots import pyplot, save_png
 
 SIZE = dict(d_model=128, n_layers=4, n_heads=4, n_kv_heads=2)
 METHODS = ("none", "linear", "ntk", "dynamic", "yarn")

@@ -26,11 +26,11 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from llamablock.util.files import replace_dir, user_cache_dir
-from llamablock.util.plots import figure, save_png
 from llamablock.norm import rms_normalize
 from llamablock.presets import ARCH_PRESETS
 from llamablock.training.train import TrainConfig, load_trained, train
+from llamablock.util.files import replace_dir, user_cache_dir
+from llamablock.util.plots import figure, save_png
 
 PAIR = ARCH_PRESETS  # the two models traced side by side
 # Trained on first use: 150 steps of 16 x 128 characters each model.

@@ -26,14 +26,14 @@ from pathlib import Path
 
 import torch
 
-from llamablock.training import data as D
-from llamablock.training import distributed as dd
-from llamablock.training import checkpoint as ckpt
 from llamablock.config import ModelConfig
-from llamablock.util.files import atomic_write
-from llamablock.util.plots import figure, save_png
 from llamablock.model import Decoder
 from llamablock.runtime.evaluate import evaluate, lm_loss
+from llamablock.training import checkpoint as ckpt
+from llamablock.training import data as D
+from llamablock.training import distributed as dd
+from llamablock.util.files import atomic_write
+from llamablock.util.plots import figure, save_png
 
 
 @dataclass
