@@ -1,4 +1,4 @@
-"""RMSNorm and RoPE fused into one kernel each by torch.compile (runtime layer, CPU speed).
+"""RMSNorm and RoPE fused into one kernel each by torch.compile (CPU speed).
 
 Eager RMSNorm runs five separate ops (float cast, square, mean, rsqrt, two multiplies), each
 reading and writing the whole activation; LayerNorm is a single ATen kernel, so on a CPU the

@@ -1,4 +1,4 @@
-"""Weight-only int8 and int4 linear layers on PyTorch's packed CPU matmuls (runtime layer).
+"""Weight-only int8 and int4 linear layers on PyTorch's packed CPU matmuls.
 
 Decoding one token reads every weight once (module section 15.5), so fewer weight bytes mean
 more tokens per second. The weights are stored quantized; activations stay in bfloat16; the

