@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, load_model, save_file, save_model
 
-from llamablock.util.files import atomic_write
+from llamablock.util.files import atomic_write, replace_dir
 
 KEEP = 2  # complete checkpoints kept on disk
 
@@ -54,9 +54,7 @@ def save_checkpoint(run_dir: str | Path, step: int, model: torch.nn.Module, opt:
     save_file(tensors, str(tmp / "optimizer.safetensors"))
     (tmp / "state.json").write_text(json.dumps({**state, "step": step, "optimizer": meta}, indent=1))
     final = root / name
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp, final)
+    replace_dir(tmp, final)
     atomic_write(root / "latest", lambda p: p.write_text(name))
     _prune(root, keep=name)
     return final
