@@ -30,6 +30,7 @@ BENCHMARKS = {
     "long_prefill": "benchmarks.bench_long_prefill",
     "compile_cache": "benchmarks.bench_compile_cache",
     "huge_pages": "benchmarks.bench_huge_pages",
+    "threads": "benchmarks.bench_threads",
 }
 
 

@@ -12,14 +12,30 @@ Shapes, in every shape comment of the package:
     h  query heads             n_kv  key-value heads     g  = h / n_kv, queries per KV head
     hd head width              r  rotary width (hd x partial_rotary_factor)
     d_ff  feed-forward width;  matmuls in fast/quant: x (m, k) @ W^T, W (n, k)
+
+The public names below are imported on first use (PEP 562), so that `import llamablock.cli`
+(and `llamablock --help`) does not import torch.
 """
 
-from llamablock.config import ModelConfig
-from llamablock.kv_cache import KVCache
-from llamablock.model import Decoder
-from llamablock.presets import PRESETS, preset
+from __future__ import annotations
+
+import importlib
 
 __all__ = ["ModelConfig", "Decoder", "KVCache", "PRESETS", "preset", "load_pretrained", "save_pretrained"]
+_LAZY = {"ModelConfig": "llamablock.config", "Decoder": "llamablock.model", "KVCache": "llamablock.kv_cache",
+         "PRESETS": "llamablock.presets", "preset": "llamablock.presets"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'llamablock' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
 
 
 def load_pretrained(path=None, dtype=None):

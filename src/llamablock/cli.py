@@ -1,17 +1,24 @@
 """The `llamablock` command line. Thin: each subcommand lives in llamablock/commands/<name>.py
-with `add_arguments(parser)` and `run(args) -> int`, and is imported only when used.
+with `add_arguments(parser)` and `run(args) -> int`, and only the one that runs is imported, so
+`llamablock --help` and `--version` answer without importing torch.
 
-User mistakes (a ValueError or FileNotFoundError raised with a clear message) end the
-command with one line on stderr and exit status 2, never a traceback.
+Every command that computes takes `--threads N` (set here, once, for torch's intra-op pool and
+restored afterwards); the default is llamablock.util.threads.default_threads (half the cores, at
+least one, for machines where other processes hold cores).
+User mistakes (a ValueError or FileNotFoundError raised with a clear message) end the command
+with one line on stderr and exit status 2, never a traceback. Output piped into a reader that
+stops early (`| head`) ends quietly.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from llamablock.commands import UsageError
+from llamablock.util.threads import default_threads
 
 # name -> (module, one-line help). Add a line here when adding a command module.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -27,18 +34,49 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "perplexity": ("llamablock.commands.perplexity", "perplexity of a model on a text file, sliding window"),
     "bench": ("llamablock.commands.bench", "speed benchmarks side by side (attention, norms, decode, ...); BENCHMARKS.md"),
     "cache": ("llamablock.commands.cache", "what llamablock keeps on disk (compiled programs, inductor's caches, tracer models); --clear"),
+    "models": ("llamablock.commands.models", "the models llamablock ships or knows by name: embedded checkpoints and presets"),
 }
+# The commands that compute with torch, and so take --threads.
+COMPUTES = ("lab", "rope", "train", "trace", "compare", "demo", "serve", "generate", "perplexity", "bench")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def version() -> str:
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    try:
+        return installed("llamablock")
+    except PackageNotFoundError:
+        return "unknown (not installed; pip install -e .)"
+
+
+def _threads(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expects a whole number of threads, got {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
+    return n
+
+
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The parser; only the command named in `argv` (None: every command) gets its arguments,
+    which imports that command's module alone."""
     parser = argparse.ArgumentParser(
         prog="llamablock",
         description="The 2017 Transformer block and the 2024 LLaMA block: measured, run, trained and shown.")
+    parser.add_argument("--version", action="version", version=f"llamablock {version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    chosen = next((a for a in (argv or []) if not a.startswith("-")), None) if argv is not None else None
     for name, (module, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
-        importlib.import_module(module).add_arguments(p)
         p.set_defaults(_module=module)
+        if argv is None or name == chosen:
+            importlib.import_module(module).add_arguments(p)
+            if name in COMPUTES:
+                p.add_argument("--threads", type=_threads, default=None, metavar="N",
+                               help=f"torch threads (default: half the CPU cores, at least 1; here {default_threads()})")
     return parser
 
 
@@ -46,18 +84,34 @@ def main(argv: list[str] | None = None) -> int:
     from llamablock.fast.compile_cache import use_persistent_cache
     from llamablock.fast.malloc import tune_allocator
 
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser(argv).parse_args(argv)
     tune_allocator()  # glibc: keep large tensor buffers instead of refaulting them (llamablock.fast.malloc)
     use_persistent_cache()  # torch.compile's caches under ~/.cache, not /tmp (llamablock.fast.compile_cache)
-    parser = build_parser()
-    args = parser.parse_args(argv)
     try:
-        return int(importlib.import_module(args._module).run(args) or 0)
+        module = importlib.import_module(args._module)
+        if args.command not in COMPUTES:
+            return int(module.run(args) or 0)
+        import torch
+
+        if args.threads is None:
+            args.threads = default_threads()
+        before = torch.get_num_threads()
+        torch.set_num_threads(args.threads)
+        try:
+            return int(module.run(args) or 0)
+        finally:  # an embedding program (or a test) keeps its own setting
+            torch.set_num_threads(before)
     except (UsageError, ValueError, FileNotFoundError, NotADirectoryError) as e:
         print(f"llamablock {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"llamablock {args.command}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader stopped (`| head`): send what is left of our output nowhere and end quietly.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

@@ -41,11 +41,6 @@ def test_unknown_benchmark_is_a_usage_error(capfd):
     assert "unknown benchmark nosuch" in err and "attention" in err
 
 
-def test_bad_threads_is_a_usage_error(capfd):
-    assert cli.main(["bench", "--quick", "--threads", "0", "norm"]) == 2
-    assert "--threads must be at least 1" in capfd.readouterr().err
-
-
 def test_tune_allocator_reports_what_it_did(monkeypatch):
     from llamablock.fast import malloc
 

@@ -22,7 +22,6 @@ def add_arguments(p) -> None:
     p.add_argument("--output", type=Path, default=None,
                    help="where to write the markdown report (default: BENCHMARKS.md at the repository root "
                         "for a full run of all benchmarks, nowhere otherwise)")
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
 
 
 def repository() -> Path:
@@ -38,7 +37,6 @@ def run(args) -> int:
     argv = [*args.names, *(["--quick"] if args.quick else [])]
     if args.output is not None:
         argv += ["--output", str(args.output.absolute())]
-    if args.threads is not None:
-        argv += ["--threads", str(args.threads)]
+    argv += ["--threads", str(args.threads)]  # the command line's --threads (llamablock.cli)
     sys.stdout.flush()
     return subprocess.call([sys.executable, "-m", "benchmarks", *argv], cwd=repository())
