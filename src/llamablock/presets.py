@@ -30,9 +30,10 @@ PRESETS: dict[str, dict] = {
     "gemma-2b": dict(vocab_size=256000, d_model=2048, n_layers=18, n_heads=8, n_kv_heads=1, head_dim=256,
                      d_ff=16384, norm_eps=1e-6, norm_offset=1.0, ffn="geglu", rope_theta=10000.0,
                      max_seq_len=8192, tie_embeddings=True, embed_scale=math.sqrt(2048), family="gemma"),
-    "smollm2-135m": dict(vocab_size=49152, d_model=576, n_layers=30, n_heads=9, n_kv_heads=3, d_ff=1536,
-                         norm_eps=1e-5, rope_theta=100000.0, max_seq_len=8192, tie_embeddings=True,
-                         family="llama"),
+    # The same name as the embedded checkpoint (llamablock.io.resolve), whose architecture this is.
+    "smollm2-135m-instruct": dict(vocab_size=49152, d_model=576, n_layers=30, n_heads=9, n_kv_heads=3,
+                                  d_ff=1536, norm_eps=1e-5, rope_theta=100000.0, max_seq_len=8192,
+                                  tie_embeddings=True, family="llama"),
     # Section 15.6's pair, character-level Shakespeare. 2017: learned positions, post-LN
     # LayerNorm, ReLU MLP at 4d, biases everywhere, MHA, tied embeddings.
     "gpt-2017-small": dict(vocab_size=128, d_model=256, n_layers=4, n_heads=8, n_kv_heads=8, d_ff=1024,

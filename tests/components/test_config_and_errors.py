@@ -41,7 +41,7 @@ def test_presets_build_and_the_small_pair_has_equal_parameters():
         preset("llama-9")
 
 
-@pytest.mark.parametrize("name", ["llama-3-8b", "llama-3.1-8b", "mistral-7b", "qwen2.5-0.5b", "gemma-2b", "smollm2-135m"])
+@pytest.mark.parametrize("name", ["llama-3-8b", "llama-3.1-8b", "mistral-7b", "qwen2.5-0.5b", "gemma-2b", "smollm2-135m-instruct"])
 def test_presets_round_trip_through_transformers_config(name):
     import transformers
 
@@ -136,7 +136,7 @@ def test_static_ntk_exports_as_default_rope_at_the_raised_base():
 
     from llamablock.rope_scaling import rope_frequencies
 
-    cfg = preset("smollm2-135m", rope_scaling={"rope_type": "ntk", "factor": 4.0})
+    cfg = preset("smollm2-135m-instruct", rope_scaling={"rope_type": "ntk", "factor": 4.0})
     hf = transformers.LlamaConfig(**{k: v for k, v in cfg.to_hf().items() if k not in ("model_type", "architectures")})
     ours, _ = rope_frequencies(cfg)
     ref = LlamaRotaryEmbedding(hf).inv_freq

@@ -171,7 +171,7 @@ def test_gqa_llama3_8b_at_8192_tokens(client, kv, text):
 def test_gqa_defaults_are_the_preset_and_overrides_apply(client):
     d = client.get("/api/gqa").json()
     assert (d["preset"], d["n_heads"], d["n_kv_heads"], d["tokens"], d["cache_text"]) == ("llama-3-8b", 32, 8, 8192, "1 GiB")
-    d = client.get("/api/gqa", params=dict(preset="smollm2-135m", n_layers=2, head_dim=64, tokens=1000,
+    d = client.get("/api/gqa", params=dict(preset="smollm2-135m-instruct", n_layers=2, head_dim=64, tokens=1000,
                                            dtype="float32")).json()
     assert d["cache_bytes"] == 2 * 2 * 3 * 64 * 1000 * 4  # 3 KV heads in SmolLM2-135M (its config.json)
 
