@@ -211,4 +211,4 @@ def test_commands_take_dtype_q8_q4(capsys, tmp_path):
     assert json.loads(capsys.readouterr().out)
     with pytest.raises(SystemExit):  # argparse names the choices
         cli.main(["generate", "--model", str(gguf), "--prompt", "x", "--dtype", "q3"])
-    assert "choose from 'float32', 'bfloat16', 'q8', 'q4'" in capsys.readouterr().err
+    assert "choose from 'auto', 'float32', 'bfloat16', 'q8', 'q4'" in capsys.readouterr().err

@@ -17,7 +17,7 @@ import sys
 import torch
 
 from llamablock.commands import UsageError
-from llamablock.fast.quant import DTYPE_CHOICES
+from llamablock.fast.native import CHOICES
 
 
 def add_arguments(p) -> None:
@@ -33,8 +33,10 @@ def add_arguments(p) -> None:
     p.add_argument("--repetition-penalty", type=float, default=1.0, help="CTRL penalty, 1 = off (default: %(default)s)")
     p.add_argument("--seed", type=int, default=None, help="random seed for sampling (default: none)")
     p.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop when this text appears (repeatable)")
-    p.add_argument("--dtype", choices=DTYPE_CHOICES, default="float32",
-                   help="weights and activations; q8/q4: int8/int4 weights, bfloat16 activations (default: %(default)s)")
+    p.add_argument("--dtype", choices=CHOICES, default="auto",
+                   help="weights and activations; auto: the file's own precision (a GGUF's 8-bit tensors as q8, 4-bit "
+                        "as q4, 5-6-bit as q8, F16/BF16 as bfloat16; a directory's torch_dtype); q8/q4: int8/int4 "
+                        "weights, bfloat16 activations (default: %(default)s)")
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=False,
                    help="decode and prefill with the static layout compiled ahead of time (llamablock.fast.compiled_decode, "
                         "AOTInductor; BENCHMARKS.md compares its speed); compiling takes minutes once per model, format "
@@ -42,10 +44,11 @@ def add_arguments(p) -> None:
     p.add_argument("--json", action="store_true", help="print token ids and text as JSON instead of streaming")
 
 
-def _summary(g, engine=None) -> str:
+def _summary(g, engine=None, weights: str | None = None) -> str:
     compiled = "" if engine is None else f", compiled decode ({engine.compile_seconds:.0f} s compiling)"
+    runs = f", weights: {weights}" if weights else ""
     return (f"[{g.prompt_tokens} prompt tokens, {len(g.tokens)} new tokens, prefill {g.prefill_tokens_per_s:.1f} tok/s, "
-            f"decode {g.decode_tokens_per_s:.1f} tok/s, stop: {g.stop_reason}{compiled}]")
+            f"decode {g.decode_tokens_per_s:.1f} tok/s, stop: {g.stop_reason}{compiled}{runs}]")
 
 
 def _one(model, tok, text: str, args, sampling, chat_history=None, engine=None):
@@ -75,12 +78,13 @@ def _one(model, tok, text: str, args, sampling, chat_history=None, engine=None):
         chat_history.append({"role": "assistant", "content": g.text})
     if args.json:
         print(json.dumps({"prompt_ids": ids, "tokens": g.tokens, "text": g.text, "stop_reason": g.stop_reason,
+                          "weights": getattr(args, "weights", None),
                           "prompt_tokens": g.prompt_tokens, "new_tokens": len(g.tokens),
                           "prefill_tokens_per_s": g.prefill_tokens_per_s, "decode_tokens_per_s": g.decode_tokens_per_s},
                          ensure_ascii=False))
     else:
         print(flush=True)
-        print(_summary(g, engine), file=sys.stderr, flush=True)
+        print(_summary(g, engine, getattr(args, "weights", None)), file=sys.stderr, flush=True)
 
 
 @torch.no_grad()  # scoped, not torch.set_grad_enabled(False): callers in the same process keep autograd
@@ -95,16 +99,19 @@ def run(args) -> int:
     if args.max_new_tokens <= 0:
         raise UsageError(f"--max-new-tokens must be a positive integer, got {args.max_new_tokens}")
     sampling = Sampling(args.temperature, args.top_k, args.top_p, args.repetition_penalty)
-    from llamablock.fast.quant import apply_dtype, load_dtype
-
-    model, tok = load_model_and_tokenizer(args.model, load_dtype(args.dtype))
     engine = None
-    if args.compile:
+    if args.compile:  # the engine fuses the float weights, then quantizes them itself
         from llamablock.fast.compiled_decode import AOTIEngine
+        from llamablock.fast.native import engine_format
+        from llamablock.fast.quant import load_dtype
 
-        engine = AOTIEngine(model, args.dtype)  # quantizes its own fused weights for q8/q4
+        fmt = engine_format(args.model, args.dtype)
+        model, tok = load_model_and_tokenizer(args.model, load_dtype(fmt))
+        engine, args.weights = AOTIEngine(model, fmt), f"{fmt}, compiled"
     else:
-        model = apply_dtype(model, args.dtype)  # q8/q4: llamablock.fast.quant
+        from llamablock.fast.native import load_model
+
+        model, tok, args.weights = load_model(args.model, args.dtype)
     if args.prompt is not None:
         _one(model, tok, args.prompt, args, sampling, [] if args.chat else None, engine)
         return 0

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from llamablock.fast.quant import DTYPE_CHOICES
+from llamablock.fast.native import CHOICES
 from llamablock.runtime.evaluate import sliding_perplexity
 
 
@@ -21,14 +21,13 @@ def add_arguments(p) -> None:
     p.add_argument("--context", type=int, default=512, help="tokens per window (default: %(default)s)")
     p.add_argument("--stride", type=int, default=None, help="tokens the window advances (default: context / 2)")
     p.add_argument("--max-tokens", type=int, default=None, help="score only the first N tokens of the file")
-    p.add_argument("--dtype", choices=DTYPE_CHOICES, default="float32",
-                   help="weights and activations; q8/q4: int8/int4 weights, bfloat16 activations (default: %(default)s)")
+    p.add_argument("--dtype", choices=CHOICES, default="auto",
+                   help="weights and activations; auto: the file's own precision (as generate); q8/q4: int8/int4 "
+                        "weights, bfloat16 activations (default: %(default)s)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
 
 
 def run(args) -> int:
-    from llamablock.io.loading import load_model_and_tokenizer
-
     path = Path(args.file)
     if not path.is_file():
         raise FileNotFoundError(f"text file not found: {path}")
@@ -39,10 +38,9 @@ def run(args) -> int:
     if not text.strip():
         raise ValueError(f"{path} is empty")
     stride = args.stride or max(1, args.context // 2)
-    from llamablock.fast.quant import apply_dtype, load_dtype
+    from llamablock.fast.native import load_model
 
-    model, tok = load_model_and_tokenizer(args.model, load_dtype(args.dtype))
-    model = apply_dtype(model, args.dtype)  # q8/q4: llamablock.fast.quant
+    model, tok, _ = load_model(args.model, args.dtype)
     ids = tok.encode(text)
     if args.max_tokens is not None:
         if args.max_tokens < 2:

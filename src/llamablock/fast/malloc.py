@@ -75,3 +75,15 @@ def tune_allocator() -> str:
 def allocator_state() -> str:
     """What `tune_allocator` did in this process, or that it was not called."""
     return _state or "glibc defaults (tune_allocator was not called)"
+
+
+def release_free_memory() -> bool:
+    """Hand the free parts of glibc's heap back to the system now (malloc_trim(0)); False where
+    the C library is not glibc. A loader that builds many long-lived tensors between short-lived
+    temporaries leaves the heap full of freed holes, which the process keeps until trimmed."""
+    libc = _glibc()
+    if libc is None or not hasattr(libc, "malloc_trim"):
+        return False
+    libc.malloc_trim.argtypes = [ctypes.c_size_t]
+    libc.malloc_trim(0)
+    return True

@@ -44,20 +44,31 @@ def _check_2d(w: torch.Tensor) -> None:
         raise ValueError(f"a linear weight must be 2-D (out, in), got shape {tuple(w.shape)}")
 
 
+def _row_chunks(n: int, k: int):
+    """Row ranges of about a million weights: quantizing a chunk at a time keeps the float
+    temporaries small (rows are quantized independently, so the result is the same)."""
+    step = max(1, (1 << 20) // k)
+    return ((i, min(i + step, n)) for i in range(0, n, step))
+
+
 class Int8Linear(nn.Module):
     """y = x W^T (+ b) with W stored as int8 rows and one bfloat16 scale per row."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
         super().__init__()
         _check_2d(weight)
-        w = weight.detach().float()
-        scale = (w.abs().amax(dim=1) / 127).clamp(min=torch.finfo(torch.float32).tiny)  # (n,)
-        scale = scale.to(torch.bfloat16)  # the kernel takes bf16 scales; quantize against those
-        q = torch.round(w / scale.float()[:, None]).clamp(-127, 127).to(torch.int8)  # (n, k)
-        self.register_buffer("qweight", q.contiguous())
-        self.register_buffer("scales", scale.contiguous())
+        n, k = weight.shape
+        q = torch.empty(n, k, dtype=torch.int8)
+        scale = torch.empty(n, dtype=torch.bfloat16)
+        for a, b in _row_chunks(n, k):
+            w = weight[a:b].detach().float()
+            s = (w.abs().amax(dim=1) / 127).clamp(min=torch.finfo(torch.float32).tiny)  # (rows,)
+            scale[a:b] = s = s.to(torch.bfloat16)  # the kernel takes bf16 scales; quantize against those
+            q[a:b] = torch.round(w / s.float()[:, None]).clamp(-127, 127).to(torch.int8)  # (rows, k)
+        self.register_buffer("qweight", q)
+        self.register_buffer("scales", scale)
         self.register_buffer("bias", None if bias is None else bias.detach().to(torch.bfloat16))
-        self.in_features, self.out_features = w.shape[1], w.shape[0]
+        self.in_features, self.out_features = k, n
 
     @property
     def kernel(self) -> bool:
@@ -95,12 +106,15 @@ class Int4Linear(nn.Module):
             raise ValueError(f"int4 group_size must be 32, 64, 128 or 256 (the kernel's), got {group_size}")
         if k % group_size:
             raise ValueError(f"int4 needs in_features ({k}) to be a multiple of group_size ({group_size})")
-        w = weight.detach().float().reshape(n, k // group_size, group_size)  # (n, groups, gs)
-        lo, hi = w.amin(-1), w.amax(-1)  # (n, groups)
-        scale = ((hi - lo) / 15).clamp(min=1e-6).to(torch.bfloat16).float()
-        zero = (lo + 8 * scale).to(torch.bfloat16).float()  # kernel: (q - 8) * s + z
-        q = torch.round((w - zero[..., None]) / scale[..., None] + 8).clamp(0, 15).to(torch.int32)
-        q = q.reshape(n, k)
+        q = torch.empty(n, k, dtype=torch.int32)  # the packing kernel takes the whole matrix as int32
+        scale = torch.empty(n, k // group_size)
+        zero = torch.empty(n, k // group_size)
+        for a, b in _row_chunks(n, k):
+            w = weight[a:b].detach().float().reshape(b - a, k // group_size, group_size)  # (rows, groups, gs)
+            lo, hi = w.amin(-1), w.amax(-1)  # (rows, groups)
+            scale[a:b] = s = ((hi - lo) / 15).clamp(min=1e-6).to(torch.bfloat16).float()
+            zero[a:b] = z = (lo + 8 * s).to(torch.bfloat16).float()  # kernel: (q - 8) * s + z
+            q[a:b] = torch.round((w - z[..., None]) / s[..., None] + 8).clamp(0, 15).to(torch.int32).reshape(b - a, k)
         self.register_buffer("packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.contiguous(), 1))
         self.register_buffer("nibbles", (q[:, 0::2] | (q[:, 1::2] << 4)).to(torch.uint8))  # (n, k/2), for prefill
         sz = torch.stack((scale, zero), dim=-1).transpose(0, 1)  # (groups, n, 2)

@@ -173,11 +173,14 @@ def rope_scaling_of(reader, cfg: ModelConfig) -> dict | None:
     return rope_scaling_from_gguf(cfg, meta, meta["general.architecture"], None if freqs is None else dequantize(freqs))
 
 
-def dequantize(tensor) -> np.ndarray:
-    """One `ReaderTensor` as float32 in PyTorch's (out, in) order.
+def _row_blocks(tensor):
+    """(shape, [(first row, float32 rows), ...]) for one `ReaderTensor`, in PyTorch's (out, in) order.
 
     GGUF lists dimensions innermost first (`shape` [576, 192] is 192 rows of 576); the reader's
     `data` array is already in row-major (192, ...) order, so only the block bytes need expanding.
+    gguf.quants.dequantize runs the format's block kernel on groups of 16 rows, a Python loop that
+    would dominate the load; the same kernel (`dequantize_rows`) on ~1M-value chunks keeps the
+    temporaries small at a fraction of the calls.
     """
     import gguf
 
@@ -186,56 +189,76 @@ def dequantize(tensor) -> np.ndarray:
         raise ValueError(f"tensor {tensor.name!r} has quantization type {kind}, which llamablock does not load; "
                          f"supported: {', '.join(SUPPORTED_TYPES)}")
     shape = tuple(int(n) for n in reversed(tensor.shape.tolist()))
-    if kind in ("F32", "F16"):  # the reader already typed these; copy out of the read-only memory map
-        return np.array(tensor.data, dtype=np.float32).reshape(shape)
-    # gguf.quants.dequantize runs the format's block kernel on groups of 16 rows, a Python loop of
-    # ~13,000 calls for SmolLM2 that would dominate the load; the same kernel (`dequantize_rows`) on
-    # ~1M-value chunks keeps the temporaries small at a fraction of the calls.
-    kernel = getattr(gguf.quants, kind)
     rows = tensor.data.reshape(shape[0], -1)
-    out = np.empty(shape, dtype=np.float32)
     step = max(1, (1 << 20) // shape[-1])
-    for i in range(0, shape[0], step):
-        out[i:i + step] = kernel.dequantize_rows(rows[i:i + step])
+    if kind in ("F32", "F16"):  # the reader already typed these
+        blocks = ((i, rows[i:i + step].astype(np.float32)) for i in range(0, shape[0], step))
+    else:
+        kernel = getattr(gguf.quants, kind)
+        blocks = ((i, kernel.dequantize_rows(rows[i:i + step])) for i in range(0, shape[0], step))
+    return shape, blocks
+
+
+def dequantize(tensor) -> np.ndarray:
+    """One `ReaderTensor` as a float32 array in PyTorch's (out, in) order."""
+    shape, blocks = _row_blocks(tensor)
+    out = np.empty(shape, dtype=np.float32)
+    for i, block in blocks:
+        out[i:i + len(block)] = block.reshape(len(block), *shape[1:])
     return out
 
 
-def load_gguf(path_or_reader, dtype: torch.dtype = torch.float32, rope_layout: str = "half") -> Decoder:
-    """A `Decoder` with the file's weights dequantized to `dtype`, running in `rope_layout`."""
-    reader = path_or_reader if hasattr(path_or_reader, "tensors") else open_gguf(path_or_reader)
-    cfg = config_from_gguf(reader)
+def dequantize_to(tensor, dtype: torch.dtype) -> torch.Tensor:
+    """One `ReaderTensor` as a torch tensor of `dtype`, converted a chunk of rows at a time, so a
+    bfloat16 load never holds the whole tensor in float32 (the same values as dequantize().to(dtype))."""
+    shape, blocks = _row_blocks(tensor)
+    out = torch.empty(shape, dtype=dtype)
+    for i, block in blocks:
+        out[i:i + len(block)] = torch.from_numpy(block.reshape(len(block), *shape[1:])).to(dtype)
+    return out
+
+
+def gguf_tensors(reader, cfg: ModelConfig, expected: dict[str, torch.Size], dtype: torch.dtype = torch.float32):
+    """The file's tensors one at a time, as (our name, GGUF type, tensor of `dtype` in `cfg.rope_layout`),
+    each checked against `expected` (name -> shape): a loader holds one tensor in float at a time."""
     arch = metadata(reader)["general.architecture"]
     file_interleaved = ARCHITECTURES[arch][1]
-    if rope_layout not in ("half", "interleaved"):
-        raise ValueError(f"rope_layout must be 'half' or 'interleaved', got {rope_layout!r}")
+    if cfg.rope_layout not in ("half", "interleaved"):
+        raise ValueError(f"rope_layout must be 'half' or 'interleaved', got {cfg.rope_layout!r}")
     if file_interleaved and cfg.rotary_dim != cfg.head_dim:
         raise ValueError("a llama GGUF with partial rotary is not supported (llama.cpp permutes whole heads)")
-    # A file in half order can only run in half order unless we permute it the other way.
-    cfg = cfg.replace(rope_layout=rope_layout)
-    model = empty_decoder(cfg)
-    expected = dict(model.state_dict(keep_vars=True))
-    state = {}
+    seen = set()
     for t in reader.tensors:
         if t.name == ROPE_FREQS:  # read into cfg.rope_scaling by config_from_gguf
             continue
         name = our_name(t.name)
         if name not in expected:
             raise ValueError(f"GGUF tensor {t.name!r} ({name}) is not used by the configured model")
-        w = torch.from_numpy(dequantize(t))
-        if tuple(w.shape) != tuple(expected[name].shape):
+        w = dequantize_to(t, dtype)
+        if tuple(w.shape) != tuple(expected[name]):
             raise ValueError(f"GGUF tensor {t.name!r} has shape {tuple(w.shape)}, the metadata implies "
-                             f"{tuple(expected[name].shape)}")
+                             f"{tuple(expected[name])}")
         kind = name.split(".")[-2]
-        if kind in ("wq", "wk"):
+        if kind in ("wq", "wk"):  # a file in one pair order runs in the other only once permuted
             heads = cfg.n_heads if kind == "wq" else cfg.n_kv_heads
-            if file_interleaved and rope_layout == "half":
+            if file_interleaved and cfg.rope_layout == "half":
                 w = permute_qk(w, heads, cfg.head_dim, cfg.rotary_dim, to="half")
-            elif not file_interleaved and rope_layout == "interleaved":
+            elif not file_interleaved and cfg.rope_layout == "interleaved":
                 w = permute_qk(w, heads, cfg.head_dim, cfg.rotary_dim, to="interleaved")
-        state[name] = w.to(dtype)
-    missing = sorted(set(expected) - set(state) - ({"head.weight"} if cfg.tie_embeddings else set()))
+        seen.add(name)
+        yield name, t.tensor_type.name, w
+    missing = sorted(set(expected) - seen - ({"head.weight"} if cfg.tie_embeddings else set()))
     if missing:
         raise ValueError(f"GGUF file lacks tensors the model needs: {missing[:5]}")
+
+
+def load_gguf(path_or_reader, dtype: torch.dtype = torch.float32, rope_layout: str = "half") -> Decoder:
+    """A `Decoder` with the file's weights dequantized to `dtype`, running in `rope_layout`."""
+    reader = path_or_reader if hasattr(path_or_reader, "tensors") else open_gguf(path_or_reader)
+    cfg = config_from_gguf(reader).replace(rope_layout=rope_layout)
+    model = empty_decoder(cfg)
+    expected = {name: p.shape for name, p in model.state_dict(keep_vars=True).items()}
+    state = {name: w for name, _, w in gguf_tensors(reader, cfg, expected, dtype)}
     return model.assign_weights(state)
 
 

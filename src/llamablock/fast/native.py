@@ -1,0 +1,135 @@
+"""Run a checkpoint in its own precision (`--dtype auto`), loading a GGUF straight into packed layers.
+
+The format of each weight follows the file:
+    GGUF F32                       float32 (a file of only F32 tensors runs in float32)
+    GGUF F16, BF16                 bfloat16
+    GGUF Q8_0, Q5_*, Q6_K          q8: int8 rows (fast/quant.py). 5- and 6-bit blocks go to 8 bits
+                                   rather than 4, so the file's precision is kept at some memory cost
+    GGUF Q4_0, Q4_1, Q4_K          q4: int4 groups of 32
+    transformers directory         its config.json's torch_dtype (float16 runs as bfloat16)
+With any quantized weight the activations, norms and embeddings are bfloat16, the packed
+kernels' activation dtype; the output head is q8 as in `quantize_model`.
+
+A quantized GGUF is read tensor by tensor (io/gguf.py `gguf_tensors`): each weight is dequantized,
+rounded to bfloat16 and quantized into its packed layer before the next is read, so the whole
+model never exists in float. Rounding to bfloat16 first is what the dequantize-then-quantize path
+(`load_dtype` + `apply_dtype`) does, so both give the same logits (tests/fast/test_native.py).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from llamablock.fast.malloc import release_free_memory
+from llamablock.fast.quant import (
+    DTYPE_CHOICES,
+    Int4Linear,
+    Int8Linear,
+    apply_dtype,
+    load_dtype,
+)
+from llamablock.io.empty import empty_decoder
+from llamablock.io.gguf import config_from_gguf, gguf_tensors, open_gguf
+from llamablock.io.resolve import resolve_model
+
+CHOICES = ("auto", *DTYPE_CHOICES)
+GGUF_FORMATS = {"F32": "float32", "F16": "bfloat16", "BF16": "bfloat16", "Q8_0": "q8", "Q5_0": "q8", "Q5_1": "q8",
+                "Q5_K": "q8", "Q6_K": "q8", "Q4_0": "q4", "Q4_1": "q4", "Q4_K": "q4"}
+TRIM_EVERY = 16  # packed tensors between two malloc_trim calls (each walks the whole heap)
+HF_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "bfloat16"}
+
+
+def _linear_names(model) -> set[str]:
+    return {f"{name}.weight" for name, m in model.named_modules() if isinstance(m, nn.Linear)}
+
+
+def _packed(w: torch.Tensor, fmt: str, group_size: int = 32) -> nn.Module:
+    """w: bfloat16, as load_dtype("q8"/"q4") would have stored it."""
+    if fmt == "q4" and w.shape[1] % group_size == 0:
+        return Int4Linear(w, None, group_size)
+    return Int8Linear(w, None)
+
+
+def _set_module(model: nn.Module, dotted: str, module: nn.Module) -> None:
+    parent, _, child = dotted.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, child, module)
+
+
+def load_gguf_native(path_or_reader, rope_layout: str = "half"):
+    """(Decoder, {format: tensors}) for a GGUF, each weight in the format its type maps to."""
+    reader = path_or_reader if hasattr(path_or_reader, "tensors") else open_gguf(path_or_reader)
+    cfg = config_from_gguf(reader).replace(rope_layout=rope_layout)
+    model = empty_decoder(cfg)
+    expected = {name: p.shape for name, p in model.state_dict(keep_vars=True).items()}
+    linears = _linear_names(model)
+    types = {t.tensor_type.name for t in reader.tensors if t.name.endswith(".weight") and len(t.shape) > 1}
+    dtype = torch.float32 if types <= {"F32"} else torch.bfloat16
+    plain, used = {}, Counter()
+    for name, kind, w in gguf_tensors(reader, cfg, expected, dtype):
+        fmt = GGUF_FORMATS[kind] if name in linears else "plain"
+        if name == "head.weight" and fmt == "q4":
+            fmt = "q8"  # the output head stays 8-bit, as in quantize_model
+        if fmt in ("q8", "q4"):
+            _set_module(model, name.rsplit(".", 1)[0], _packed(w, fmt))
+            if sum(used.values()) % TRIM_EVERY == 0:
+                release_free_memory()  # the float temporaries' holes, before they add up
+        else:  # norms, biases, embeddings and float weights
+            plain[name] = w
+        used[fmt if fmt != "plain" else str(dtype).removeprefix("torch.")] += 1
+    biases = {n: b for n, b in plain.items() if n.endswith(".bias")}
+    model.assign_weights({n: t for n, t in plain.items() if n not in biases})
+    for name, b in biases.items():  # a packed layer keeps its bias in bfloat16
+        module = model.get_submodule(name.rsplit(".", 1)[0])
+        module.bias = b.to(torch.bfloat16) if isinstance(module, (Int8Linear, Int4Linear)) else nn.Parameter(b)
+    if dtype == torch.bfloat16 and cfg.tie_embeddings:  # the tied head, q8 as quantize_model makes it
+        model.head = Int8Linear(model.embed.weight, None)
+        used["q8"] += 1
+    return model.eval(), dict(used)
+
+
+def hf_dtype(directory: Path) -> str:
+    """A transformers directory's own precision (config.json's torch_dtype; v5 calls it dtype)."""
+    try:
+        d = json.loads((directory / "config.json").read_text())
+    except (OSError, ValueError):
+        return "float32"
+    return HF_DTYPES.get(str(d.get("torch_dtype") or d.get("dtype") or "float32"), "float32")
+
+
+def load_model(path, choice: str = "auto"):
+    """(model, tokenizer, what) for a model name or path in `choice` of CHOICES; `what` says in one
+    line which formats the weights run in, for the command line to print."""
+    from llamablock.io.loading import load_model_and_tokenizer
+    from llamablock.io.tokenizer import tokenizer_from_gguf
+
+    if choice not in CHOICES:
+        raise ValueError(f"--dtype must be one of {', '.join(CHOICES)}, got {choice!r}")
+    p = resolve_model(path)
+    if choice == "auto" and not p.is_dir():
+        reader = open_gguf(p)
+        model, used = load_gguf_native(reader)
+        what = ", ".join(f"{n} tensors {fmt}" for fmt, n in sorted(used.items()))
+        return model, tokenizer_from_gguf(reader), f"the file's own precision: {what}"
+    if choice == "auto":
+        choice = hf_dtype(p)
+    model, tok = load_model_and_tokenizer(p, load_dtype(choice))
+    return apply_dtype(model, choice), tok, choice
+
+
+def engine_format(path, choice: str = "auto") -> str:
+    """The one format a compiled engine runs `path` in (it quantizes its fused weights itself): for
+    `auto`, the format most of a GGUF's linear weights map to, or a directory's own dtype."""
+    if choice != "auto":
+        return choice
+    p = resolve_model(path)
+    if p.is_dir():
+        return hf_dtype(p)
+    reader = open_gguf(p)
+    linear = Counter(GGUF_FORMATS.get(t.tensor_type.name, "float32") for t in reader.tensors
+                     if t.name.startswith("blk.") and t.name.endswith(".weight") and len(t.shape) > 1)
+    return linear.most_common(1)[0][0] if linear else "float32"
