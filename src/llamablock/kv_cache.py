@@ -51,6 +51,18 @@ class KVCache:
         """Called by the model once all layers have stored t new tokens."""
         self.length += t
 
+    def grow(self, max_len: int) -> None:
+        """Room for `max_len` tokens, keeping what is stored (new buffers, the filled part copied):
+        a generation can start small and grow with what it actually produces."""
+        if max_len <= self.max_len:
+            return
+        for buffers in (self.keys, self.values):
+            for i, old in enumerate(buffers):
+                new = old.new_zeros(*old.shape[:2], max_len, old.shape[3])  # (b, n_kv, max_len, hd)
+                new[:, :, :self.length] = old[:, :, :self.length]
+                buffers[i] = new
+        self.max_len = max_len
+
     def nbytes(self) -> int:
         """Bytes actually allocated by the buffers."""
         return sum(t.numel() * t.element_size() for t in self.keys + self.values)

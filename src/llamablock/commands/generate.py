@@ -19,18 +19,31 @@ import torch
 from llamablock.commands import UsageError
 from llamablock.fast.native import CHOICES
 
+COMPILED_NEW_TOKENS = 256  # --compile without --max-new-tokens: its cache length, and so its program, stays small
+CHAT_HELP = 'chat: one message per line; """ on a line of its own starts and ends a message of many lines; /clear forgets the conversation; /bye (or end of input) ends'
+
 
 def add_arguments(p) -> None:
     p.add_argument("--model", default=None, metavar="PATH|NAME",
-                   help="a .gguf file, a transformers directory or an embedded model name (default: smollm2-135m-instruct)")
+                   help="a .gguf file, a transformers directory or a name from `llamablock models` "
+                        "(default: smollm2-135m-instruct)")
     p.add_argument("--prompt", default=None, help="the text to continue (with --chat: the user's message)")
     p.add_argument("--chat", action="store_true",
-                   help="apply the model's chat template; without --prompt, chat turn by turn on stdin")
-    p.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate at most (default: %(default)s)")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default: %(default)s)")
-    p.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens, 0 = all (default: %(default)s)")
-    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass, 1 = off (default: %(default)s)")
-    p.add_argument("--repetition-penalty", type=float, default=1.0, help="CTRL penalty, 1 = off (default: %(default)s)")
+                   help="apply the model's chat template; without --prompt, chat turn by turn on stdin (" + CHAT_HELP + ")")
+    p.add_argument("--system", default=None, metavar="TEXT", help="with --chat: the system message")
+    p.add_argument("--max-new-tokens", type=int, default=None,
+                   help="tokens to generate at most (default: until end-of-sequence, bounded by the model's context; "
+                        f"with --compile, {COMPILED_NEW_TOKENS})")
+    p.add_argument("--temperature", type=float, default=None,
+                   help="0 is greedy (default: the model's generation_config.json when it has one, else "
+                        "0.8 for --chat, as Ollama, and 0 for a plain continuation)")
+    p.add_argument("--top-k", type=int, default=None, help="sample among the k most likely tokens, 0 = all "
+                   "(default: as --temperature; 40 for --chat)")
+    p.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass, 1 = off (default: as --temperature; "
+                   "0.9 for --chat)")
+    p.add_argument("--repetition-penalty", type=float, default=None, help="CTRL penalty, 1 = off (default: as "
+                   "--temperature; 1.1 for --chat)")
+    p.add_argument("--greedy", action="store_true", help="always take the most likely token (ignores the sampling flags)")
     p.add_argument("--seed", type=int, default=None, help="random seed for sampling (default: none)")
     p.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop when this text appears (repeatable)")
     p.add_argument("--dtype", choices=CHOICES, default="auto",
@@ -51,20 +64,24 @@ def _summary(g, engine=None, weights: str | None = None) -> str:
             f"decode {g.decode_tokens_per_s:.1f} tok/s, stop: {g.stop_reason}{compiled}{runs}]")
 
 
+def _budget(args, n_prompt: int, context: int) -> int:
+    """New tokens allowed: the flag, else the rest of the context (the compiled engine: a fixed default)."""
+    if args.max_new_tokens is not None:
+        return args.max_new_tokens
+    room = max(1, context - n_prompt)
+    return min(room, COMPILED_NEW_TOKENS) if args.compile else room
+
+
 def _one(model, tok, text: str, args, sampling, chat_history=None, engine=None):
-    from llamablock.runtime.generate import generate
+    from llamablock.runtime.generate import check_request, generate
 
     if chat_history is not None:
-        chat_history.append({"role": "user", "content": text})
-        text = tok.apply_chat_template(chat_history)
+        text = tok.apply_chat_template(chat_history + [{"role": "user", "content": text}])
     ids = tok.encode(text)
-    if not args.json:
-        # Validate before any output so an error is the only line printed.
-        from llamablock.runtime.generate import check_request
-
-        check_request(model, len(ids), args.max_new_tokens)
+    new = _budget(args, len(ids), model.cfg.max_seq_len)
+    check_request(model, len(ids), new)  # before any output, so that an error is the only line printed
     on_text = None if args.json else (lambda s: (sys.stdout.write(s), sys.stdout.flush()))
-    total = len(ids) + args.max_new_tokens
+    total = len(ids) + new
     if engine is not None and not engine.covers(total):
         from llamablock.fast.aoti_step import package_dir
 
@@ -72,10 +89,8 @@ def _one(model, tok, text: str, args, sampling, chat_history=None, engine=None):
               "(a few minutes; `llamablock cache` shows the disk they take)]",
               file=sys.stderr, flush=True)
         engine.prepare(total)
-    g = generate(model if engine is None else engine, ids, args.max_new_tokens, sampling, seed=args.seed, eos_ids=tok.eos_ids,
+    g = generate(model if engine is None else engine, ids, new, sampling, seed=args.seed, eos_ids=tok.eos_ids,
                  stop_strings=args.stop, tokenizer=tok, on_text=on_text)
-    if chat_history is not None:
-        chat_history.append({"role": "assistant", "content": g.text})
     if args.json:
         print(json.dumps({"prompt_ids": ids, "tokens": g.tokens, "text": g.text, "stop_reason": g.stop_reason,
                           "weights": getattr(args, "weights", None),
@@ -85,20 +100,48 @@ def _one(model, tok, text: str, args, sampling, chat_history=None, engine=None):
     else:
         print(flush=True)
         print(_summary(g, engine, getattr(args, "weights", None)), file=sys.stderr, flush=True)
+    return g
+
+
+def _messages(stream):
+    """The user's messages on `stream`: one per line, or the lines between two lines of \"\"\";
+    blank lines are skipped; /bye or the end of input ends, /clear is passed on."""
+    while True:
+        if stream.isatty():
+            print("> ", end="", flush=True)
+        line = stream.readline()
+        if not line:
+            return
+        text = line.strip()
+        if text == '"""':
+            lines = []
+            for more in iter(stream.readline, ""):
+                if more.strip() == '"""':
+                    break
+                lines.append(more.rstrip("\n"))
+            text = "\n".join(lines).strip()
+        if text == "/bye":
+            return
+        if text:
+            yield text
 
 
 @torch.no_grad()  # scoped, not torch.set_grad_enabled(False): callers in the same process keep autograd
 def run(args) -> int:
-    from llamablock.io.loading import load_model_and_tokenizer
-    from llamablock.runtime.sampling import Sampling
+    from llamablock.io.loading import generation_defaults, load_model_and_tokenizer
+    from llamablock.runtime.sampling import sampling_for
 
     if args.prompt is None and not args.chat:
         raise UsageError("give --prompt TEXT, or --chat to talk turn by turn")
     if args.prompt is not None and not args.prompt.strip():
         raise UsageError("the prompt is empty: give some text to continue")
-    if args.max_new_tokens <= 0:
+    if args.max_new_tokens is not None and args.max_new_tokens <= 0:
         raise UsageError(f"--max-new-tokens must be a positive integer, got {args.max_new_tokens}")
-    sampling = Sampling(args.temperature, args.top_k, args.top_p, args.repetition_penalty)
+    if args.system is not None and not args.chat:
+        raise UsageError("--system needs --chat: a plain continuation has no system message")
+    given = {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p,
+             "repetition_penalty": args.repetition_penalty}
+    sampling = sampling_for(given, generation_defaults(args.model), chat=args.chat, greedy=args.greedy)
     engine = None
     if args.compile:  # the engine fuses the float weights, then quantizes them itself
         from llamablock.fast.compiled_decode import AOTIEngine
@@ -112,14 +155,16 @@ def run(args) -> int:
         from llamablock.fast.native import load_model
 
         model, tok, args.weights = load_model(args.model, args.dtype)
+    history = [{"role": "system", "content": args.system}] if args.system else []
     if args.prompt is not None:
-        _one(model, tok, args.prompt, args, sampling, [] if args.chat else None, engine)
+        _one(model, tok, args.prompt, args, sampling, history if args.chat else None, engine)
         return 0
-    history: list[dict] = []
-    while True:  # interactive chat: one line per turn, an empty line or EOF ends it
-        if sys.stdin.isatty():
-            print("> ", end="", flush=True)
-        line = sys.stdin.readline()
-        if not line.strip():
-            return 0
-        _one(model, tok, line.strip(), args, sampling, history, engine)
+    if sys.stdin.isatty():
+        print(f"[{CHAT_HELP}]", file=sys.stderr)
+    for text in _messages(sys.stdin):
+        if text == "/clear":
+            history = history[:1] if args.system else []
+            continue
+        g = _one(model, tok, text, args, sampling, history, engine)
+        history += [{"role": "user", "content": text}, {"role": "assistant", "content": g.text}]
+    return 0

@@ -39,3 +39,19 @@ def load_model_and_tokenizer(path: str | Path | None = None, dtype: torch.dtype 
 
     reader = open_gguf(p)
     return load_gguf(reader, dtype=dtype or torch.float32), tokenizer_from_gguf(reader)
+
+
+def generation_defaults(path: str | Path | None = None) -> dict:
+    """A transformers directory's generation_config.json (sampling defaults, transformers' keys),
+    or {} when the checkpoint has none (a GGUF file keeps no sampling settings)."""
+    import json
+
+    p = resolve_model(path)
+    f = p / "generation_config.json" if p.is_dir() else None
+    if f is None or not f.is_file():
+        return {}
+    try:
+        d = json.loads(f.read_text())
+    except ValueError as e:
+        raise ValueError(f"{f} is not valid JSON: {e}") from None
+    return d if isinstance(d, dict) else {}

@@ -91,8 +91,11 @@ class Tokenizer:
         env.globals["raise_exception"] = raise_exception
         special = {"bos_token": self.token(self.bos_id) if self.bos_id is not None else "",
                    "eos_token": self.token(self.eos_ids[0]) if self.eos_ids else ""}
-        return env.from_string(self.chat_template).render(
-            messages=messages, add_generation_prompt=add_generation_prompt, **special)
+        try:
+            return env.from_string(self.chat_template).render(
+                messages=messages, add_generation_prompt=add_generation_prompt, **special)
+        except TemplateError as e:  # the template's own raise_exception, a syntax error, an undefined name
+            raise ValueError(f"the model's chat template failed: {type(e).__name__}: {e}") from None
 
 
 def _add_typed_tokens(backend: Backend, tokens: list[str], types: list[int] | None) -> None:

@@ -35,21 +35,32 @@ class Engine(Protocol):
 
 
 class EagerEngine:
-    """A Decoder with a KVCache of exactly the request's length."""
+    """A Decoder with a KVCache that grows (doubling) with the tokens actually generated, up to the
+    request's length: a request may allow the whole context and stop early at end-of-sequence."""
+
+    FIRST = 256  # cache slots allocated before the first growth
 
     def __init__(self, model):
         self.model, self.cfg = model, model.cfg
         self.cache: KVCache | None = None
+        self.total = 0
 
     def prepare(self, total_tokens: int) -> None:
-        self.cache = KVCache(self.cfg, 1, total_tokens, dtype=self.model.embed.weight.dtype,
+        self.total = total_tokens
+        self.cache = KVCache(self.cfg, 1, min(total_tokens, self.FIRST), dtype=self.model.embed.weight.dtype,
                              device=self.model.embed.weight.device)
+
+    def _room(self, tokens: int) -> None:
+        if tokens > self.cache.max_len:
+            self.cache.grow(min(max(tokens, 2 * self.cache.max_len), max(self.total, tokens)))
 
     def prefill(self, ids: torch.Tensor) -> torch.Tensor:
         self.cache.reset()
+        self._room(ids.shape[1])
         return self.model(ids, cache=self.cache, last_only=True)[:, -1]
 
     def step(self, ids: torch.Tensor, pos: int) -> torch.Tensor:
+        self._room(pos + 1)
         return self.model(ids, cache=self.cache)[:, -1]  # the cache knows the position
 
 

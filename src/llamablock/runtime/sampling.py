@@ -67,3 +67,30 @@ def next_token(logits: torch.Tensor, history: torch.Tensor, s: Sampling,
         return logits.argmax(-1)
     logits = filter_top_k_top_p(logits / s.temperature, s.top_k, s.top_p)
     return torch.multinomial(logits.softmax(-1), 1, generator=generator)[:, 0]
+
+
+# Chat sampling when neither the user nor the model says otherwise: Ollama's defaults (its Modelfile
+# documentation: temperature 0.8, top_k 40, top_p 0.9, repeat_penalty 1.1). Greedy decoding of a
+# small chat model repeats itself (a line, then the same line again), and so does sampling without
+# the penalty; the penalty here applies to every earlier token, where Ollama's looks 64 back.
+CHAT_DEFAULTS = {"temperature": 0.8, "top_k": 40, "top_p": 0.9, "repetition_penalty": 1.1}
+FIELDS = ("temperature", "top_k", "top_p", "repetition_penalty")
+
+
+def sampling_for(given: dict, model_defaults: dict | None = None, chat: bool = False, greedy: bool = False) -> Sampling:
+    """The sampling of a request: each setting the user `given` (None: not given), else the model's
+    generation_config.json (`model_defaults`: transformers' keys; do_sample false means greedy),
+    else CHAT_DEFAULTS for a chat and greedy for a plain continuation. `greedy` wins over all."""
+    if greedy:
+        return Sampling(0.0, 0, 1.0, given.get("repetition_penalty") or 1.0)
+    base = dict(temperature=0.0, top_k=0, top_p=1.0, repetition_penalty=1.0)
+    if model_defaults:
+        if model_defaults.get("do_sample"):  # transformers' defaults for keys the file leaves out
+            base.update(temperature=1.0, top_k=50, top_p=1.0)
+            base.update({k: model_defaults[k] for k in ("temperature", "top_k", "top_p") if model_defaults.get(k) is not None})
+        if model_defaults.get("repetition_penalty") is not None:
+            base["repetition_penalty"] = model_defaults["repetition_penalty"]
+    elif chat:
+        base.update(CHAT_DEFAULTS)
+    base.update({k: v for k, v in given.items() if k in FIELDS and v is not None})
+    return Sampling(float(base["temperature"]), int(base["top_k"]), float(base["top_p"]), float(base["repetition_penalty"]))
