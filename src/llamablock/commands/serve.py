@@ -1,10 +1,16 @@
-"""`llamablock serve`: the interactive page of the module's five figures, on a local port.
+"""`llamablock serve`: the interactive page of the module's five figures and an OpenAI-compatible
+API for one model, on one local port.
 
-FastAPI app from llamablock.web.app, run by uvicorn. Everything it serves (page, scripts,
-style) comes from the package itself, so it works with no network.
+FastAPI app from llamablock.web.app, run by uvicorn. The page (page, scripts, style) comes from
+the package itself, so it works with no network. The model behind /v1 (llamablock.web.api_openai)
+is loaded before the server listens: a name or path as `llamablock generate --model` takes, or a
+training run directory (its latest checkpoint). Without --model the embedded default is served,
+and when its package is not installed, the page alone.
 """
 
 from __future__ import annotations
+
+import sys
 
 from llamablock.commands import UsageError
 
@@ -13,6 +19,15 @@ def add_arguments(p) -> None:
     p.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (default: %(default)s, this machine only; 0.0.0.0 for all)")
     p.add_argument("--port", type=int, default=8000, help="TCP port (default: %(default)s)")
+    p.add_argument("--model", default=None, metavar="PATH|NAME",
+                   help="the model behind /v1: a .gguf file, a transformers directory, a training run directory "
+                        "or an embedded model name (default: smollm2-135m-instruct)")
+    p.add_argument("--max-queue", type=int, default=8, metavar="N",
+                   help="requests that may wait while one generates; more are answered 503 (default: %(default)s)")
+    p.add_argument("--compile", type=int, default=None, metavar="TOKENS",
+                   help="serve requests of up to TOKENS (prompt + completion) with the compiled engine, prepared "
+                        "before the server listens (loaded from the compile cache, or compiled once: minutes); "
+                        "longer requests run eagerly (default: eager only)")
     p.add_argument("--trace-cache", default=None, metavar="DIR",
                    help="where the token tracer keeps its trained 2017/2024 pair (default: the tracer's own)")
     p.add_argument("--lab-results", default="lab-out/results.json", metavar="FILE",
@@ -23,11 +38,16 @@ def add_arguments(p) -> None:
 def run(args) -> int:
     if not 0 < args.port < 65536:
         raise UsageError(f"--port must be in 1..65535, got {args.port}")
+    if args.max_queue <= 0:
+        raise UsageError(f"--max-queue must be a positive integer, got {args.max_queue}")
+    if args.compile is not None and args.compile < 2:
+        raise UsageError(f"--compile takes the longest request in tokens (at least 2), got {args.compile}")
     import socket
 
     import uvicorn
 
     from llamablock.web.app import create_app
+    from llamablock.web.generation import load_served
 
     # Bind once here so a taken port is one clear line, not uvicorn's log and exit.
     try:
@@ -35,6 +55,17 @@ def run(args) -> int:
             pass
     except OSError as e:
         raise UsageError(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}") from None
-    print(f"llamablock serve: open http://{args.host}:{args.port}/  (Ctrl-C to stop)")
-    uvicorn.run(create_app(trace_cache_dir=args.trace_cache, lab_results=args.lab_results), host=args.host, port=args.port, log_level="warning")
+    try:
+        served = load_served(args.model, args.max_queue, args.compile)
+    except FileNotFoundError as e:
+        if args.model is not None:
+            raise
+        served = None
+        print(f"llamablock serve: no model behind /v1 ({e}); serving the page only", file=sys.stderr)
+    url = f"http://{args.host}:{args.port}"
+    print(f"llamablock serve: open {url}/  (Ctrl-C to stop)")
+    if served is not None:
+        print(f"llamablock serve: OpenAI-compatible API at {url}/v1, model {served.name!r}")
+    app = create_app(trace_cache_dir=args.trace_cache, lab_results=args.lab_results, served=served)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0

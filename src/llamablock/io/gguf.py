@@ -46,21 +46,21 @@ SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1",
 # are in llama.cpp's interleaved ("NORM") rope order.
 ARCHITECTURES = {"llama": ("llama", True), "qwen2": ("qwen2", False)}
 
-_LAYER_NAMES = {
+LAYER_NAMES = {
     "attn_norm": "norm1", "ffn_norm": "norm2", "attn_q": "attn.wq", "attn_k": "attn.wk", "attn_v": "attn.wv",
     "attn_output": "attn.wo", "ffn_gate": "ffn.w_gate", "ffn_up": "ffn.w_up", "ffn_down": "ffn.w_down",
 }
 ROPE_FREQS = "rope_freqs.weight"  # LLaMA 3.1's per-pair RoPE divisors (io/gguf_rope.py)
-_TOP_NAMES = {"token_embd.weight": "embed.weight", "output_norm.weight": "final_norm.weight", "output.weight": "head.weight"}
+TOP_NAMES = {"token_embd.weight": "embed.weight", "output_norm.weight": "final_norm.weight", "output.weight": "head.weight"}
 
 
 def our_name(gguf_name: str) -> str:
     """llama.cpp tensor name -> ours, e.g. blk.3.attn_q.weight -> layers.3.attn.wq.weight."""
-    if gguf_name in _TOP_NAMES:
-        return _TOP_NAMES[gguf_name]
+    if gguf_name in TOP_NAMES:
+        return TOP_NAMES[gguf_name]
     parts = gguf_name.split(".")
-    if len(parts) == 4 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in _LAYER_NAMES:
-        return f"layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}.{parts[3]}"
+    if len(parts) == 4 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in LAYER_NAMES:
+        return f"layers.{parts[1]}.{LAYER_NAMES[parts[2]]}.{parts[3]}"
     raise ValueError(f"GGUF tensor {gguf_name!r} has no counterpart in llamablock's model")
 
 

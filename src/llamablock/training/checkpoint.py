@@ -12,6 +12,8 @@ Atomicity: a checkpoint is written into a hidden temporary folder and renamed in
 (os.replace), then `latest` is rewritten the same way (write a temporary file, rename). A writer
 killed at any point leaves `latest` naming the previous complete checkpoint, so it stays loadable;
 the half-written folder is ignored and removed by the next save.
+Reading the layout (`latest_checkpoint`, `read_state`) lives in llamablock.io.resolve, beneath
+training, so that the loaders of io/ (generate, serve, export) can take a run directory too.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, load_model, save_file, save_model
 
+from llamablock.io.resolve import latest_checkpoint, read_state  # noqa: F401 (the run layout's reader)
 from llamablock.util.files import atomic_write, replace_dir
 
 KEEP = 2  # complete checkpoints kept on disk
@@ -69,22 +72,6 @@ def _prune(root: Path, keep: str) -> None:
     for p in steps[:-KEEP]:
         if p.name != keep:
             shutil.rmtree(p, ignore_errors=True)
-
-
-def latest_checkpoint(run_dir: str | Path) -> Path:
-    root = _dir(run_dir)
-    pointer = root / "latest"
-    if not pointer.is_file():
-        raise FileNotFoundError(f"no checkpoint in {run_dir}: expected {pointer} (written by `llamablock train "
-                                f"--out {run_dir}`); train into this folder first, or resume from another one")
-    path = root / pointer.read_text().strip()
-    if not (path / "state.json").is_file():
-        raise FileNotFoundError(f"{pointer} names {path.name}, which is incomplete or missing")
-    return path
-
-
-def read_state(path: str | Path) -> dict:
-    return json.loads((Path(path) / "state.json").read_text())
 
 
 def load_weights(path: str | Path, model: torch.nn.Module) -> None:

@@ -13,6 +13,9 @@ Determinism: the weights come from `seed`; batch k is drawn from a generator see
 (seed, k) (`data.sample_batch`), so a run is a function of its configs and a resumed run
 repeats the uninterrupted one exactly (on the same machine and thread count).
 Loss: mean cross-entropy of next-token prediction, in nats per token (runtime.evaluate.lm_loss).
+Export: a run that reaches its last step also writes `<run dir>/export`, a transformers directory
+for models a transformers class computes (the 2024 model) and a llamablock directory otherwise
+(the 2017 model), by llamablock.io.export; `llamablock export` writes the other formats.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from pathlib import Path
 import torch
 
 from llamablock.config import ModelConfig
+from llamablock.io.export import export_model
 from llamablock.model import Decoder
 from llamablock.runtime.evaluate import evaluate, lm_loss
 from llamablock.training import checkpoint as ckpt
@@ -198,6 +202,8 @@ def train(model_cfg: ModelConfig | None, t: TrainConfig | None, out_dir: str | P
     dd.barrier(info)
     if run_dir is not None and info.is_main:
         plot_curves(history, run_dir / "curves.png", title=f"{cfg.position}/{cfg.norm}-{cfg.norm_placement}/{cfg.ffn}")
+        if end == t.steps:
+            export_model(model, tok.to_dict(), run_dir / "export")
     vals = [r["val_loss"] for r in history if "val_loss" in r]
     return {"model": model, "tokenizer": tok, "config": cfg, "train_config": t, "history": history,
             "val_loss": vals[-1] if vals else None, "step": end, "params": model.num_parameters(),

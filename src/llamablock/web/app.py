@@ -7,6 +7,8 @@
     GET /api/swiglu-gate        15.4   api_ffn.py
     GET /api/presets, /api/gqa  15.5   api_gqa.py
     GET /api/token-tracer       15.6   api_trace.py (from llamablock.studies.trace)
+    GET /v1/models, POST /v1/completions, POST /v1/chat/completions
+                                an OpenAI-compatible API for one model   api_openai.py
 
 Static files go through Starlette's StaticFiles, which resolves each path and refuses any that
 lands outside its directory, so `..` and encoded variants cannot read the rest of the disk.
@@ -14,6 +16,7 @@ lands outside its directory, so `..` and encoded variants cannot read the rest o
 
 from __future__ import annotations
 
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 from fastapi import FastAPI
@@ -21,23 +24,34 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 
-from llamablock.web import api_ffn, api_gqa, api_rope, api_trace
+from llamablock.web import api_ffn, api_gqa, api_openai, api_rope, api_trace
 from llamablock.web.errors import APIError, body, on_api_error, on_validation_error
+from llamablock.web.generation import ServedModel
 
 STATIC = Path(__file__).parent / "static"
 
 
-def create_app(trace_cache_dir: str | None = None, lab_results: str = "lab-out/results.json") -> FastAPI:
+def create_app(trace_cache_dir: str | None = None, lab_results: str = "lab-out/results.json",
+               served: ServedModel | None = None) -> FastAPI:
     """`trace_cache_dir`: where the token tracer keeps its trained pair (None: the tracer's default).
-    `lab_results`: the results.json of `llamablock lab`, for the measured decode times (optional)."""
+    `lab_results`: the results.json of `llamablock lab`, for the measured decode times (optional).
+    `served`: the model behind /v1 (None: /v1 lists no model); its worker stops with the app."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        yield
+        if served is not None:
+            served.worker.close()
+
     # No Swagger page: it loads its scripts from a CDN, and this application works offline.
     app = FastAPI(title="llamablock: the LLaMA block, interactive",
-                  openapi_url="/api/openapi.json", docs_url=None, redoc_url=None)
+                  openapi_url="/api/openapi.json", docs_url=None, redoc_url=None, lifespan=lifespan)
     app.state.trace_cache_dir = trace_cache_dir
     app.state.lab_results = lab_results
+    app.state.served = served
     app.add_exception_handler(APIError, on_api_error)
     app.add_exception_handler(RequestValidationError, on_validation_error)
-    for module in (api_rope, api_ffn, api_gqa, api_trace):
+    for module in (api_rope, api_ffn, api_gqa, api_trace, api_openai):
         app.include_router(module.router)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
 

@@ -1,0 +1,220 @@
+"""Taking a trained model out of llamablock, and reading llamablock's own folders back in.
+
+Three formats, one folder or file each, written whole into a temporary name and moved into place
+(llamablock.util.files.replace_dir / atomic_write), so a reader never sees half an export:
+
+    "hf"          a transformers directory: config.json, model.safetensors, tokenizer.json,
+                  tokenizer_config.json, generation_config.json. For models that a transformers
+                  class computes exactly: pre-LN RMSNorm, SwiGLU, RoPE (the 2024 model). The
+                  module's small presets rotate neighbouring pairs ("interleaved"); transformers
+                  rotates halves, so W_q and W_k rows are permuted once here (rope.permute_qk).
+    "gguf"        one llama.cpp file, written with the `gguf` package (io/export_gguf.py).
+    "llamablock"  config.json (ModelConfig's own fields, no `model_type`), model.safetensors in
+                  llamablock's parameter names, tokenizer.json. For what no transformers class
+                  matches, such as the 2017 model (post-LN LayerNorm, learned positions, biases):
+                  only llamablock reads it.
+
+Tokenizers: training's records ({"kind": "char", "chars"} or {"kind": "bpe", "tokenizer"})
+become a `tokenizers` JSON. A character tokenizer is a BPE model with no merges, so every
+character is its own token and any tokenizers-based reader (transformers included) splits text
+exactly as training did; characters outside the vocabulary are dropped, as such a BPE drops them.
+The chat template writes turns in the corpus's own layout ("USER:\nthe text\n\n").
+
+Reading: `load_model_and_tokenizer` takes what llamablock.io.loading takes plus a run directory
+(its latest checkpoint, llamablock.io.resolve) and a llamablock directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_model, save_file, save_model
+
+from llamablock.config import ModelConfig
+from llamablock.hf_config import config_to_hf
+from llamablock.io.export_gguf import export_gguf
+from llamablock.io.hf_checkpoint import hf_name
+from llamablock.io.resolve import is_checkpoint, read_state, resolve_model
+from llamablock.model import Decoder
+from llamablock.rope import permute_qk
+from llamablock.util.files import replace_dir
+
+FORMATS = ("auto", "hf", "gguf", "llamablock")
+# The corpus's layout (training/data.py): "SPEAKER:\nthe speech\n\n"; every character is in its alphabet.
+CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] | upper }}:\n{{ m['content'] }}\n\n{% endfor %}"
+                 "{% if add_generation_prompt %}ASSISTANT:\n{% endif %}")
+
+
+# Tokenizers ------------------------------------------------------------------------------------
+def tokenizer_json(record: dict) -> dict:
+    """A `tokenizers` JSON for a training tokenizer record (training.data's to_dict)."""
+    from tokenizers import Tokenizer as Backend
+    from tokenizers import decoders, models
+
+    if record.get("kind") == "bpe":
+        return record["tokenizer"]
+    if record.get("kind") != "char":
+        raise ValueError(f"unknown tokenizer record (kind {record.get('kind')!r}); expected 'char' or 'bpe'")
+    backend = Backend(models.BPE({c: i for i, c in enumerate(record["chars"])}, []))
+    backend.decoder = decoders.Fuse()  # the default decoder would join tokens with spaces
+    return json.loads(backend.to_str())
+
+
+def tokenizer_from_record(record: dict):
+    """llamablock.io.tokenizer.Tokenizer for a training record: no special tokens, the chat template above."""
+    from tokenizers import Tokenizer as Backend
+
+    from llamablock.io.tokenizer import Tokenizer
+
+    return Tokenizer(Backend.from_str(json.dumps(tokenizer_json(record))), None, [], chat_template=CHAT_TEMPLATE)
+
+
+def _write_tokenizer(folder: Path, record: dict, max_len: int) -> None:
+    (folder / "tokenizer.json").write_text(json.dumps(tokenizer_json(record), ensure_ascii=False))
+    conf = {"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False,
+            "add_bos_token": False, "model_max_length": max_len, "chat_template": CHAT_TEMPLATE}
+    (folder / "tokenizer_config.json").write_text(json.dumps(conf, indent=2))
+
+
+# Which format ----------------------------------------------------------------------------------
+def transformers_family(cfg: ModelConfig) -> tuple[str | None, str | None]:
+    """(transformers model_type, None), or (None, why no transformers class computes what cfg computes)."""
+    if cfg.position != "rope":
+        return None, f"{cfg.position} positions (transformers' llama adds no position vector: it rotates with RoPE)"
+    if cfg.norm != "rmsnorm" or cfg.norm_placement != "pre" or cfg.norm_offset or cfg.embed_scale is not None:
+        return None, f"{cfg.norm_placement}-LN {cfg.norm} (transformers' llama is pre-LN RMSNorm)"
+    if cfg.ffn != "swiglu":
+        return None, f"a {cfg.ffn} feed-forward (transformers' llama uses SwiGLU)"
+    if cfg.rope_scaling or cfg.sliding_window is not None:
+        return None, "RoPE scaling or a sliding window (not exported)"
+    if cfg.qkv_bias == cfg.o_bias:
+        return "llama", None  # attention_bias puts biases on q, k, v and o together
+    if cfg.qkv_bias and not cfg.mlp_bias:
+        return "qwen2", None  # biases on q, k, v only
+    return None, "biases on some attention projections but not on the others"
+
+
+def choose_format(cfg: ModelConfig, fmt: str) -> str:
+    """`fmt`, or for "auto" hf where a transformers class matches and llamablock otherwise."""
+    if fmt not in FORMATS:
+        raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    family, why = transformers_family(cfg)
+    if fmt == "auto":
+        return "hf" if family else "llamablock"
+    if fmt in ("hf", "gguf") and family is None:
+        raise ValueError(f"this model cannot be exported as {fmt}: it has {why}, so no transformers or llama.cpp "
+                         "architecture computes what it computes; export it as a llamablock directory "
+                         "(--format llamablock), which llamablock generate, perplexity and serve read")
+    if fmt == "gguf" and family != "llama":
+        raise ValueError(f"GGUF export writes the llama architecture; this model is {family}")
+    return fmt
+
+
+# Writers ----------------------------------------------------------------------------------------
+def half_layout_state(model: Decoder) -> dict[str, torch.Tensor]:
+    """The weights with W_q, W_k (and their biases) in the "half" RoPE layout, a tied head left out."""
+    cfg = model.cfg
+    out = {}
+    for name, t in model.state_dict().items():
+        if cfg.tie_embeddings and name == "head.weight":
+            continue
+        kind = name.split(".")[-2] if name.startswith("layers.") else ""
+        if cfg.rope_layout == "interleaved" and kind in ("wq", "wk"):
+            heads = cfg.n_heads if kind == "wq" else cfg.n_kv_heads
+            t = permute_qk(t, heads, cfg.head_dim, cfg.rotary_dim, to="half")
+        out[name] = t.detach().float().cpu().contiguous()
+    return out
+
+
+def _staging(out: Path) -> Path:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    return tmp
+
+
+def export_hf(model: Decoder, record: dict, out: str | Path) -> Path:
+    """A transformers directory that AutoModelForCausalLM and AutoTokenizer load."""
+    cfg, out = model.cfg, Path(out)
+    family = transformers_family(cfg)[0]
+    if family is None:
+        choose_format(cfg, "hf")  # raises, saying why
+    hf = config_to_hf(cfg.replace(family=family, rope_layout="half", extra={}))
+    hf.update(dtype="float32", bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    tensors = {hf_name(n): t for n, t in half_layout_state(model).items()}
+    tmp = _staging(out)
+    try:
+        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        (tmp / "config.json").write_text(json.dumps(hf, indent=2))
+        # A character model has no end-of-text token: generation runs to max_new_tokens.
+        generation = {"do_sample": False, "max_length": cfg.max_seq_len}
+        (tmp / "generation_config.json").write_text(json.dumps(generation, indent=2))
+        _write_tokenizer(tmp, record, cfg.max_seq_len)
+        replace_dir(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def export_llamablock(model: Decoder, record: dict, out: str | Path) -> Path:
+    """config.json (ModelConfig's fields), model.safetensors (our names), the tokenizer files."""
+    out = Path(out)
+    tmp = _staging(out)
+    try:
+        save_model(model, str(tmp / "model.safetensors"))  # a tied head stored once
+        (tmp / "config.json").write_text(json.dumps(model.cfg.to_dict(), indent=2))
+        _write_tokenizer(tmp, record, model.cfg.max_seq_len)
+        replace_dir(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def export_model(model: Decoder, record: dict, out: str | Path, fmt: str = "auto") -> tuple[str, Path]:
+    """Write `model` and its tokenizer record in `fmt`; returns (the format written, the path)."""
+    fmt = choose_format(model.cfg, fmt)
+    if fmt == "gguf":
+        return fmt, export_gguf(model, record, out)
+    return fmt, (export_hf if fmt == "hf" else export_llamablock)(model, record, out)
+
+
+def export_run(run_dir: str | Path, out: str | Path, fmt: str = "auto") -> tuple[str, Path]:
+    """Export the latest checkpoint of a training run directory."""
+    model, _, state = load_checkpoint(resolve_model(run_dir))
+    return export_model(model, state["tokenizer"], out, fmt)
+
+
+# Readers ----------------------------------------------------------------------------------------
+def is_llamablock_dir(path: Path) -> bool:
+    """A folder of ours: a checkpoint (state.json) or an export whose config.json has no model_type."""
+    if is_checkpoint(path):
+        return True
+    conf = path / "config.json"
+    return path.is_dir() and conf.is_file() and "model_type" not in json.loads(conf.read_text())
+
+
+def load_checkpoint(path: Path) -> tuple[Decoder, object, dict]:
+    """(model in eval mode, Tokenizer, state) of one training checkpoint folder."""
+    state = read_state(path)
+    model = Decoder(ModelConfig.from_dict(state["model_config"]))
+    load_model(model, str(Path(path) / "model.safetensors"), strict=True)
+    return model.eval(), tokenizer_from_record(state["tokenizer"]), state
+
+
+def load_llamablock_dir(path: Path, dtype: torch.dtype | None = None):
+    """(Decoder, Tokenizer) of a checkpoint folder or a llamablock export."""
+    from llamablock.io.tokenizer import tokenizer_from_dir
+
+    path = Path(path)
+    if is_checkpoint(path):
+        model, tok, _ = load_checkpoint(path)
+    else:
+        model = Decoder(ModelConfig.from_dict(json.loads((path / "config.json").read_text())))
+        load_model(model, str(path / "model.safetensors"), strict=True)
+        model, tok = model.eval(), tokenizer_from_dir(path)
+    return (model.to(dtype) if dtype is not None else model), tok
