@@ -31,13 +31,15 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("llamablock.commands.serve", "the interactive page of the five figures, computed by the library"),
     "kv-cache": ("llamablock.commands.kv_cache", "KV-cache bytes per token, per layer and in total (MHA, GQA, MQA)"),
     "generate": ("llamablock.commands.generate", "continue a prompt or chat with a real model (GGUF or transformers), streaming"),
+    "export": ("llamablock.commands.export", "a trained run as a transformers directory, a GGUF file or a llamablock directory"),
     "perplexity": ("llamablock.commands.perplexity", "perplexity of a model on a text file, sliding window"),
     "bench": ("llamablock.commands.bench", "speed benchmarks side by side (attention, norms, decode, ...); BENCHMARKS.md"),
     "cache": ("llamablock.commands.cache", "what llamablock keeps on disk (compiled programs, inductor's caches, tracer models); --clear"),
+    "compile": ("llamablock.commands.compile", "build the compiled engine for a model once; generate then uses it by default"),
     "models": ("llamablock.commands.models", "the models llamablock ships or knows by name: embedded checkpoints and presets"),
 }
 # The commands that compute with torch, and so take --threads.
-COMPUTES = ("lab", "rope", "train", "trace", "compare", "demo", "serve", "generate", "perplexity", "bench")
+COMPUTES = ("lab", "rope", "train", "trace", "compare", "demo", "serve", "generate", "perplexity", "bench", "compile")
 
 
 def version() -> str:

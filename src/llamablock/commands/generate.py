@@ -50,26 +50,33 @@ def add_arguments(p) -> None:
                    help="weights and activations; auto: the file's own precision (a GGUF's 8-bit tensors as q8, 4-bit "
                         "as q4, 5-6-bit as q8, F16/BF16 as bfloat16; a directory's torch_dtype); q8/q4: int8/int4 "
                         "weights, bfloat16 activations (default: %(default)s)")
-    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=False,
-                   help="decode and prefill with the static layout compiled ahead of time (llamablock.fast.compiled_decode, "
-                        "AOTInductor; BENCHMARKS.md compares its speed); compiling takes minutes once per model, format "
-                        "and cache length, later runs load the compiled packages (default: eager)")
+    p.add_argument("--engine", choices=("auto", "eager", "compiled"), default="auto",
+                   help="compiled: decode and prefill with the static layout compiled ahead of time "
+                        "(llamablock.fast.compiled_decode, AOTInductor; BENCHMARKS.md compares its speed), compiling "
+                        "once per model, format and cache length (minutes) if `llamablock compile` has not; eager: the "
+                        "Decoder; auto: compiled when it is built for this model and format, else eager (default: auto)")
+    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                   help="the same as --engine compiled (--no-compile: --engine eager)")
     p.add_argument("--json", action="store_true", help="print token ids and text as JSON instead of streaming")
 
 
-def _summary(g, engine=None, weights: str | None = None) -> str:
+def _summary(g, engine=None, weights: str | None = None, hint: str | None = None) -> str:
     compiled = "" if engine is None else f", compiled decode ({engine.compile_seconds:.0f} s compiling)"
     runs = f", weights: {weights}" if weights else ""
     return (f"[{g.prompt_tokens} prompt tokens, {len(g.tokens)} new tokens, prefill {g.prefill_tokens_per_s:.1f} tok/s, "
-            f"decode {g.decode_tokens_per_s:.1f} tok/s, stop: {g.stop_reason}{compiled}{runs}]")
+            f"decode {g.decode_tokens_per_s:.1f} tok/s, stop: {g.stop_reason}{compiled}{runs}"
+            f"{'; ' + hint if hint else ''}]")
 
 
 def _budget(args, n_prompt: int, context: int) -> int:
-    """New tokens allowed: the flag, else the rest of the context (the compiled engine: a fixed default)."""
+    """New tokens allowed: the flag, else the rest of the context; a compiled engine stops where its
+    built cache ends (or at COMPILED_NEW_TOKENS), so that a default request never compiles again."""
     if args.max_new_tokens is not None:
         return args.max_new_tokens
     room = max(1, context - n_prompt)
-    return min(room, COMPILED_NEW_TOKENS) if args.compile else room
+    if args.engine != "compiled":
+        return room
+    return max(1, min(room, args.built - n_prompt)) if args.built else min(room, COMPILED_NEW_TOKENS)
 
 
 def _one(model, tok, text: str, args, sampling, chat_history=None, engine=None):
@@ -88,7 +95,11 @@ def _one(model, tok, text: str, args, sampling, chat_history=None, engine=None):
         print(f"[the compiled decode step and prefill: loading them from {package_dir()}, or compiling them once "
               "(a few minutes; `llamablock cache` shows the disk they take)]",
               file=sys.stderr, flush=True)
-        engine.prepare(total)
+        seconds = engine.prepare(total)
+        from llamablock.fast import builds
+        from llamablock.io.resolve import resolve_model
+
+        builds.record(resolve_model(args.model), engine.fmt, engine.length, engine.packages(), seconds)
     g = generate(model if engine is None else engine, ids, new, sampling, seed=args.seed, eos_ids=tok.eos_ids,
                  stop_strings=args.stop, tokenizer=tok, on_text=on_text)
     if args.json:
@@ -99,7 +110,7 @@ def _one(model, tok, text: str, args, sampling, chat_history=None, engine=None):
                          ensure_ascii=False))
     else:
         print(flush=True)
-        print(_summary(g, engine, getattr(args, "weights", None)), file=sys.stderr, flush=True)
+        print(_summary(g, engine, getattr(args, "weights", None), getattr(args, "hint", None)), file=sys.stderr, flush=True)
     return g
 
 
@@ -126,6 +137,26 @@ def _messages(stream):
             yield text
 
 
+def _choose_engine(args) -> None:
+    """Settle args.engine to eager or compiled (auto: compiled when llamablock.fast.builds knows a
+    build for this model file and format) and args.built, the built cache length or None."""
+    from llamablock.fast import builds
+    from llamablock.fast.native import engine_format
+    from llamablock.io.resolve import resolve_model
+
+    if args.compile is not None:
+        args.engine = "compiled" if args.compile else "eager"
+    path = resolve_model(args.model)
+    fmt = engine_format(path, args.dtype)
+    args.built = builds.built_length(path, fmt) if args.engine != "eager" else None
+    args.hint = None
+    if args.engine == "auto":
+        args.engine = "compiled" if args.built else "eager"
+        if args.built is None:
+            args.hint = (f"eager engine: `llamablock compile{' --model ' + str(args.model) if args.model else ''}` "
+                         f"builds the compiled one for {fmt} once, then generate uses it")
+
+
 @torch.no_grad()  # scoped, not torch.set_grad_enabled(False): callers in the same process keep autograd
 def run(args) -> int:
     from llamablock.io.loading import generation_defaults, load_model_and_tokenizer
@@ -142,8 +173,9 @@ def run(args) -> int:
     given = {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p,
              "repetition_penalty": args.repetition_penalty}
     sampling = sampling_for(given, generation_defaults(args.model), chat=args.chat, greedy=args.greedy)
+    _choose_engine(args)
     engine = None
-    if args.compile:  # the engine fuses the float weights, then quantizes them itself
+    if args.engine == "compiled":  # the engine fuses the float weights, then quantizes them itself
         from llamablock.fast.compiled_decode import AOTIEngine
         from llamablock.fast.native import engine_format
         from llamablock.fast.quant import load_dtype

@@ -237,9 +237,24 @@ class AOTIEngine(StaticEngine):
         return self._step_program is not None and (self._prefill_program is not None or not self._compiles_prefill())
 
     def _warm_up(self) -> None:
+        self.build(self.length)
+
+    def build(self, total_tokens: int, report=lambda stage: None) -> float:
+        """Load or compile both programs for `total_tokens`, calling `report` with each stage's name
+        before it runs (`llamablock compile` prints them); seconds spent compiling."""
+        before = self.compile_seconds
+        report(f"the static layout in {self.fmt} for {cache_length(total_tokens, self.cfg.max_seq_len)} tokens")
+        self.start(total_tokens)
+        report("the decode step")
         self._program("step")
         if self._compiles_prefill():
+            report("the prefill")
             self._program("prefill")
+        return self.compile_seconds - before
+
+    def packages(self) -> list:
+        """The package directories of the programs built so far."""
+        return [p.path for p in (self._step_program, self._prefill_program) if p is not None]
 
     def _program(self, method: str):
         """The AOTInductor program for `method` at this length: loaded from the cache or compiled."""

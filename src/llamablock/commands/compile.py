@@ -1,0 +1,60 @@
+"""`llamablock compile`: build the compiled engine for a model once, so that `generate` uses it.
+
+The engine (llamablock.fast.compiled_decode.AOTIEngine) compiles its decode step and prefill for
+one model file, format and cache length; this command does it ahead of time, stage by stage,
+with the elapsed time and the previous build's total, and records it (llamablock.fast.builds) so
+that `llamablock generate` picks the compiled engine by default from then on.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from llamablock.fast.native import CHOICES
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--model", default=None, metavar="PATH|NAME",
+                   help="a .gguf file, a transformers directory or a name from `llamablock models` "
+                        "(default: smollm2-135m-instruct)")
+    p.add_argument("--dtype", choices=CHOICES, default="auto",
+                   help="the format to compile for; auto: the file's own (its majority format) (default: %(default)s)")
+    p.add_argument("--tokens", type=int, default=512,
+                   help="prompt + new tokens the engine holds; rounded up to a power of two (default: %(default)s)")
+    p.add_argument("--no-autotune", action="store_true",
+                   help="inductor's default kernels instead of autotuned GEMM templates (faster to build, slower to run)")
+
+
+def run(args) -> int:
+    import torch
+
+    from llamablock.fast import builds
+    from llamablock.fast.compiled_decode import AOTIEngine
+    from llamablock.fast.native import engine_format
+    from llamablock.fast.quant import load_dtype
+    from llamablock.io.loading import load_pretrained
+    from llamablock.io.resolve import resolve_model
+
+    if args.tokens < 2:
+        raise ValueError(f"--tokens must be at least 2, got {args.tokens}")
+    path = resolve_model(args.model)
+    fmt = engine_format(path, args.dtype)
+    model = load_pretrained(path, load_dtype(fmt))
+    if args.tokens > model.cfg.max_seq_len:
+        raise ValueError(f"--tokens {args.tokens} exceeds the model's context of {model.cfg.max_seq_len}")
+    engine = AOTIEngine(model, fmt, autotune=not args.no_autotune)
+    last = builds.last_build_seconds(path, fmt)
+    start = time.perf_counter()
+    print(f"compiling {path.name} in {fmt}" + (f" (the last build took {last:.0f} s)" if last else ""), flush=True)
+
+    def report(stage: str) -> None:
+        print(f"  [{time.perf_counter() - start:6.1f} s] {stage}", flush=True)
+
+    with torch.no_grad():
+        seconds = engine.build(args.tokens, report)
+    builds.record(path, fmt, engine.length, engine.packages(), seconds)
+    print(f"  [{time.perf_counter() - start:6.1f} s] done: {seconds:.0f} s compiling, the rest loaded from the cache; "
+          f"`llamablock generate --model {args.model or path.name}` now uses it for up to {engine.length} tokens",
+          file=sys.stdout, flush=True)
+    return 0

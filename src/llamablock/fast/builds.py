@@ -1,0 +1,62 @@
+"""Which compiled engines have been built for which model files: an index beside the packages.
+
+An AOTInductor package is named by a hash of the weights it was compiled from, so finding one
+means building the static layout and hashing it: a whole float copy of the model. This index
+answers "is there a compiled engine for this file, in this format, for this many tokens?" from
+the file's identity (path, size, modification time) instead, so that `llamablock generate` can
+choose the compiled engine by default when one exists and the eager model otherwise
+(`--engine auto`). It also keeps how long each build took, for the next build's progress line.
+
+    <package dir>/builds.json   {"<path>|<size>|<mtime>|<format>": {"lengths": {L: [package, ...]},
+                                                                    "seconds": last build}}
+An entry counts only while its packages are still on disk (pruning may delete them).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from llamablock.util.files import atomic_write
+
+
+def _index_file() -> Path:
+    from llamablock.fast.aoti_step import package_dir
+
+    return package_dir() / "builds.json"
+
+
+def _key(path: Path, fmt: str) -> str:
+    st = Path(path).stat()
+    return f"{Path(path).resolve()}|{st.st_size}|{st.st_mtime_ns}|{fmt}"
+
+
+def _read() -> dict:
+    try:
+        d = json.loads(_index_file().read_text())
+    except (OSError, ValueError):
+        return {}
+    return d if isinstance(d, dict) else {}
+
+
+def record(path: Path, fmt: str, length: int, packages: list[Path], seconds: float) -> None:
+    """Note that the engine for `path` in `fmt` at cache `length` lives in `packages`."""
+    index = _read()
+    entry = index.setdefault(_key(path, fmt), {"lengths": {}, "seconds": None})
+    entry["lengths"][str(length)] = [str(p) for p in packages]
+    if seconds > 0:
+        entry["seconds"] = seconds
+    f = _index_file()
+    f.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(f, lambda p: p.write_text(json.dumps(index, indent=1)))
+
+
+def built_length(path: Path, fmt: str) -> int | None:
+    """The longest cache length built for `path` in `fmt` whose packages are all on disk, or None."""
+    entry = _read().get(_key(path, fmt), {})
+    ok = [int(n) for n, dirs in entry.get("lengths", {}).items() if dirs and all(Path(d).is_dir() for d in dirs)]
+    return max(ok) if ok else None
+
+
+def last_build_seconds(path: Path, fmt: str) -> float | None:
+    return _read().get(_key(path, fmt), {}).get("seconds")

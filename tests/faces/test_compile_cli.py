@@ -1,0 +1,61 @@
+"""`llamablock compile` and `generate --engine auto`: the compiled engine is used by default once it
+is built for the model file and format, the eager model (with a line saying how to build it)
+before that, and again when the build's packages are gone. Tokens equal the eager ones (greedy)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from gguf_tiny import write_tiny_gguf
+from hf_reference import tiny_hf_model
+
+from llamablock import cli
+from llamablock.fast import builds
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    f = tmp_path_factory.mktemp("compile") / "tiny.gguf"
+    write_tiny_gguf(f, tiny_hf_model("llama", n_heads=4, n_kv=2, max_position_embeddings=64))
+    return f
+
+
+def _generate(capsys, tiny, *more):
+    assert cli.main(["generate", "--model", str(tiny), "--prompt", "abc def", "--json", *more]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.slow
+def test_auto_uses_the_compiled_engine_once_it_is_built(capsys, tiny):
+    torch._dynamo.reset()
+    before = _generate(capsys, tiny, "--max-new-tokens", "8")
+    assert before["weights"] == "the file's own precision: 21 tensors float32"  # eager: nothing built yet
+    assert cli.main(["compile", "--model", str(tiny), "--tokens", "64", "--no-autotune"]) == 0
+    out = capsys.readouterr().out
+    assert "the decode step" in out and "done:" in out and builds.built_length(tiny, "float32") == 64
+    after = _generate(capsys, tiny, "--max-new-tokens", "8")
+    assert after["weights"] == "float32, compiled" and after["tokens"] == before["tokens"]
+    # Without --max-new-tokens the compiled engine stops where its cache ends (64 slots): no new build.
+    bounded = _generate(capsys, tiny)
+    assert bounded["weights"] == "float32, compiled" and bounded["prompt_tokens"] + bounded["new_tokens"] <= 64
+    assert _generate(capsys, tiny, "--engine", "eager", "--max-new-tokens", "8")["weights"].startswith("the file's")
+    for package in json.loads(Path(builds._index_file()).read_text())[builds._key(tiny, "float32")]["lengths"]["64"]:
+        shutil.rmtree(package)  # pruned or cleared: auto falls back to eager
+    assert builds.built_length(tiny, "float32") is None
+    assert _generate(capsys, tiny, "--max-new-tokens", "8")["weights"].startswith("the file's")
+
+
+def test_the_eager_summary_says_how_to_build_the_compiled_engine(capsys, tmp_path):
+    f = tmp_path / "fresh.gguf"
+    write_tiny_gguf(f, tiny_hf_model("llama", n_heads=4, n_kv=2, max_position_embeddings=64))
+    assert cli.main(["generate", "--model", str(f), "--prompt", "abc", "--max-new-tokens", "2"]) == 0
+    assert f"eager engine: `llamablock compile --model {f}` builds the compiled one" in capsys.readouterr().err
+
+
+def test_compile_refuses_more_tokens_than_the_context(capsys, tiny):
+    assert cli.main(["compile", "--model", str(tiny), "--tokens", "65"]) == 2
+    assert "exceeds the model's context of 64" in capsys.readouterr().err
