@@ -47,7 +47,8 @@ class Decoder(nn.Module):
             self.head.weight = self.embed.weight
 
     def embed_tokens(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
-        if input_ids.numel() and (int(input_ids.min()) < 0 or int(input_ids.max()) >= self.cfg.vocab_size):
+        checkable = input_ids.numel() and not input_ids.is_meta  # meta tensors (shape checks) hold no values
+        if checkable and (int(input_ids.min()) < 0 or int(input_ids.max()) >= self.cfg.vocab_size):
             bad = int(input_ids.max()) if int(input_ids.max()) >= self.cfg.vocab_size else int(input_ids.min())
             raise ValueError(f"token id {bad} is out of range for a vocabulary of {self.cfg.vocab_size} (0..{self.cfg.vocab_size - 1})")
         x = self.embed(input_ids)  # (b, t, D)

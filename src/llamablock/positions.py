@@ -13,7 +13,7 @@ from torch import nn
 
 def sinusoidal_table(positions: torch.Tensor, d_model: int) -> torch.Tensor:
     """(..., D) float32 for integer positions (...)."""
-    inv = 1.0 / (10000.0 ** (torch.arange(0, d_model, 2, dtype=torch.float32) / d_model))
+    inv = 1.0 / (10000.0 ** (torch.arange(0, d_model, 2, dtype=torch.float32, device=positions.device) / d_model))
     angles = positions.to(torch.float32)[..., None] * inv  # (..., D/2)
     return torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2)[..., :d_model]
 
@@ -25,7 +25,7 @@ class LearnedPositions(nn.Module):
 
     def forward(self, position_ids: torch.Tensor) -> torch.Tensor:
         n = self.table.num_embeddings
-        if int(position_ids.max()) >= n or int(position_ids.min()) < 0:
+        if not position_ids.is_meta and (int(position_ids.max()) >= n or int(position_ids.min()) < 0):
             raise ValueError(
                 f"position {int(position_ids.max())} is past the learned position table ({n} entries, "
                 f"positions 0..{n - 1}); a learned table has no entry beyond its training length"

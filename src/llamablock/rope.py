@@ -42,8 +42,8 @@ def rope_cos_sin(
     `cfg` is a ModelConfig or a RopeSpec (rope_scaling.py). `seq_len` is the total sequence length the model has seen, read by the types whose frequencies
     depend on it: dynamic NTK, and longrope (short or long factors).
     """
-    inv_freq, attention_factor = rope_frequencies(cfg, seq_len=seq_len)  # (r/2,) float32
-    angles = position_ids.to(torch.float32)[..., None] * inv_freq  # (b, t, r/2)
+    inv_freq, attention_factor = rope_frequencies(cfg, seq_len=seq_len)  # (r/2,) float32, on the CPU
+    angles = position_ids.to(torch.float32)[..., None] * inv_freq.to(position_ids.device)  # (b, t, r/2)
     cos = angles.cos() * attention_factor
     sin = angles.sin() * attention_factor
     return cos.to(dtype), sin.to(dtype)

@@ -18,6 +18,7 @@ import torch
 
 from llamablock.commands import UsageError
 from llamablock.fast.native import CHOICES
+from llamablock.util.devices import DEVICES
 
 COMPILED_NEW_TOKENS = 256  # --compile without --max-new-tokens: its cache length, and so its program, stays small
 CHAT_HELP = 'chat: one message per line; """ on a line of its own starts and ends a message of many lines; /clear forgets the conversation; /bye (or end of input) ends'
@@ -57,6 +58,9 @@ def add_arguments(p) -> None:
                         "Decoder; auto: compiled when it is built for this model and format, else eager (default: auto)")
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                    help="the same as --engine compiled (--no-compile: --engine eager)")
+    p.add_argument("--device", choices=DEVICES, default="auto",
+                   help="where the model runs (default: auto, the best available: cuda, then mps, then cpu); "
+                        "the packed q8/q4 formats and the compiled engine run on the CPU")
     p.add_argument("--json", action="store_true", help="print token ids and text as JSON instead of streaming")
 
 
@@ -173,6 +177,13 @@ def run(args) -> int:
     given = {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p,
              "repetition_penalty": args.repetition_penalty}
     sampling = sampling_for(given, generation_defaults(args.model), chat=args.chat, greedy=args.greedy)
+    from llamablock.util.devices import resolve_device
+
+    args.device = resolve_device(args.device)
+    if args.device != "cpu" and (args.engine == "compiled" or args.compile):
+        raise UsageError(f"the compiled engine runs on the CPU; use --device cpu, or --engine eager on {args.device}")
+    if args.device != "cpu":
+        args.engine = "eager"
     _choose_engine(args)
     engine = None
     if args.engine == "compiled":  # the engine fuses the float weights, then quantizes them itself
@@ -186,7 +197,7 @@ def run(args) -> int:
     else:
         from llamablock.fast.native import load_model
 
-        model, tok, args.weights = load_model(args.model, args.dtype)
+        model, tok, args.weights = load_model(args.model, args.dtype, args.device)
     history = [{"role": "system", "content": args.system}] if args.system else []
     if args.prompt is not None:
         _one(model, tok, args.prompt, args, sampling, history if args.chat else None, engine)

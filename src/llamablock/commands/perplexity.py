@@ -12,6 +12,7 @@ from pathlib import Path
 
 from llamablock.fast.native import CHOICES
 from llamablock.runtime.evaluate import sliding_perplexity
+from llamablock.util.devices import DEVICES
 
 
 def add_arguments(p) -> None:
@@ -24,6 +25,9 @@ def add_arguments(p) -> None:
     p.add_argument("--dtype", choices=CHOICES, default="auto",
                    help="weights and activations; auto: the file's own precision (as generate); q8/q4: int8/int4 "
                         "weights, bfloat16 activations (default: %(default)s)")
+    p.add_argument("--device", choices=DEVICES, default="auto",
+                   help="where the model runs (default: auto, the best available: cuda, then mps, then cpu); "
+                        "the packed q8/q4 formats and the compiled engine run on the CPU")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
 
 
@@ -39,8 +43,9 @@ def run(args) -> int:
         raise ValueError(f"{path} is empty")
     stride = args.stride or max(1, args.context // 2)
     from llamablock.fast.native import load_model
+    from llamablock.util.devices import resolve_device
 
-    model, tok, _ = load_model(args.model, args.dtype)
+    model, tok, _ = load_model(args.model, args.dtype, resolve_device(args.device))
     ids = tok.encode(text)
     if args.max_tokens is not None:
         if args.max_tokens < 2:

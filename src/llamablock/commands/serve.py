@@ -22,6 +22,8 @@ def add_arguments(p) -> None:
     p.add_argument("--model", default=None, metavar="PATH|NAME",
                    help="the model behind /v1: a .gguf file, a transformers directory, a training run directory "
                         "or an embedded model name (default: smollm2-135m-instruct)")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda", "mps"), default="auto",
+                   help="where the model runs (default: auto, the best available); q8/q4 and the compiled engine: CPU")
     p.add_argument("--max-queue", type=int, default=8, metavar="N",
                    help="requests that may wait while one generates; more are answered 503 (default: %(default)s)")
     p.add_argument("--compile", type=int, default=None, metavar="TOKENS",
@@ -56,7 +58,9 @@ def run(args) -> int:
     except OSError as e:
         raise UsageError(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}") from None
     try:
-        served = load_served(args.model, args.max_queue, args.compile)
+        from llamablock.util.devices import resolve_device
+
+        served = load_served(args.model, args.max_queue, args.compile, resolve_device(args.device))
     except FileNotFoundError as e:
         if args.model is not None:
             raise

@@ -102,6 +102,8 @@ class StaticEngine:
         want = load_dtype(fmt)
         if dtype != want:
             raise ValueError(f"format {fmt} needs the model loaded in {want}, not {dtype}")
+        if model.embed.weight.device.type != "cpu":
+            raise ValueError(f"the compiled engine runs on the CPU; the model is on {model.embed.weight.device}")
         if any(not isinstance(getattr(layer.attn, "wq", None), torch.nn.Linear) for layer in model.layers):
             raise ValueError("give the float model: the compiled decoder fuses q/k/v before quantizing them")
         self.model, self.cfg, self.fmt = model, model.cfg, fmt
@@ -113,6 +115,8 @@ class StaticEngine:
     @property
     def length(self) -> int:
         return 0 if self.static is None else self.static.length
+
+    device = torch.device("cpu")  # the packed kernels and AOTInductor's runner are the CPU's
 
     def covers(self, total_tokens: int) -> bool:
         """True when a request of `total_tokens` can prefill and decode without building or compiling."""

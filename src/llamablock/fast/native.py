@@ -101,14 +101,23 @@ def hf_dtype(directory: Path) -> str:
     return HF_DTYPES.get(str(d.get("torch_dtype") or d.get("dtype") or "float32"), "float32")
 
 
-def load_model(path, choice: str = "auto"):
-    """(model, tokenizer, what) for a model name or path in `choice` of CHOICES; `what` says in one
-    line which formats the weights run in, for the command line to print."""
+def load_model(path, choice: str = "auto", device: str = "cpu"):
+    """(model, tokenizer, what) for a model name or path in `choice` of CHOICES, on `device`; `what`
+    says in one line which formats the weights run in, for the command line to print. The packed
+    formats run on the CPU only: elsewhere `auto` runs bfloat16, and q8/q4 are refused."""
     from llamablock.io.loading import load_model_and_tokenizer
     from llamablock.io.tokenizer import tokenizer_from_gguf
 
     if choice not in CHOICES:
         raise ValueError(f"--dtype must be one of {', '.join(CHOICES)}, got {choice!r}")
+    if device != "cpu":
+        if choice in ("q8", "q4"):
+            raise ValueError(f"--dtype {choice} runs on the CPU only (PyTorch's packed int8/int4 kernels); "
+                             f"use --device cpu, or bfloat16 on {device}")
+        if choice == "auto":
+            choice = "float32" if hf_dtype_of(path) == "float32" else "bfloat16"
+        model, tok = load_model_and_tokenizer(path, load_dtype(choice))
+        return model.to(device), tok, f"{choice} on {device}"
     p = resolve_model(path)
     if choice == "auto" and not p.is_dir():
         reader = open_gguf(p)
@@ -119,6 +128,15 @@ def load_model(path, choice: str = "auto"):
         choice = hf_dtype(p)
     model, tok = load_model_and_tokenizer(p, load_dtype(choice))
     return apply_dtype(model, choice), tok, choice
+
+
+def hf_dtype_of(path) -> str:
+    """float32 for an all-F32 GGUF or a float32 directory, else bfloat16: the float format off the CPU."""
+    p = resolve_model(path)
+    if p.is_dir():
+        return hf_dtype(p)
+    types = {t.tensor_type.name for t in open_gguf(p).tensors if len(t.shape) > 1}
+    return "float32" if types <= {"F32"} else "bfloat16"
 
 
 def engine_format(path, choice: str = "auto") -> str:

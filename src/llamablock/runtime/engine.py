@@ -3,6 +3,7 @@
 An engine runs one sequence of batch 1 through a model with a cache:
 
     engine.cfg                        the model's ModelConfig
+    engine.device                     where its tensors live (token ids are made there)
     engine.prepare(total_tokens)      make room for prompt + new tokens: allocate, build, compile
                                       (before any timing starts)
     engine.prefill(ids (1, t))        the prompt at positions 0..t-1 -> logits (1, V) of the last
@@ -45,6 +46,10 @@ class EagerEngine:
         self.cache: KVCache | None = None
         self.total = 0
 
+    @property
+    def device(self) -> torch.device:
+        return self.model.embed.weight.device
+
     def prepare(self, total_tokens: int) -> None:
         self.total = total_tokens
         self.cache = KVCache(self.cfg, 1, min(total_tokens, self.FIRST), dtype=self.model.embed.weight.dtype,
@@ -70,6 +75,10 @@ class RecomputeEngine:
     def __init__(self, model):
         self.model, self.cfg = model, model.cfg
         self.seq: torch.Tensor | None = None
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.embed.weight.device
 
     def prepare(self, total_tokens: int) -> None:
         self.seq = None

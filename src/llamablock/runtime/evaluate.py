@@ -48,7 +48,7 @@ def sliding_perplexity(model, ids: list[int], context: int, stride: int, progres
         raise ValueError(f"--stride must be in 1..{context} (the context), got {stride}")
     from tqdm import tqdm
 
-    x = torch.tensor(ids)[None]  # (1, n)
+    x = torch.tensor(ids, device=next(model.parameters()).device)[None]  # (1, n), where the model is
     n, nll, scored, prev_end = len(ids), 0.0, 0, 1
     starts = [0]
     while starts[-1] + context < n:  # the last window ends at the last token

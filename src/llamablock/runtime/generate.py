@@ -107,10 +107,11 @@ def generate(model, prompt_ids: Sequence[int], max_new_tokens: int = 64, samplin
     if stop_strings and tokenizer is None:
         raise ValueError("stop strings need the tokenizer")
     s = sampling or Sampling()
-    gen = torch.Generator().manual_seed(seed) if seed is not None else None
+    device = getattr(engine, "device", torch.device("cpu"))
+    gen = torch.Generator(device=device).manual_seed(seed) if seed is not None else None
     n = len(prompt)
-    seq = torch.empty(1, n + max_new_tokens, dtype=torch.long)  # prompt then new tokens, (1, n + new)
-    seq[0, :n] = torch.tensor(prompt)
+    seq = torch.empty(1, n + max_new_tokens, dtype=torch.long, device=device)  # prompt then new tokens, (1, n + new)
+    seq[0, :n] = torch.tensor(prompt, device=device)
     eos = set(int(e) for e in eos_ids)
     stream = _TextStream(tokenizer, stop_strings, on_text) if tokenizer is not None else None
     engine.prepare(n + max_new_tokens)  # allocate, build, compile before the clock: decode_seconds is decoding only
@@ -150,20 +151,21 @@ def generate_batch(model, prompts: Sequence[Sequence[int]], max_new_tokens: int 
     for p in prompts:
         check_request(model, len(p), max_new_tokens)
     s = sampling or Sampling()
-    gen = torch.Generator().manual_seed(seed) if seed is not None else None
+    device = model.embed.weight.device
+    gen = torch.Generator(device=device).manual_seed(seed) if seed is not None else None
     b, width = len(prompts), max(len(p) for p in prompts)
     total = width + max_new_tokens
-    seq = torch.full((b, total), pad_id, dtype=torch.long)  # (b, width + new)
-    real = torch.zeros(b, total, dtype=torch.bool)  # True on real tokens, by cache slot
+    seq = torch.full((b, total), pad_id, dtype=torch.long, device=device)  # (b, width + new)
+    real = torch.zeros(b, total, dtype=torch.bool, device=device)  # True on real tokens, by cache slot
     for i, p in enumerate(prompts):
-        seq[i, width - len(p): width] = torch.tensor(list(p))
+        seq[i, width - len(p): width] = torch.tensor(list(p), device=device)
         real[i, width - len(p): width] = True
     positions = (real[:, :width].cumsum(1) - 1).clamp(min=0)  # (b, width): 0 at each row's first real token
-    cache = KVCache(model.cfg, b, total, dtype=_model_dtype(model))
+    cache = KVCache(model.cfg, b, total, dtype=_model_dtype(model), device=device)
     logits = model(seq[:, :width], position_ids=positions, cache=cache, pad_mask=real[:, :width], last_only=True)[:, -1]
     next_pos = real[:, :width].sum(1, keepdim=True)  # (b, 1)
-    eos = torch.tensor(sorted(set(int(e) for e in eos_ids)), dtype=torch.long)
-    done = torch.zeros(b, dtype=torch.bool)
+    eos = torch.tensor(sorted(set(int(e) for e in eos_ids)), dtype=torch.long, device=device)
+    done = torch.zeros(b, dtype=torch.bool, device=device)
     out: list[list[int]] = [[] for _ in range(b)]
     for step in range(max_new_tokens):
         # Padding is masked out of the repetition penalty by pointing it at a real token of the row.

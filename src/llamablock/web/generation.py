@@ -157,7 +157,8 @@ class ServedModel:
     aliases: tuple[str, ...] = ()
 
 
-def load_served(model: str | None = None, max_queue: int = 8, compile_tokens: int | None = None) -> ServedModel:
+def load_served(model: str | None = None, max_queue: int = 8, compile_tokens: int | None = None,
+                device: str = "cpu") -> ServedModel:
     """Load a model (a name or path as `llamablock generate --model` takes, or a run directory) in
     its own precision (llamablock.fast.native) and start its worker. The compiled engine serves the
     requests it covers when `llamablock compile` has built it for this model (llamablock.fast.builds),
@@ -169,10 +170,12 @@ def load_served(model: str | None = None, max_queue: int = 8, compile_tokens: in
     from llamablock.io.loading import load_pretrained
     from llamablock.io.resolve import DEFAULT_MODEL, EMBEDDED, resolve_model
 
-    m, tok, _ = load_model(model, "auto")
+    m, tok, _ = load_model(model, "auto", device)
     path = resolve_model(model)
     fmt = engine_format(path)
-    tokens = compile_tokens or builds.built_length(path, fmt)
+    if compile_tokens and device != "cpu":
+        raise ValueError(f"the compiled engine runs on the CPU; serve with --device cpu to use --compile, not {device}")
+    tokens = compile_tokens or (builds.built_length(path, fmt) if device == "cpu" else None)
     compiled = None
     if tokens:
         from llamablock.fast.compiled_decode import AOTIEngine
