@@ -118,15 +118,28 @@ def _one(model, tok, text: str, args, sampling, chat_history=None, engine=None):
     return g
 
 
+def _check_text(flag: str, text: str | None) -> None:
+    """Refuse text that is not valid UTF-8 (the shell passes undecodable bytes as lone surrogates)."""
+    if text is not None:
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise UsageError(f"{flag} is not valid UTF-8 text; check the terminal's or the file's encoding") from None
+
+
 def _messages(stream):
     """The user's messages on `stream`: one per line, or the lines between two lines of \"\"\";
     blank lines are skipped; /bye or the end of input ends, /clear is passed on."""
     while True:
         if stream.isatty():
             print("> ", end="", flush=True)
-        line = stream.readline()
+        try:
+            line = stream.readline()
+        except UnicodeDecodeError:
+            raise UsageError("the chat input is not valid UTF-8 text; check the terminal's or the file's encoding") from None
         if not line:
             return
+        _check_text("the chat input", line)
         text = line.strip()
         if text == '"""':
             lines = []
@@ -174,6 +187,10 @@ def run(args) -> int:
         raise UsageError(f"--max-new-tokens must be a positive integer, got {args.max_new_tokens}")
     if args.system is not None and not args.chat:
         raise UsageError("--system needs --chat: a plain continuation has no system message")
+    if any(not s for s in args.stop):
+        raise UsageError("--stop is empty: an empty stop string would stop before the first token; give some text")
+    for flag, text in (("--prompt", args.prompt), ("--system", args.system), *(("--stop", s) for s in args.stop)):
+        _check_text(flag, text)
     given = {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p,
              "repetition_penalty": args.repetition_penalty}
     sampling = sampling_for(given, generation_defaults(args.model), chat=args.chat, greedy=args.greedy)

@@ -41,6 +41,8 @@ def run(args) -> int:
         raise ValueError(f"{path} is not UTF-8 text: {e}") from None
     if not text.strip():
         raise ValueError(f"{path} is empty")
+    if args.stride is not None and args.stride < 1:
+        raise ValueError(f"--stride must be at least 1, got {args.stride}")
     stride = args.stride or max(1, args.context // 2)
     from llamablock.fast.native import load_model
     from llamablock.util.devices import resolve_device

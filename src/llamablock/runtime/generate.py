@@ -68,7 +68,8 @@ class _TextStream:
     """Decodes the new tokens and releases text that can no longer change."""
 
     def __init__(self, tokenizer, stop_strings: Sequence[str], on_text: Callable[[str], None] | None):
-        self.tok, self.stops, self.on_text = tokenizer, list(stop_strings), on_text
+        # An empty stop string would match before any text: it is ignored (the command refuses it).
+        self.tok, self.stops, self.on_text = tokenizer, [s for s in stop_strings if s], on_text
         self.hold = max((len(s) for s in self.stops), default=1) - 1
         self.sent = 0
         self.text = ""

@@ -12,6 +12,7 @@ Shapes: the package legend (llamablock/__init__.py).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -25,6 +26,9 @@ class Sampling:
     repetition_penalty: float = 1.0  # 1: none
 
     def __post_init__(self):
+        for name in ("temperature", "top_p", "repetition_penalty"):
+            if not math.isfinite(getattr(self, name)):
+                raise ValueError(f"{name} must be a finite number, got {getattr(self, name)}")
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0 (0 is greedy), got {self.temperature}")
         if self.top_k < 0:
@@ -65,7 +69,9 @@ def next_token(logits: torch.Tensor, history: torch.Tensor, s: Sampling,
     logits = apply_repetition_penalty(logits.float(), history, s.repetition_penalty)
     if s.temperature == 0:
         return logits.argmax(-1)
-    logits = filter_top_k_top_p(logits / s.temperature, s.top_k, s.top_p)
+    # Shifted by the row's maximum before dividing (softmax does not change): a tiny temperature
+    # then sends the others to -inf instead of overflowing every logit to inf.
+    logits = filter_top_k_top_p((logits - logits.amax(-1, keepdim=True)) / s.temperature, s.top_k, s.top_p)
     return torch.multinomial(logits.softmax(-1), 1, generator=generator)[:, 0]
 
 

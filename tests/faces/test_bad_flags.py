@@ -1,0 +1,61 @@
+"""Regression tests for generation and evaluation flags that ended in tracebacks or were silently
+accepted: each is now refused with one line and exit status 2 (or, for a tiny temperature,
+answered correctly), before the model loads."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from gguf_tiny import write_tiny_gguf
+from hf_reference import tiny_hf_model
+
+from llamablock import cli
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    f = tmp_path_factory.mktemp("flags") / "tiny.gguf"
+    write_tiny_gguf(f, tiny_hf_model("llama", n_heads=4, n_kv=2, max_position_embeddings=64))
+    return str(f)
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--stop", ""], "--stop is empty"),
+    (["--temperature", "nan"], "temperature must be a finite number"),
+    (["--repetition-penalty", "nan"], "repetition_penalty must be a finite number"),
+    (["--top-p", "inf"], "top_p must be a finite number"),
+])
+def test_bad_generation_flags_are_one_line(capsys, tiny, flags, message):
+    assert cli.main(["generate", "--model", tiny, "--prompt", "abc", *flags]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err
+
+
+def test_a_tiny_temperature_is_greedy_not_a_crash(capsys, tiny):
+    argv = ["generate", "--model", tiny, "--prompt", "abc def", "--max-new-tokens", "6", "--json", "--seed", "0"]
+    assert cli.main([*argv, "--temperature", "1e-40"]) == 0
+    tiny_t = json.loads(capsys.readouterr().out)["tokens"]
+    assert cli.main([*argv, "--greedy"]) == 0
+    assert tiny_t == json.loads(capsys.readouterr().out)["tokens"]
+
+
+def test_invalid_utf8_prompt_is_one_line(tiny):
+    r = subprocess.run([sys.executable.encode(), b"-m", b"llamablock", b"generate", b"--model", tiny.encode(),
+                        b"--prompt", b"\xff\xfe abc"], capture_output=True)
+    assert r.returncode == 2 and b"Traceback" not in r.stderr and b"--prompt is not valid UTF-8" in r.stderr
+
+
+def test_invalid_utf8_on_chat_stdin_is_one_line(tiny):
+    r = subprocess.run([sys.executable, "-m", "llamablock", "generate", "--model", tiny, "--chat"],
+                       input=b"\xff\xfe hello\n", capture_output=True)
+    assert r.returncode == 2 and b"Traceback" not in r.stderr and b"not valid UTF-8" in r.stderr
+
+
+def test_perplexity_stride_zero_is_refused(capsys, tiny, tmp_path):
+    text = tmp_path / "t.txt"
+    text.write_text("hello world " * 10)
+    assert cli.main(["perplexity", "--model", tiny, str(text), "--stride", "0"]) == 2
+    assert "--stride must be at least 1, got 0" in capsys.readouterr().err
