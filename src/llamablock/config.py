@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -88,6 +89,15 @@ class ModelConfig:
         ):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
+        for name in ("qkv_bias", "o_bias", "mlp_bias", "tie_embeddings"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        for name in ("norm_eps", "rope_theta", "norm_offset", "partial_rotary_factor"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ValueError(f"{name} must be a finite number, got {value!r}")
+        if self.rope_scaling is not None and not isinstance(self.rope_scaling, dict):
+            raise ValueError(f"rope_scaling must be a dict (transformers' form) or None, got {self.rope_scaling!r}")
         if not self.norm_eps > 0:
             raise ValueError(f"norm_eps must be positive, got {self.norm_eps!r}")
         if not 0 < self.partial_rotary_factor <= 1:

@@ -33,6 +33,9 @@ def rope_settings(hf: dict[str, Any]) -> tuple[float, dict | None, float]:
     """
     params = hf.get("rope_parameters")
     legacy = hf.get("rope_scaling")
+    for key, value in (("rope_parameters", params), ("rope_scaling", legacy)):
+        if value is not None and not isinstance(value, dict):
+            raise ValueError(f"config.json {key} must be a JSON object or null, got {value!r}")
     if isinstance(legacy, dict) and legacy:
         scaling = dict(legacy)
     elif isinstance(params, dict) and params:
@@ -51,11 +54,37 @@ def rope_settings(hf: dict[str, Any]) -> tuple[float, dict | None, float]:
         # A top-level original length (Phi-3 writes it there) wins over the dict's: transformers'
         # rotary embedding re-runs standardize_rope_params, which gives it priority.
         scaling["original_max_position_embeddings"] = hf["original_max_position_embeddings"]
+    for key, value in (("rope_theta", theta), ("partial_rotary_factor", partial)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ValueError(f"config.json {key} must be a finite number, got {value!r}")
     return float(theta), scaling, float(partial)
 
 
+_REQUIRED = object()
+
+
+def _typed(hf: dict[str, Any], key: str, kind: type, default: Any = _REQUIRED) -> Any:
+    """hf[key] checked to be of `kind` (a JSON string where a number or a flag belongs is an
+    error naming the field, never converted); `default` when the key is absent or null."""
+    value = hf.get(key)
+    if value is None:
+        if default is _REQUIRED:
+            raise ValueError(f"config.json lacks {key!r}, which the model's shape needs")
+        return default
+    if kind is bool and not isinstance(value, bool):
+        raise ValueError(f"config.json {key} must be true or false, got {value!r}")
+    if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
+        raise ValueError(f"config.json {key} must be an integer, got {value!r}")
+    if kind is float and (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)):
+        raise ValueError(f"config.json {key} must be a finite number, got {value!r}")
+    return value
+
+
 def fields_from_hf(hf: dict[str, Any]) -> dict[str, Any]:
-    """ModelConfig's keyword arguments for a transformers config.json of a supported family."""
+    """ModelConfig's keyword arguments for a transformers config.json of a supported family; each
+    field's type is checked here, the values' ranges by ModelConfig.validate."""
+    if not isinstance(hf, dict):
+        raise ValueError(f"a config.json must hold a JSON object, got {type(hf).__name__}")
     family = hf.get("model_type")
     if family not in SUPPORTED:
         raise ValueError(
@@ -63,39 +92,40 @@ def fields_from_hf(hf: dict[str, Any]) -> dict[str, Any]:
             "A different architecture would load but compute something else, so it is refused."
         )
     act = hf.get("hidden_activation") or hf.get("hidden_act") or "silu"
-    if act not in _GATED_ACTS:
+    if not isinstance(act, str) or act not in _GATED_ACTS:
         raise ValueError(f"hidden_act {act!r} is not supported for {family}; expected one of {sorted(_GATED_ACTS)}")
     if family == "qwen2" and hf.get("use_sliding_window"):
         raise ValueError("qwen2 with use_sliding_window=true (window on some layers only) is not supported")
     theta, scaling, partial = rope_settings(hf)
-    n_heads = hf["num_attention_heads"]
-    d_model = hf["hidden_size"]
-    attention_bias = bool(hf.get("attention_bias", False))
+    n_heads, d_model = _typed(hf, "num_attention_heads", int), _typed(hf, "hidden_size", int)
+    if n_heads <= 0:
+        raise ValueError(f"config.json num_attention_heads must be positive, got {n_heads}")
+    attention_bias = _typed(hf, "attention_bias", bool, False)
     known = dict(
-        vocab_size=hf["vocab_size"],
+        vocab_size=_typed(hf, "vocab_size", int),
         d_model=d_model,
-        n_layers=hf["num_hidden_layers"],
+        n_layers=_typed(hf, "num_hidden_layers", int),
         n_heads=n_heads,
-        n_kv_heads=hf.get("num_key_value_heads") or n_heads,
-        head_dim=hf.get("head_dim") or d_model // n_heads,
-        d_ff=hf["intermediate_size"],
+        n_kv_heads=_typed(hf, "num_key_value_heads", int, n_heads),
+        head_dim=_typed(hf, "head_dim", int, d_model // n_heads),
+        d_ff=_typed(hf, "intermediate_size", int),
         norm="rmsnorm",
         norm_placement="pre",
-        norm_eps=hf.get("rms_norm_eps", 1e-6),
+        norm_eps=_typed(hf, "rms_norm_eps", float, 1e-6),
         norm_offset=1.0 if family == "gemma" else 0.0,
         ffn=_GATED_ACTS[act],
         position="rope",
-        max_seq_len=hf.get("max_position_embeddings", 2048),
+        max_seq_len=_typed(hf, "max_position_embeddings", int, 2048),
         rope_theta=theta,
         rope_layout="half",  # transformers checkpoints store q/k rows for rotate_half
         partial_rotary_factor=partial,
         rope_scaling=scaling,
         qkv_bias=family == "qwen2" or attention_bias,
         o_bias=attention_bias if family == "llama" else False,
-        mlp_bias=bool(hf.get("mlp_bias", False)) if family == "llama" else False,
-        tie_embeddings=bool(hf.get("tie_word_embeddings", family == "gemma")),
-        embed_scale=math.sqrt(d_model) if family == "gemma" else None,
-        sliding_window=hf.get("sliding_window") if family == "mistral" else None,
+        mlp_bias=_typed(hf, "mlp_bias", bool, False) if family == "llama" else False,
+        tie_embeddings=_typed(hf, "tie_word_embeddings", bool, family == "gemma"),
+        embed_scale=math.sqrt(max(d_model, 0)) if family == "gemma" else None,
+        sliding_window=_typed(hf, "sliding_window", int, None) if family == "mistral" else None,
         family=family,
     )
     extra = {k: hf[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id", "hidden_act") if k in hf}

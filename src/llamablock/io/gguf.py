@@ -146,6 +146,13 @@ def config_from_gguf(reader, rope_scaling: bool = True) -> ModelConfig:
         return value
 
     d_model, n_heads = int(get("embedding_length")), int(get("attention.head_count"))
+    blocks = {t.name.split(".")[1] for t in reader.tensors if t.name.startswith("blk.")}
+    if int(get("block_count")) != len(blocks):  # before any module exists: the file bounds the model
+        raise ValueError(f"GGUF metadata says {arch}.block_count = {get('block_count')}, the file holds tensors "
+                         f"for {len(blocks)} blocks")
+    if n_heads <= 0 or d_model <= 0:
+        raise ValueError(f"GGUF metadata {arch}.attention.head_count and embedding_length must be positive, "
+                         f"got {n_heads} and {d_model}")
     head_dim = int(meta.get(f"{arch}.attention.key_length", d_model // n_heads))
     tokens = reader.get_field("tokenizer.ggml.tokens")
     vocab = meta.get(f"{arch}.vocab_size") or (len(tokens.data) if tokens is not None else None)

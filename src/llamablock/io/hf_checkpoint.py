@@ -17,7 +17,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from llamablock.config import ModelConfig
+from llamablock.config import ModelConfig, read_config_json
 from llamablock.io.empty import empty_decoder
 from llamablock.model import Decoder
 from llamablock.util.files import atomic_write
@@ -63,13 +63,28 @@ def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
     return tensors
 
 
+def check_sizes(cfg: ModelConfig, tensors: dict[str, torch.Tensor], path: Path) -> None:
+    """The config's layer count and embedding shape against the tensors the checkpoint holds,
+    before any module exists: a config.json that lies about its size (a million layers) would
+    otherwise build modules without bound before a missing tensor could be noticed."""
+    layers = {int(m.group(1)) for k in tensors if (m := re.match(r"model\.layers\.(\d+)\.", k))}
+    if layers != set(range(cfg.n_layers)):
+        raise ValueError(f"{path}/config.json says num_hidden_layers = {cfg.n_layers}, the checkpoint holds "
+                         f"{len(layers)} layers")
+    embed = tensors.get("model.embed_tokens.weight")
+    if embed is not None and tuple(embed.shape) != (cfg.vocab_size, cfg.d_model):
+        raise ValueError(f"{path}/config.json says vocab_size x hidden_size = {cfg.vocab_size} x {cfg.d_model}, the "
+                         f"checkpoint's embedding is {tuple(embed.shape)}")
+
+
 def load_hf_dir(path: str | Path, dtype: torch.dtype | None = None) -> Decoder:
     path = Path(path)
     cfg_file = path / "config.json"
     if not cfg_file.exists():
         raise FileNotFoundError(f"{path} has no config.json; expected a transformers checkpoint directory")
-    cfg = ModelConfig.from_hf(json.loads(cfg_file.read_text()))
+    cfg = ModelConfig.from_hf(read_config_json(cfg_file))
     tensors = read_safetensors(path)
+    check_sizes(cfg, tensors, path)
     model = empty_decoder(cfg)
     state = {}
     for name, p in model.state_dict(keep_vars=True).items():
