@@ -1,7 +1,11 @@
-"""Two trained-model claims: train short / test long (15.2) and the token tracer (15.6).
+"""Trained-model claims of 15.2 (train short, test long; fine-tuning after extension) and 15.6 (the
+residual stream, through the token tracer).
 
-Both run the project's own experiments (`llamablock.studies.long_context`, `llamablock.studies.trace`) and read
-their results; --quick uses smaller models and fewer steps (stated in each record).
+Both run the project's own studies (`llamablock.studies.long_context`, `llamablock.studies.trace`)
+and read their results. Long context has a precondition: a model that ignores position (a small
+model trained briefly can) shows no difference between schemes, so when unscaled RoPE does not
+degrade past L the long-context claims are "not measurable at this size" instead of passing by
+default (the test: rescaling RoPE's frequencies must change the loss past L). Quick runs use smaller models and fewer steps; their verdicts are marked indicative.
 """
 
 from __future__ import annotations
@@ -13,42 +17,85 @@ from llamablock.lab.record import Claim
 from llamablock.studies import long_context, trace
 
 TEXT = "ROMEO:\nBut soft, what light through yonder window breaks?"
+USES_POSITION = 0.02  # nats: rescaling RoPE must move the far loss at least this much for the claims to mean anything
 
 
 # The ids of the claims this experiment records (for `llamablock lab --only`).
 CLAIMS = (
     "15.2.long-context",
+    "15.2.interpolation-finetune",
+    "15.2.extensions-recover",
     "15.6.residual-stream",
 )
 
 
-def claim_long_context(quick: bool, out) -> Claim:
+def long_context_claims(quick: bool, out) -> list[Claim]:
     p = (dict(L=16, steps=60, finetune_steps=10, windows=8, size=dict(d_model=64, n_layers=2))
          if quick else dict(L=64, steps=300, finetune_steps=40, windows=16))
     res = long_context.run_long_context(**p, log=None)
-    L = res["L"]
-    band = f"{4 * L}-{8 * L}"  # the far end of the longest evaluation
-    far = {name: per[str(8 * L)][band] for name, per in res["summary"].items() if str(8 * L) in per and band in per[str(8 * L)]}
-    near = res["summary"]["rope none"][str(L)][f"0-{L}"]
-    best = min(far, key=far.get)
-    c = Claim("15.2.long-context", "15.2", "trained at L, run at 8L: which position scheme degrades least",
-              "ALiBi degrades gracefully; scaled RoPE recovers", measured={k: round(v, 3) for k, v in far.items()},
-              unit=f"mean val loss at positions {band}, nats/char (within L: {near:.3f})",
-              tolerance="ALiBi within 0.25 nats of its own loss inside L")
+    L, s = res["L"], res["summary"]
+    far_band, ft = f"{4 * L}-{8 * L}", res["finetune_length"]
+    ft_band = f"{ft // 2}-{ft}"
+    inside = {name: per[str(L)][f"0-{L}"] for name, per in s.items() if str(L) in per}
+    far = {name: per[str(8 * L)][far_band] for name, per in s.items() if str(8 * L) in per}
+    at_ft = {name: per[str(ft)][ft_band] for name, per in s.items() if str(ft) in per and ft_band in per[str(ft)]}
+    rope_in, rope_deg = inside["rope none"], far["rope none"] - inside["rope none"]
+    alibi_deg = far["alibi"] - inside["alibi"]
+    dims = {**long_context.SIZE, **(p.get("size") or {})}
+    size = (f"models of width {dims['d_model']}, {dims['n_layers']} layers, trained {p['steps']} steps at L = {L}, "
+            "one seed")
+    table = [{"scheme": n, f"0-{L}": round(inside.get(n, float("nan")), 3), f"{ft_band} (at {ft})":
+              round(at_ft[n], 3) if n in at_ft else "", f"{far_band} (at {8 * L})": round(far[n], 3) if n in far else ""}
+             for n in s]
+    rope_far = [v for n, v in far.items() if n.startswith("rope")]
+    moved = max(rope_far) - min(rope_far)
+    precondition = moved >= USES_POSITION
+    why_not = (f"rescaling RoPE (none, linear, NTK, dynamic, YaRN) moves the loss at {far_band} by only {moved:.4f} "
+               f"nats (< {USES_POSITION}): the model barely uses position at this size, so no scheme can be told apart")
+    claims = []
+
+    c = Claim("15.2.long-context", "15.2", "ALiBi degrades gracefully beyond its training length", "graceful",
+              measured=round(alibi_deg, 3), unit=f"ALiBi loss rise from 0-{L} to {far_band}, nats/char",
+              tolerance="at most half of unscaled RoPE's rise")
+    c.table = table
     if out is not None:
-        long_context.plot(res, Path(out) / "long-context.png")
-        c.plots = ["long-context.png"]
-    alibi_in = res["summary"]["alibi"][str(L)][f"0-{L}"]
-    graceful = far.get("alibi", float("inf")) <= alibi_in + 0.25
-    return c.judge(graceful, f"{'quick: ' if quick else ''}models of {p.get('size') or long_context.SIZE} trained "
-                   f"{p['steps']} steps at L = {L}; lowest loss at {band}: {best} ({far[best]:.3f}). ALiBi "
-                   f"{alibi_in:.3f} inside L, {far.get('alibi', float('nan')):.3f} at {band}. Unscaled RoPE "
-                   f"{far.get('rope none', float('nan')):.3f}. Fine-tuned variants are evaluated at "
-                   f"{res['finetune_length']} only. " + " ".join(res["notes"]))
+        from llamablock.lab.plots import plot_long_context
+
+        c.plots = plot_long_context(res, Path(out))
+    detail = (f"{size}; loss rise past L: ALiBi {alibi_deg:+.3f}, unscaled RoPE {rope_deg:+.3f} nats/char. "
+              + " ".join(res["notes"]))
+    claims.append(c.judge(alibi_deg <= 0.5 * rope_deg, detail) if precondition else c.unmeasurable(why_not + ". " + detail))
+
+    lin, lin_ft = at_ft["rope linear"], at_ft["rope linear + fine-tune"]
+    c = Claim("15.2.interpolation-finetune", "15.2", "linear interpolation needs some fine-tuning",
+              "fine-tuning needed", measured=[round(lin, 3), round(lin_ft, 3)],
+              unit=f"loss at {ft_band} (length {ft}): interpolated / after fine-tuning, nats/char",
+              tolerance="fine-tuning lowers the loss by more than 0.02 nats")
+    detail = (f"{size}; rope_scaling linear with factor {ft // L} at {ft} tokens: {lin:.3f} before and {lin_ft:.3f} "
+              f"after {res['finetune_steps']} fine-tuning steps at that length (inside L the model reaches {rope_in:.3f}).")
+    claims.append(c.judge(lin - lin_ft > 0.02, detail) if precondition else c.unmeasurable(why_not + ". " + detail))
+
+    yarn_ft = at_ft["rope yarn + fine-tune"]
+    c = Claim("15.2.extensions-recover", "15.2", "RoPE's extensions recover long-context quality with modest fine-tuning",
+              "recover", measured=round(yarn_ft - rope_in, 3),
+              unit=f"YaRN + fine-tune at {ft_band} minus RoPE inside L, nats/char",
+              tolerance="within 0.05 nats of the trained model's loss inside L, and below unscaled RoPE there")
+    detail = (f"{size}; YaRN (factor {ft // L}) after {res['finetune_steps']} steps at {ft} tokens: {yarn_ft:.3f} at "
+              f"{ft_band}, against {rope_in:.3f} inside L and {at_ft.get('rope none', float('nan')):.3f} for unscaled RoPE "
+              "at the same positions without fine-tuning.")
+    ok = yarn_ft - rope_in <= 0.05 and yarn_ft < at_ft.get("rope none", float("inf"))
+    claims.append(c.judge(ok, detail) if precondition else c.unmeasurable(why_not + ". " + detail))
+    if quick:
+        for claim in claims:
+            claim.indicative = "quick run: a 2-layer width-64 model, 60 steps at L = 16 (full: 4 layers, 300 steps at 64)"
+    return claims
 
 
 def claim_residual_stream(quick: bool, out) -> Claim:
-    """Pre-LN: the stream grows block by block; post-LN: reset to mean 0, variance 1 after every add."""
+    """Pre-LN: the stream grows block by block; post-LN: the stream itself (after LayerNorm's gain and
+    shift, what the next block reads) is reset at every add. Criterion for 'reset': the post-LN
+    stream's per-token mean within 0.1 of 0 and variance within 0.5-2 of 1 at every stage of every
+    block, so it cannot grow; 'grows': the pre-LN stream's RMS rises at every block."""
     if quick:  # a short recipe in the report's folder, so the quick lab never waits on the full pair
         recipe = dataclasses.replace(trace.TRACE_RECIPE, steps=20, warmup=10, eval_every=20, eval_windows=8)
         result = trace.trace_pair(TEXT, Path(out) / "trace-cache" if out else None, recipe=recipe)
@@ -58,28 +105,27 @@ def claim_residual_stream(quick: bool, out) -> Claim:
     after_ffn = [s for s in new["stages"] if s["name"].endswith("after feed-forward")]
     rms = [sum(s["rms"]) / len(s["rms"]) for s in after_ffn]  # mean over tokens
     grows = all(b > a for a, b in zip(rms, rms[1:]))
-    normed = [s["normalized"] for s in old["stages"] if "normalized" in s]
-    worst_mean = max(abs(m) for s in normed for m in s["mean"])
-    worst_var = max(abs(v - 1) for s in normed for v in s["var"])
+    post = [s for s in old["stages"] if s["name"].startswith("block ")]
+    worst_mean = max(abs(m) for s in post for m in s["mean"])
+    var_lo, var_hi = min(v for s in post for v in s["var"]), max(v for s in post for v in s["var"])
+    reset = worst_mean <= 0.1 and 0.5 <= var_lo and var_hi <= 2.0
     c = Claim("15.6.residual-stream", "15.6", "pre-LN stream grows block by block; post-LN reset to mean 0, var 1",
-              "grows / reset", measured={"2024 stream RMS by block": [round(r, 3) for r in rms],
-                                         "2017 max |mean|": worst_mean, "2017 max |var - 1|": worst_var},
-              tolerance="2024 RMS increasing; 2017 normalized |mean| < 1e-3 and variance in [0.98, 1]")
+              "grows / reset", measured={"2024 RMS by block": ", ".join(f"{r:.3f}" for r in rms),
+                                         "2017 max |mean|": round(worst_mean, 4),
+                                         "2017 variance range": f"{var_lo:.3f}-{var_hi:.3f}"},
+              tolerance="2024 RMS rising at every block; 2017 stream |mean| <= 0.1, variance in 0.5-2 at every stage")
     if out is not None:
-        trace.plot_pair(result, Path(out) / "tracer.png")
-        c.plots = ["tracer.png"]
-    # LayerNorm's output variance is exactly v / (v + eps) <= 1 for a stream of variance v: short of 1
-    # by eps / (v + eps), which shows while v is still small (weights start at N(0, 0.02)).
-    top = max(v for s in normed for v in s["var"])
-    ok = grows and worst_mean < 1e-3 and worst_var <= 0.02 and top <= 1 + 1e-6
-    return c.judge(ok, f"text {TEXT!r} through the trained pair ({old['steps']} steps each"
+        from llamablock.lab.plots import plot_tracer
+
+        c.plots = plot_tracer(result, Path(out))
+    return c.judge(grows and reset, f"text {TEXT!r} through the trained pair ({old['steps']} steps each"
                    f"{', quick recipe' if quick else ''}): the 2024 model's stream RMS after each block "
-                   f"{', '.join(f'{r:.2f}' for r in rms)} (mean over tokens); the 2017 model's LayerNorm output before "
-                   f"its affine scale has |mean| <= {worst_mean:.1e} and |var - 1| <= {worst_var:.1e} per token (variance "
-                   "v / (v + eps) with eps = 1e-5, never above 1). The "
-                   "stream the 2017 model carries is that times its learned gamma plus beta, so its own variance "
-                   "is the gammas', not exactly 1.")
+                   f"{', '.join(f'{r:.2f}' for r in rms)} (mean over tokens). The 2017 model's stream, measured on the "
+                   f"stream itself after every post-LN add and norm (gain and shift included): |mean| <= {worst_mean:.3f}, "
+                   f"variance {var_lo:.3f}-{var_hi:.3f} per token. Exactly mean 0 and variance 1 holds only before the "
+                   "learned gain and shift; the stream carries them, so 'reset' means brought back to a fixed scale, "
+                   "which is what keeps it from growing.")
 
 
 def run(quick: bool, out) -> list[Claim]:
-    return [claim_long_context(quick, out), claim_residual_stream(quick, out)]
+    return long_context_claims(quick, out) + [claim_residual_stream(quick, out)]

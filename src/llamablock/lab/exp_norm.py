@@ -1,24 +1,24 @@
 """Section 15.3: RMSNorm against LayerNorm: parameters, agreement of outputs, and speed (lab 4b).
 
-Speed is the one claim here that depends on how the layers are written. The module timed a
-six-operation RMSNorm against PyTorch's fused LayerNorm on a GPU and found it *slower*, which
-compares one fused kernel with six separate ones and says nothing about the pass that RMSNorm
-saves. The lab repeats that comparison on the CPU it runs on (claim 15.3.speed-six-ops) and
-then runs the test the module did not: a fused RMSNorm (torch.compile, which emits one loop
-over the row) against LayerNorm at widths 512, 4096 and 8192 (claim 15.3.speed-fused;
-`llamablock bench norm` times the same pair).
+Speed depends on how the layers are written. The module timed a six-operation RMSNorm against
+PyTorch's fused LayerNorm on a GPU and found it *slower*, which compares one fused kernel with
+six separate ones and says nothing about the pass that RMSNorm saves. The lab repeats that
+comparison on the CPU it runs on (15.3.speed-six-ops) and then times the claim itself like for
+like: both layers through the same code generator (torch.compile, one loop over each row), on
+one thread, with the spread between rounds (15.3.speed-fused).
 """
 
 from __future__ import annotations
+
+import functools
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from llamablock.fast.fused import fused_rms_norm
+from llamablock import norm as norm_lib
 from llamablock.lab.record import Claim
-from llamablock.norm import make_norm
-from llamablock.util.timing import time_calls
+from llamablock.lab.timed import judge_ratio, one_thread, ratio, rounds
 
 # The ids of the claims this experiment records (for `llamablock lab --only`).
 CLAIMS = (
@@ -34,10 +34,16 @@ def six_op_rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6) -> torch
     return x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
 
 
+def param_saving(d: int) -> int:
+    """LayerNorm's parameters minus RMSNorm's, both counted from the library's layers."""
+    def count(kind):
+        return sum(p.numel() for p in norm_lib.make_norm(kind, d, 1e-5).parameters())
+
+    return count("layernorm") - count("rmsnorm")
+
+
 def claim_params() -> Claim:
-    d = 512
-    rms, ln = make_norm("rmsnorm", d, 1e-5), make_norm("layernorm", d, 1e-5)
-    saving = sum(p.numel() for p in ln.parameters()) - sum(p.numel() for p in rms.parameters())
+    saving = param_saving(512)
     c = Claim("15.3.param-saving", "15.3", "RMSNorm has d parameters, LayerNorm 2d: saving d", 512,
               measured=saving, unit="parameters at d = 512", tolerance="exact")
     return c.judge(saving == 512, "counted from the layers' parameters (LayerNorm: gamma and beta; RMSNorm: gamma)")
@@ -47,13 +53,13 @@ def claim_correlation() -> Claim:
     """Pearson r between the two layers' outputs over all entries, unit gains, zero shift.
 
     For i.i.d. zero-mean entries the only difference is each row's own mean, about N(0, 1/d),
-    so r ~ sqrt(1 - 1/d): 0.99902 at d = 512, which is the module's 0.9990. A shared offset
+    so r ~ sqrt(1 - 1/d) at width d, which is the module's figure at d = 512. A shared offset
     changes nothing (it is constant over all entries); rows with offsets of their own do.
     """
     d = 512
     c = Claim("15.3.output-correlation", "15.3", "RMSNorm and LayerNorm outputs nearly identical", 0.9990,
               unit="Pearson r, zero-mean N(0, 1) inputs", tolerance="equal at 4 decimals")
-    rms, ln = make_norm("rmsnorm", d, 1e-5), make_norm("layernorm", d, 1e-5)
+    rms, ln = norm_lib.make_norm("rmsnorm", d, 1e-5), norm_lib.make_norm("layernorm", d, 1e-5)
     g = torch.Generator().manual_seed(0)
     z = torch.randn(256, d, generator=g)
     inputs = {"N(0, 1)": z, "N(0, 1) + 0.5 for every row": z + 0.5,
@@ -62,10 +68,10 @@ def claim_correlation() -> Claim:
     with torch.no_grad():
         for name, x in inputs.items():
             rs[name] = float(np.corrcoef(rms(x).flatten().numpy(), ln(x).flatten().numpy())[0, 1])
-    c.measured = rs["N(0, 1)"]
+    c.measured = round(rs["N(0, 1)"], 5)
     closed = (1 - 1 / d) ** 0.5
-    return c.judge(round(c.measured, 4) == 0.9990, "256 vectors of width 512: "
-                   + "; ".join(f"{k}: r = {v:.4f}" for k, v in rs.items())
+    return c.judge(round(rs["N(0, 1)"], 4) == 0.9990, "256 vectors of width 512: "
+                   + "; ".join(f"{k}: r = {v:.5f}" for k, v in rs.items())
                    + f". For i.i.d. zero-mean entries r ~ sqrt(1 - 1/d) = {closed:.5f} (each row's own mean is the "
                    "only difference); the agreement depends on rows being near zero-mean, which is an input "
                    "property, not a property of the layers.")
@@ -73,38 +79,58 @@ def claim_correlation() -> Claim:
 
 def claim_speed_eager(quick: bool) -> Claim:
     c = Claim("15.3.speed-six-ops", "15.3", "six-op RMSNorm vs fused LayerNorm (module: 2.8x slower, GPU)", 2.8,
-              unit="time ratio RMSNorm / LayerNorm (median)", tolerance="direction: the six-op version is slower")
+              unit="time ratio six-op RMSNorm / LayerNorm, one thread",
+              tolerance="direction: the six-op version slower (ratio > 1, beyond the spread)")
     d = 512
     x, w, b = torch.randn(2048, d), torch.ones(d), torch.zeros(d)
-    t = time_calls({"layernorm": lambda: F.layer_norm(x, (d,), w, b, 1e-5), "six-op": lambda: six_op_rmsnorm(x, w)},
-                   repeats=10 if quick else 50)
-    c.measured = t["six-op"]["median"] / t["layernorm"]["median"]
-    return c.judge(c.measured > 1.0, f"this CPU, (2048, 512) float32: LayerNorm {t['layernorm']['median'] * 1e3:.3f} ms, "
-                   f"six-op RMSNorm {t['six-op']['median'] * 1e3:.3f} ms (medians). Like the module's, this compares "
-                   "one fused kernel with six separate ones, not the saved pass.")
+    with one_thread():
+        s = rounds({"layernorm": lambda: F.layer_norm(x, (d,), w, b, 1e-5), "six-op": lambda: six_op_rmsnorm(x, w)},
+                   repeats=15 if quick else 60)
+    r = ratio(s, "six-op", "layernorm")
+    return judge_ratio(c, r, 1.0, float("inf"), f"this CPU, one thread, (2048, 512) float32, warm: LayerNorm "
+                       f"{r['ms'][1]:.3f} ms, six-op RMSNorm {r['ms'][0]:.3f} ms (medians). Like the module's, this "
+                       "compares one fused kernel with six separate ones, not the saved pass; the size of the ratio "
+                       "is the hardware's, only its direction is judged.")
+
+
+@functools.cache
+def _compile(fn):
+    """One compiled kernel per function: both sides of 15.3.speed-fused go through inductor."""
+    return torch.compile(fn, dynamic=False, fullgraph=True)
+
+
+def _layer_norm(x, w, b):
+    return F.layer_norm(x, (x.shape[-1],), w, b, 1e-5)
+
+
+def _rms_norm(x, w, b):
+    return norm_lib.rms_norm(x, w, 1e-5)
 
 
 def claim_speed_fused(quick: bool) -> Claim:
     c = Claim("15.3.speed-fused", "15.3", "RMSNorm saves 10-15% of normalization time", "0.85-0.90",
-              unit="time ratio fused RMSNorm / LayerNorm at d = 4096 (median)",
-              tolerance="reproduced if the ratio is within 0.80-0.95")
+              unit="time ratio RMSNorm / LayerNorm, both compiled, one thread, d = 4096",
+              tolerance="median ratio within 0.85-0.90 widened by the spread; not measurable if spread >= effect")
     widths = (4096,) if quick else (512, 4096, 8192)
-    def compiled(x, w):  # the compiled RMSNorm that `llamablock bench norm` times
-        return fused_rms_norm(x, w, 1e-6)
-
-    rows = []
-    for d in widths:
-        x, w, b = torch.randn(2048, d), torch.ones(d), torch.zeros(d)
-        compiled(x, w)  # compile outside the timing
-        t = time_calls({"layernorm": lambda: F.layer_norm(x, (d,), w, b, 1e-5), "rmsnorm": lambda: compiled(x, w)},
-                       repeats=10 if quick else 40)
-        rows.append((d, t["rmsnorm"]["median"] / t["layernorm"]["median"], t))
-    c.measured = next(r for d, r, _ in rows if d == 4096)
-    return c.judge(0.80 <= c.measured <= 0.95, "torch.compile'd RMSNorm vs torch's LayerNorm, 2048 rows, float32, "
-                   "this CPU: " + "; ".join(f"d = {d}: ratio {r:.2f} ({t['rmsnorm']['median'] * 1e3:.2f} vs "
-                                            f"{t['layernorm']['median'] * 1e3:.2f} ms)" for d, r, t in rows)
-                   + ". Both are then memory-bound single passes; the saved mean costs little on a CPU whose "
-                   "bandwidth, not arithmetic, limits a row pass.")
+    rows, verdict_row = [], None
+    with one_thread():
+        for d in widths:
+            x, w, b = torch.randn(2048, d), torch.ones(d), torch.zeros(d)
+            ln, rms = _compile(_layer_norm), _compile(_rms_norm)
+            ln(x, w, b), rms(x, w, b)  # compile outside the timing (cold: seconds; then warm)
+            args = (x, w, b)
+            s = rounds({"layernorm": lambda a=args: ln(*a), "rmsnorm": lambda a=args: rms(*a),
+                        "eager-layernorm": lambda a=args: _layer_norm(*a), "eager-rmsnorm": lambda a=args: _rms_norm(*a)},
+                       repeats=15 if quick else 40)
+            r, eager = ratio(s, "rmsnorm", "layernorm"), ratio(s, "eager-rmsnorm", "eager-layernorm")
+            rows.append(f"d = {d}: compiled {r['median']:.3f} ± {r['spread']:.3f} ({r['ms'][0]:.2f} vs {r['ms'][1]:.2f} "
+                        f"ms), eager {eager['median']:.2f}")
+            if d == 4096:
+                verdict_row = r
+    return judge_ratio(c, verdict_row, 0.85, 0.90, "RMSNorm (llamablock.norm.rms_norm) against F.layer_norm, both "
+                       "torch.compile'd (the same code generator), 2048 rows, float32, one thread, warm, ratios of "
+                       "RMSNorm / LayerNorm: " + "; ".join(rows) + ". Eager, LayerNorm is one ATen kernel and "
+                       "RMSNorm several, so the eager ratio measures how they are written, not the saved pass.")
 
 
 def run(quick: bool, out) -> list[Claim]:

@@ -1,15 +1,20 @@
-"""Claims that need training (sections 15.3, 15.4, 15.5, 15.6): the single-change ablation of
-`llamablock compare`, and MHA -> GQA conversion by averaging key and value heads.
+"""Claims that need training (sections 15.3, 15.4, 15.5, 15.6): single-change ablations at equal
+parameters, and MHA -> GQA conversion by averaging key and value heads, against a control.
 
-Small models on character-level Shakespeare, so a difference is judged against the spread
-between seeds: `noise` = max(2 x the larger of the two seed standard deviations, 0.01 nats). With
-one seed (--quick) there is no spread; the threshold is then 0.02 nats and the verdict is
-marked indicative. These are findings at this size and budget, not at LLaMA's.
+Small models on character-level Shakespeare. With three seeds (the full run) a difference is
+judged against the spread between seeds: `noise` = max(2 x the larger of the two seed standard
+deviations, 0.01 nats); with one (--quick, to keep it short) the threshold is a fixed 0.02 nats
+and the record says "one seed". The variants are `llamablock.studies.ablation`'s, plus one the module's
+RMSNorm claim needs: 2017 + RMSNorm with the norm kept after the add (post-LN), so that the
+dropped mean is measured with the placement held fixed. Quick runs train a 2-layer width-64
+model for 60 steps: their verdicts are marked indicative. These are findings at this size and
+budget, not at LLaMA's.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import torch
 
@@ -19,10 +24,14 @@ from llamablock.presets import preset
 from llamablock.runtime.evaluate import evaluate
 from llamablock.studies import ablation
 from llamablock.training import data as D
-from llamablock.training.train import TrainConfig, get_data, train
+from llamablock.training.train import TrainConfig, get_data, init_weights, train
 
 QUICK = dict(steps=60, seeds=(0,), size=dict(d_model=64, n_heads=4, n_layers=2), context=64)
 FULL = dict(steps=200, seeds=(0, 1, 2), size=None, context=128)
+INDICATIVE = ("quick run: one seed, 60 steps of a 2-layer width-64 model; `llamablock lab` trains 4 layers of width "
+              "128 for 200 steps with three seeds")
+NAMES = ("2017", "2017 + RMSNorm", "2017 + RMSNorm pre-LN", "2017 + SwiGLU", "2017 + GELU", "2017 + GQA",
+         "2017 + MQA", "2017 + RoPE", "2024")
 
 
 # The ids of the claims this experiment records (for `llamablock lab --only`).
@@ -31,76 +40,145 @@ CLAIMS = (
     "15.4.training-quality",
     "15.5.training-quality",
     "15.6.ablation",
+    "15.6.training-stability",
     "15.5.mha-to-gqa",
 )
+
+
+def lab_variants(vocab: int, context: int, size: dict | None) -> dict:
+    """ablation.variants plus 2017 + RMSNorm (post-LN), at the same parameter budget."""
+    configs = ablation.variants(vocab, context, size)
+    base = configs["2017"]
+    configs["2017 + RMSNorm"] = ablation.match_budget(base.replace(norm="rmsnorm"), ablation.count_params(base))
+    return {n: configs[n] for n in NAMES}
+
+
+def run_variants(steps: int, seeds, size, context: int, names=NAMES, lr: float = 1e-3,
+                 warmup: float = 0.4) -> list[dict]:
+    """One record per (seed, variant), in ablation.run_compare's format (seeds interleaved);
+    `warmup` is the warm-up's share of the steps."""
+    t = TrainConfig(steps=steps, batch_size=16, context=context, lr=lr, warmup=round(warmup * steps),
+                    eval_every=max(1, steps // 5), eval_windows=32)
+    configs = {n: c for n, c in lab_variants(get_data(t).tokenizer.vocab_size, context, size).items() if n in names}
+    records = []
+    for seed in seeds:
+        for name, cfg in configs.items():
+            start = time.perf_counter()
+            r = train(cfg, dataclasses.replace(t, seed=seed), None, progress=False)
+            records.append({"variant": name, "seed": seed, "val_loss": r["val_loss"], "tokens_per_s": r["tokens_per_s"],
+                            "params": r["params"], "d_ff": cfg.d_ff, "kv_bytes_per_token": cfg.kv_bytes_per_token(2),
+                            "seconds": time.perf_counter() - start,
+                            "val_curve": [(x["step"], x["val_loss"]) for x in r["history"] if "val_loss" in x]})
+    return records
 
 
 def _row(summary: list[dict], name: str) -> dict:
     return next(r for r in summary if r["variant"] == name)
 
 
-def _noise(a: dict, b: dict) -> tuple[float, str]:
-    if a["seeds"] < 2:
-        return 0.02, "one seed, indicative only: threshold 0.02 nats"
-    return max(2 * max(a["val_std"], b["val_std"]), 0.01), f"{a['seeds']} seeds: threshold 2 sd"
+def _loss(r: dict) -> str:
+    return f"{r['val_loss']:.4f} ± {r['val_std']:.4f} (sd, {r['seeds']} seeds)" if r["seeds"] > 1 else \
+        f"{r['val_loss']:.4f} (one seed)"
 
 
-def _compare(summary, name: str) -> tuple[float, float, str, str]:
-    base, var = _row(summary, "2017"), _row(summary, name)
-    noise, how = _noise(base, var)
+def _compare(summary, name: str, base_name: str = "2017") -> tuple[float, float, str]:
+    base, var = _row(summary, base_name), _row(summary, name)
+    one = base["seeds"] < 2
+    noise = 0.02 if one else max(2 * max(base["val_std"], var["val_std"]), 0.01)
     delta = var["val_loss"] - base["val_loss"]
-    text = (f"{name}: {var['val_loss']:.4f} ± {var['val_std']:.4f} vs 2017: {base['val_loss']:.4f} ± "
-            f"{base['val_std']:.4f} nats/char ({var['params']:,} vs {base['params']:,} parameters); {how} "
-            f"= {noise:.3f}")
-    return delta, noise, text, how
+    text = (f"{name}: {_loss(var)} vs {base_name}: {_loss(base)} nats/char ({var['params']:,} vs {base['params']:,} "
+            f"parameters); noise threshold {noise:.3f} " + ("(fixed: one seed gives no spread)" if one else
+                                                            "(2 sd between seeds, at least 0.01)"))
+    return delta, noise, text
 
 
 def ablation_claims(quick: bool, out) -> list[Claim]:
     p = QUICK if quick else FULL
-    names = list(ablation.DEFAULT_VARIANTS) + ["2017 + GELU", "2017 + MQA"]
-    records = ablation.run_compare(steps=p["steps"], seeds=p["seeds"], size=p["size"], context=p["context"],
-                                   names=names, log=None)
+    records = run_variants(p["steps"], p["seeds"], p["size"], p["context"])
     summary = ablation.summarize(records)
     plots = []
     if out is not None:
-        ablation.plot_compare(records, summary, out / "ablation.png")
-        plots = ["ablation.png"]
+        from llamablock.lab.plots import plot_ablation
+
+        plots = plot_ablation(records, summary, out)
     claims = []
 
-    delta, noise, text, _ = _compare(summary, "2017 + RMSNorm pre-LN")
+    delta, noise, text = _compare(summary, "2017 + RMSNorm")
+    pre = _row(summary, "2017 + RMSNorm pre-LN")
     c = Claim("15.3.training-quality", "15.3", "without the mean, models train about as well (Zhang & Sennrich)",
-              "about as well", measured=round(delta, 4), unit="val loss change vs 2017, nats/char",
+              "about as well", measured=round(delta, 4), unit="val loss, RMSNorm - LayerNorm (both post-LN), nats/char",
               tolerance="not worse by more than the noise")
-    claims.append(c.judge(delta <= noise, text + ". The variant also moves the norm before each sub-layer "
-                          "(pre-LN), so placement and the dropped mean are measured together."))
+    ok = delta <= noise
+    claims.append(c.judge(ok, text + f". Placement held fixed (both post-LN). Moving RMSNorm before each "
+                          f"sub-layer as well (pre-LN): {_loss(pre)}, {pre['val_loss'] - _row(summary, '2017 + RMSNorm')['val_loss']:+.4f} "
+                          "against post-LN RMSNorm: that part is the placement's, not the dropped mean's."
+                          + ("" if ok else " Zhang & Sennrich trained for far longer; post-LN models this small and "
+                             "this short are still in their warm-up, where a norm without the mean centring can lag "
+                             "early and catch up later, so this is a finding about the budget.")))
 
-    delta, noise, text, _ = _compare(summary, "2017 + SwiGLU")
+    delta, noise, text = _compare(summary, "2017 + SwiGLU")
     gelu = _row(summary, "2017 + GELU")
+    swiglu = _row(summary, "2017 + SwiGLU")
     c = Claim("15.4.training-quality", "15.4", "at equal size SwiGLU reaches lower loss than ReLU and GELU (Shazeer)",
               "lower", measured=round(delta, 4), unit="val loss change vs the ReLU 2017 model, nats/char",
               tolerance="lower than ReLU and GELU by more than the noise")
-    claims.append(c.judge(delta < -noise and _row(summary, "2017 + SwiGLU")["val_loss"] < gelu["val_loss"] - noise,
-                          text + f". GELU at the same budget: {gelu['val_loss']:.4f} ± {gelu['val_std']:.4f}."))
+    ok = delta < -noise and swiglu["val_loss"] < gelu["val_loss"] - noise
+    claims.append(c.judge(ok, text + f". GELU at the same budget: {_loss(gelu)}."
+                          + ("" if ok else " Shazeer's gain was measured on models trained for far longer (hundreds "
+                             "of thousands of steps); at a few hundred steps of a model this small the gate's benefit "
+                             "need not show, so this finding is about the budget, not against the paper.")))
 
-    delta, noise, text, _ = _compare(summary, "2017 + GQA")
+    delta, noise, text = _compare(summary, "2017 + GQA")
+    mqa = _row(summary, "2017 + MQA")
     c = Claim("15.5.training-quality", "15.5", "GQA quality close to MHA (Ainslie et al.)", "close",
               measured=round(delta, 4), unit="val loss change vs MHA, nats/char", tolerance="|change| within the noise")
-    mqa = _row(summary, "2017 + MQA")
-    claims.append(c.judge(abs(delta) <= noise, text + ". Pairs of query heads share a KV head; the saved "
-                          "parameters go to a wider feed-forward layer (equal budget). MQA (one KV head) at the same "
-                          f"budget: {mqa['val_loss']:.4f} ± {mqa['val_std']:.4f} ({mqa['delta_vs_2017']:+.4f}); "
-                          "Ainslie et al. put GQA between MHA and MQA."))
+    ok = abs(delta) <= noise
+    claims.append(c.judge(ok, text + ". Pairs of query heads share a KV head; the saved parameters go to a wider "
+                          f"feed-forward layer (equal budget). MQA (one KV head): {_loss(mqa)}; Ainslie et al. put "
+                          "GQA between MHA and MQA."
+                          + ("" if ok else f" Ainslie et al. compare models trained to convergence at billions of "
+                             f"parameters; here {swiglu['params']:,}-parameter models with four query heads share key/value "
+                             "heads in pairs, so a gap beyond the noise is a finding at this size and budget.")))
 
-    delta, noise, text, _ = _compare(summary, "2024")
+    delta, noise, text = _compare(summary, "2024")
     c = Claim("15.6.ablation", "15.6", "the 2024 block against the 2017 block at equal parameters and compute",
               "better or equal", measured=round(delta, 4), unit="val loss change vs 2017, nats/char",
               tolerance="not worse by more than the noise")
-    table = "; ".join(f"{r['variant']}: {r['val_loss']:.4f} ({r['delta_vs_2017'] or 0:+.4f}, "
-                      f"{r['tokens_per_s']:,.0f} tok/s, KV {r['kv_bytes_per_token']} B/token)" for r in summary)
     c.plots = plots
-    claims.append(c.judge(delta <= noise, text + f". All variants, {p['steps']} steps x seeds {list(p['seeds'])}: "
-                          + table))
+    ok = delta <= noise
+    claims.append(c.judge(ok, text + f". All variants, {p['steps']} steps x seeds {list(p['seeds'])}, in the table "
+                          "below; the module states the direction, not a size."
+                          + ("" if ok else " The 2024 block's advantages (pre-LN stability, RoPE) show with depth and "
+                             "length; at this size and budget they need not.")))
+    c.table = [{"variant": r["variant"], "params": r["params"], "KV B/token": r["kv_bytes_per_token"],
+                "seeds": r["seeds"], "val loss": round(r["val_loss"], 4),
+                "sd": round(r["val_std"], 4) if r["seeds"] > 1 else "",
+                "vs 2017": round(r["delta_vs_2017"] or 0.0, 4)} for r in summary]
+    claims.append(claim_stability(p, summary))
+    if quick:
+        for claim in claims:
+            claim.indicative = INDICATIVE
     return claims
+
+
+def claim_stability(p: dict, summary: list[dict]) -> Claim:
+    """'Each detail makes training more stable': both blocks again at ten times the learning rate
+    with a short warm-up (a tenth of the steps); the more stable block loses less."""
+    hot = ablation.summarize(run_variants(p["steps"], p["seeds"], p["size"], p["context"], names=("2017", "2024"),
+                                          lr=1e-2, warmup=0.1))
+    rise = {n: _row(hot, n)["val_loss"] - _row(summary, n)["val_loss"] for n in ("2017", "2024")}
+    one = _row(hot, "2017")["seeds"] < 2
+    noise = 0.02 if one else max(2 * max(_row(hot, n)["val_std"] for n in ("2017", "2024")), 0.01)
+    c = Claim("15.6.training-stability", "15.6", "the 2024 block's details make training more stable", "more stable",
+              measured=[round(rise["2017"], 4), round(rise["2024"], 4)],
+              unit="val loss rise at lr 1e-2 with a short warm-up, 2017 / 2024, nats/char",
+              tolerance="the 2024 block's rise smaller than the 2017 block's by more than the noise")
+    ok = rise["2024"] < rise["2017"] - noise
+    return c.judge(ok, f"both blocks at lr 1e-2 (ten times the ablation's) with warm-up over 10% of the steps instead "
+                   f"of 40%: 2017 {_loss(_row(hot, '2017'))} ({rise['2017']:+.4f} against lr 1e-3), 2024 "
+                   f"{_loss(_row(hot, '2024'))} ({rise['2024']:+.4f}); noise threshold {noise:.3f}. Post-LN is the "
+                   "known fragile part (Xiong et al. 2020): it needs a long warm-up, pre-LN does not."
+                   + ("" if ok else " At this size and depth post-LN's fragility need not show; it grows with depth."))
 
 
 def average_kv_heads(model: Decoder, n_kv: int) -> Decoder:
@@ -118,32 +196,58 @@ def average_kv_heads(model: Decoder, n_kv: int) -> Decoder:
     return new.eval()
 
 
+def reinit_kv_heads(model: Decoder, n_kv: int) -> Decoder:
+    """The control: the same model with n_kv key/value heads freshly initialised (train's init)."""
+    fresh = Decoder(model.cfg.replace(n_kv_heads=n_kv))
+    init_weights(fresh)
+    state = model.state_dict()
+    for name, w in fresh.state_dict().items():
+        if any(name.endswith(f"attn.{m}.{kind}") for m in ("wk", "wv") for kind in ("weight", "bias")):
+            state[name] = w
+    fresh.load_state_dict(state)
+    return fresh.eval()
+
+
 def claim_conversion(quick: bool) -> Claim:
+    """MHA (4 KV heads) -> GQA (2) by mean-pooling, then brief uptraining; the control re-initialises
+    the key/value heads instead and gets the same steps. Reproduced when uptraining recovers at least
+    half of the conversion penalty (the gap to MHA given the same extra steps) and the mean-pooled
+    start ends below the control."""
     steps, uptrain = (80, 16) if quick else (300, 30)
     size = dict(d_model=64, n_heads=4, n_layers=2) if quick else dict(d_model=128, n_heads=4, n_layers=4)
     t = TrainConfig(steps=steps, batch_size=16, context=64, lr=1e-3, warmup=steps // 5, eval_every=steps,
                     eval_windows=32)
     mha_cfg = preset("llama-2024-small", n_kv_heads=size["n_heads"], max_seq_len=64, **size)
     mha = train(mha_cfg, t, None, progress=False)
-    data = get_data(t)
-    windows = D.eval_windows(data.val, t.context, t.eval_windows)
-    converted = average_kv_heads(mha["model"], 1)  # all four query heads share one KV head: MQA
-    at_conversion = evaluate(converted, windows)
+    windows = D.eval_windows(get_data(t).val, t.context, t.eval_windows)
     up = dataclasses.replace(t, steps=uptrain, warmup=max(1, uptrain // 5), eval_every=uptrain, lr=3e-4)
-    uptrained = train(converted.cfg, up, None, progress=False, init_state=converted.state_dict())
-    # The fair reference: the MHA model given the same extra steps.
-    mha_more = train(mha_cfg, up, None, progress=False, init_state=mha["model"].state_dict())
-    c = Claim("15.5.mha-to-gqa", "15.5", "an MHA model converts to fewer KV heads by averaging, then brief training",
-              "close to MHA after brief training", unit="val loss, nats/char: MHA / converted / uptrained",
-              measured=[round(mha_more["val_loss"], 4), round(at_conversion, 4), round(uptrained["val_loss"], 4)],
-              tolerance="uptrained within 0.05 nats of MHA trained as long, and below the converted model")
-    ok = uptrained["val_loss"] <= mha_more["val_loss"] + 0.05 and uptrained["val_loss"] < at_conversion
-    return c.judge(ok, f"a {size['n_layers']}-layer width-{size['d_model']} model with {size['n_heads']} KV heads "
-                   f"trained {steps} steps (val {mha['val_loss']:.4f}), its key and value heads averaged into one "
-                   f"(MQA; Ainslie et al.'s mean-pooling): {at_conversion:.4f} right after conversion; after "
-                   f"{uptrain} more steps ({uptrain / steps:.0%} of the original; Ainslie et al. use 5%) "
-                   f"{uptrained['val_loss']:.4f}, against {mha_more['val_loss']:.4f} for the MHA model given the "
-                   "same extra steps")
+    mha_more = train(mha_cfg, up, None, progress=False, init_state=mha["model"].state_dict())["val_loss"]
+    res = {}
+    for name, convert in (("mean-pooled", average_kv_heads), ("control", reinit_kv_heads)):
+        m = convert(mha["model"], 2)
+        res[name] = (evaluate(m, windows), train(m.cfg, up, None, progress=False, init_state=m.state_dict())["val_loss"])
+    penalty = res["mean-pooled"][0] - mha_more
+    gap = res["mean-pooled"][1] - mha_more
+    c = Claim("15.5.mha-to-gqa", "15.5", "an MHA model converts to GQA by averaging KV heads, then brief training",
+              "close to MHA after brief training", unit="val loss gap to MHA, nats/char: at conversion / after uptraining",
+              measured=[round(penalty, 4), round(gap, 4)],
+              tolerance="uptraining recovers at least half the conversion penalty, and ends below the control")
+    ok = penalty > 0 and gap <= 0.5 * penalty and res["mean-pooled"][1] < res["control"][1]
+    why = "" if ok else (" Not reproduced: " + ("the conversion cost nothing to recover. " if penalty <= 0 else "")
+                         + ("uptraining recovered less than half the penalty. " if penalty > 0 and gap > 0.5 * penalty else "")
+                         + ("the re-initialised control caught up, so the averaging did not matter at this size. "
+                            if res["mean-pooled"][1] >= res["control"][1] else "")
+                         + "Ainslie et al. uptrain billion-parameter models for 5% of pre-training; these steps are few.")
+    c.judge(ok, f"a {size['n_layers']}-layer width-{size['d_model']} model with {size['n_heads']} KV heads trained "
+            f"{steps} steps (val {mha['val_loss']:.4f}; {mha_more:.4f} after {uptrain} more steps), its key and value "
+            f"heads averaged in pairs into 2 (GQA, Ainslie et al.'s mean-pooling): {res['mean-pooled'][0]:.4f} right "
+            f"after conversion, {res['mean-pooled'][1]:.4f} after {uptrain} steps ({uptrain / steps:.0%} of the "
+            f"original; Ainslie et al. use 5%). Control, key/value heads re-initialised: {res['control'][0]:.4f}, then "
+            f"{res['control'][1]:.4f}. One seed." + why)
+    if quick:
+        c.indicative = (f"quick run: one seed, {steps} steps of a 2-layer width-64 model, {uptrain} uptraining steps; "
+                    "`llamablock lab` trains 4 layers of width 128 for 300")
+    return c
 
 
 def run(quick: bool, out) -> list[Claim]:

@@ -2,8 +2,16 @@
 
 Verdicts:
     reproduced            the measurement agrees with the module within `tolerance`
-    differs               it does not; `details` says how
-    not measurable here   with the reason in `details` (hardware, a skipped slow part, ...)
+    differs               it does not; `details` says how and why it may differ
+    not measurable here   with the reason in `details` (a timing whose repeat-to-repeat spread
+                          exceeds the effect, a model too small to use what is measured, ...)
+    definition            the statement holds by construction (the formula itself, a count the
+                          module's own definition fixes); computed and shown, never counted as
+                          reproduced, because no implementation could make it come out otherwise
+
+`indicative` (a reason, or "") marks a verdict that rests on too little to be trusted at this
+size: quick runs of the training claims. tests/lab/test_lab.py breaks every check that can
+fail, to show that it does.
 """
 
 from __future__ import annotations
@@ -11,7 +19,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-REPRODUCED, DIFFERS, NOT_MEASURABLE = "reproduced", "differs", "not measurable here"
+REPRODUCED, DIFFERS, NOT_MEASURABLE, DEFINITION = "reproduced", "differs", "not measurable here", "definition"
+VERDICTS = (REPRODUCED, DIFFERS, NOT_MEASURABLE, DEFINITION)
 
 
 @dataclass
@@ -25,15 +34,24 @@ class Claim:
     tolerance: str = ""  # how agreement is judged, in words or as a number
     verdict: str = NOT_MEASURABLE
     details: str = ""
+    indicative: str = ""  # why this verdict is indicative only ("" when it is not)
+    table: list[dict] = field(default_factory=list)  # rows for a small table in the report, when any
     plots: list[str] = field(default_factory=list)  # PNG files, relative to the report
 
-    def judge(self, agrees: bool, details: str = "") -> "Claim":
+    def judge(self, agrees: bool, details: str = "") -> Claim:
         self.verdict = REPRODUCED if agrees else DIFFERS
         if details:
             self.details = details
         return self
 
-    def unmeasurable(self, reason: str) -> "Claim":
+    def define(self, details: str = "") -> Claim:
+        """Holds by construction: shown, not counted as a reproduction."""
+        self.verdict = DEFINITION
+        if details:
+            self.details = details
+        return self
+
+    def unmeasurable(self, reason: str) -> Claim:
         self.verdict, self.details = NOT_MEASURABLE, reason
         return self
 

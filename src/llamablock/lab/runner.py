@@ -12,7 +12,7 @@ import json
 import platform
 import time
 import traceback
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import torch
@@ -59,6 +59,7 @@ def run_lab(out: Path, quick: bool = True, only: list[str] | None = None, progre
     experiments, keep = parse_only(only)
     out.mkdir(parents=True, exist_ok=True)
     claims: list[Claim] = []
+    timings: dict[str, float] = {}
     bar = tqdm(experiments, desc="lab", unit="section", disable=not progress)
     for module, sections, title in bar:
         section = sections[0]
@@ -70,43 +71,42 @@ def run_lab(out: Path, quick: bool = True, only: list[str] | None = None, progre
             found = [Claim(f"{section}.experiment-error", section, f"{title}: the experiment failed", None,
                            verdict=NOT_MEASURABLE,
                            details=f"{type(e).__name__}: {e}; {traceback.format_exc(limit=2)}")]
-        found[-1].details += f" [{title}: {time.perf_counter() - started:.1f} s]"
+        timings[title] = time.perf_counter() - started
         claims += found
     if keep:
         claims = [c for c in claims if any(c.section == k or c.id.startswith(k) for k in keep)]
-    write_results(out, claims, quick)
+    write_results(out, claims, quick, timings)
     return claims
 
 
 def environment() -> dict:
-    return {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "python": platform.python_version(),
+    return {"date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"), "python": platform.python_version(),
             "torch": torch.__version__, "machine": platform.machine(), "processor": platform.processor() or "",
             "threads": torch.get_num_threads()}
 
 
-def write_results(out: Path, claims: list[Claim], quick: bool) -> None:
+def write_results(out: Path, claims: list[Claim], quick: bool, timings: dict[str, float] | None = None) -> None:
     from llamablock.lab.report import render_report
 
     env = environment()
-    doc = {"environment": env, "quick": quick, "claims": [c.to_dict() for c in claims]}
+    doc = {"environment": env, "quick": quick, "seconds": timings or {}, "claims": [c.to_dict() for c in claims]}
     atomic_write(out / "results.json", lambda p: p.write_text(json.dumps(doc, indent=2, default=str)))
-    atomic_write(out / "report.md", lambda p: p.write_text(render_report(claims, env, quick)))
+    atomic_write(out / "report.md", lambda p: p.write_text(render_report(claims, env, quick, timings)))
 
 
 def _short(value, width: int) -> str:
-    if isinstance(value, float):
-        text = f"{value:.4g}"
-    elif isinstance(value, list):
-        text = ", ".join(_short(v, width) for v in value)
-    else:
-        text = str(value)
+    from llamablock.lab.report import fmt
+
+    text = fmt(value)
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def table(claims: list[Claim]) -> str:
+    from llamablock.lab.report import headline
+
     head = f"{'id':<30} {'claim':<44} {'module':<22} {'measured':<22} verdict"
     rows = [head, "-" * len(head)]
     for c in claims:
         rows.append(f"{c.id:<30} {_short(c.claim, 44):<44} {_short(c.source_value, 22):<22} "
-                    f"{_short(c.measured, 22):<22} {c.verdict}")
-    return "\n".join(rows)
+                    f"{_short(c.measured, 22):<22} {c.verdict}{' (indicative)' if c.indicative else ''}")
+    return "\n".join(rows + ["", headline(claims)])
