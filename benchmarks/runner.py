@@ -31,6 +31,7 @@ BENCHMARKS = {
     "compile_cache": "benchmarks.bench_compile_cache",
     "huge_pages": "benchmarks.bench_huge_pages",
     "threads": "benchmarks.bench_threads",
+    "memory": "benchmarks.bench_memory",
 }
 
 

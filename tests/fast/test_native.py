@@ -115,18 +115,40 @@ print(json.dumps((kib("VmHWM") - before) * 1024))
 
 
 @pytest.mark.slow
-def test_peak_memory_of_the_straight_load(tmp_path):
-    """SmolLM2's Q4_1 file: loading straight into the packed layers needs well under what the
-    dequantize-then-quantize path needs (which holds the whole model in bfloat16 first). The
-    growth still exceeds the file's size: the q4 layers keep a nibble copy for prefill, the
-    embedding is bfloat16 beside the 8-bit head, and the reader maps the file; BENCHMARKS.md and
-    the README state the measured ratio."""
+def test_peak_memory_of_the_straight_load_against_the_file_size():
+    """SmolLM2's Q4_1 file, loaded as --dtype auto does, in a child process: the peak resident
+    memory growth stays under 6x the file's size. The issue's target is 1.5x and is not met: the
+    q4 layers keep a nibble copy for prefill, the embedding is bfloat16 beside the 8-bit head, the
+    reader maps the file and parses its vocabulary (`llamablock bench memory` reports the ratio per
+    format; the dequantize-then-quantize path's peak varies between runs, so it is not the bound)."""
     path = str(resolve_model(None))
-    peak = {how: int(subprocess.run([sys.executable, "-c", PEAK, how, path], capture_output=True, text=True,
-                                    check=True).stdout.split()[-1]) for how in ("native", "old")}
-    size = os.path.getsize(path)
-    assert peak["native"] < 0.75 * peak["old"], (peak, size)
-    assert peak["native"] < 6 * size, (peak, size)
+    peak = int(subprocess.run([sys.executable, "-c", PEAK, "native", path], capture_output=True, text=True,
+                              check=True).stdout.split()[-1])
+    assert 0 < peak < 6 * os.path.getsize(path), peak
+
+
+def test_the_straight_load_holds_one_tensor_in_float_at_a_time(tmp_path, monkeypatch):
+    """The property the memory rests on: while a weight is dequantized, no earlier one is still
+    held in float (each is packed, and its float copy dropped, before the next is read)."""
+    import weakref
+
+    import llamablock.fast.native as native
+
+    alive, worst = [], [0]
+    original = native.gguf_tensors
+
+    def watched(*args, **kw):
+        for name, kind, w in original(*args, **kw):
+            alive[:] = [r for r in alive if r() is not None]
+            worst[0] = max(worst[0], len(alive))
+            if ".attn." in name or ".ffn." in name:  # packed: their float copies must not pile up
+                alive.append(weakref.ref(w))
+            yield name, kind, w
+            del w
+
+    monkeypatch.setattr(native, "gguf_tensors", watched)
+    load_gguf_native(_tiny(tmp_path, "Q4_1"))
+    assert worst[0] == 0, worst[0]  # no earlier packed weight still held when the next is read
 
 
 def test_bad_dtype_is_refused():

@@ -81,6 +81,7 @@ def load_gguf_native(path_or_reader, rope_layout: str = "half"):
         else:  # norms, biases, embeddings and float weights
             plain[name] = w
         used[fmt if fmt != "plain" else str(dtype).removeprefix("torch.")] += 1
+        del w  # before the next tensor is read: one weight in float at a time
     biases = {n: b for n, b in plain.items() if n.endswith(".bias")}
     model.assign_weights({n: t for n, t in plain.items() if n not in biases})
     for name, b in biases.items():  # a packed layer keeps its bias in bfloat16
