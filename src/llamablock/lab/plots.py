@@ -83,23 +83,11 @@ def _stage_key(name: str) -> tuple[int, int]:
     return int(parts[1]), 0 if "attention" in name else 1
 
 
-def plot_long_context(result: dict, out: Path, name: str = "long-context.png") -> list[str]:
-    """Loss by position at each evaluated length; one colour per scheme across panels, a legend
-    in every panel for the schemes it shows."""
-    lengths = sorted({int(n) for per in result["curves"].values() for n in per})
-    names = list(result["curves"])
-    colours = {n: f"C{i % 10}" for i, n in enumerate(names)}
-    fig, axes = pyplot().subplots(1, len(lengths), figsize=(5 * len(lengths), 4), sharey=True, dpi=100)
-    for ax, n in zip(axes, lengths):
-        for scheme, per in result["curves"].items():
-            if str(n) in per:
-                c = per[str(n)]
-                k = max(1, len(c) // 64)  # smooth: mean over runs of k positions
-                xs = list(range(0, len(c) - k + 1, k))
-                ax.plot(xs, [sum(c[i:i + k]) / k for i in xs], label=scheme, lw=1, color=colours[scheme],
-                        ls="--" if "fine-tune" in scheme else "-")
-        ax.axvline(result["L"], color="k", ls=":", lw=0.8)
-        ax.set(title=f"evaluated at {n} tokens (trained at {result['L']})", xlabel="position")
-        ax.legend(fontsize=6)
-    axes[0].set_ylabel("loss (nats/char)")
-    return save(fig, out, name)
+def plot_long_context(result: dict, out: Path | None, name: str = "long-context.png") -> list[str]:
+    """The long-context study's own plot (llamablock.studies.long_context.plot), into the report."""
+    if out is None:
+        return []
+    from llamablock.studies.long_context import plot
+
+    plot(result, Path(out) / name)
+    return [name]

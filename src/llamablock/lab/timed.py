@@ -12,13 +12,13 @@ reproduced when the claimed range, widened by the spread, holds the median ratio
 from __future__ import annotations
 
 import statistics
-import time
 from collections.abc import Callable
 from contextlib import contextmanager
 
 import torch
 
 from llamablock.lab.record import Claim
+from llamablock.util.timing import interleaved
 
 
 @contextmanager
@@ -34,16 +34,7 @@ def one_thread():
 
 def rounds(fns: dict[str, Callable[[], object]], repeats: int, warmup: int = 2) -> dict[str, list[float]]:
     """Seconds per call of each zero-argument callable, `repeats` interleaved rounds."""
-    for fn in fns.values():
-        for _ in range(warmup):
-            fn()
-    samples: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            t0 = time.perf_counter()
-            fn()
-            samples[name].append(time.perf_counter() - t0)
-    return samples
+    return interleaved(fns, repeats, warmup)
 
 
 def ratio(samples: dict[str, list[float]], num: str, den: str) -> dict:

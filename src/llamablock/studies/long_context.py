@@ -134,19 +134,23 @@ def format_table(result: dict) -> str:
 
 
 def plot(result: dict, path) -> None:
+    """Loss by position at each evaluated length; one colour per scheme across panels (fine-tuned
+    curves dashed), a legend in every panel for the schemes it shows."""
     lengths = sorted({int(n) for per in result["curves"].values() for n in per})
+    colours = {n: f"C{i % 10}" for i, n in enumerate(result["curves"])}
     fig, axes = pyplot().subplots(1, len(lengths), figsize=(5 * len(lengths), 4), sharey=True, dpi=100)
     for ax, n in zip(axes, lengths):
-        for name, per in result["curves"].items():
+        for scheme, per in result["curves"].items():
             if str(n) in per:
                 c = per[str(n)]
                 k = max(1, len(c) // 64)  # smooth: mean over runs of k positions
                 xs = list(range(0, len(c) - k + 1, k))
-                ax.plot(xs, [sum(c[i:i + k]) / k for i in xs], label=name, lw=1)
+                ax.plot(xs, [sum(c[i:i + k]) / k for i in xs], label=scheme, lw=1, color=colours[scheme],
+                        ls="--" if "fine-tune" in scheme else "-")
         ax.axvline(result["L"], color="k", ls=":", lw=0.8)
-        ax.set(title=f"evaluated at {n} tokens", xlabel="position")
+        ax.set(title=f"evaluated at {n} tokens (trained at {result['L']})", xlabel="position")
+        ax.legend(fontsize=6)
     axes[0].set_ylabel("loss (nats/char)")
-    axes[-1].legend(fontsize=7)
     save_png(fig, path)
 
 

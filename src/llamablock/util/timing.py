@@ -14,8 +14,9 @@ from typing import Callable
 import torch
 
 
-def time_calls(fns: dict[str, Callable[[], object]], repeats: int = 20, warmup: int = 3) -> dict[str, dict]:
-    """Time each zero-argument callable, interleaving them round by round. Seconds per call."""
+def interleaved(fns: dict[str, Callable[[], object]], repeats: int = 20, warmup: int = 3) -> dict[str, list[float]]:
+    """Seconds per call of each zero-argument callable over `repeats` rounds, the callables in turn
+    within each round, so that a change in the machine's load hits all of them."""
     for fn in fns.values():
         for _ in range(warmup):
             fn()
@@ -25,6 +26,12 @@ def time_calls(fns: dict[str, Callable[[], object]], repeats: int = 20, warmup: 
             t0 = time.perf_counter()
             fn()
             samples[name].append(time.perf_counter() - t0)
+    return samples
+
+
+def time_calls(fns: dict[str, Callable[[], object]], repeats: int = 20, warmup: int = 3) -> dict[str, dict]:
+    """Time each zero-argument callable, interleaving them round by round. Seconds per call."""
+    samples = interleaved(fns, repeats, warmup)
     return {name: {"min": min(s), "median": statistics.median(s), "repeats": len(s)} for name, s in samples.items()}
 
 
