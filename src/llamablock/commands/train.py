@@ -38,21 +38,30 @@ def add_arguments(p) -> None:
     p.add_argument("--out", help="run directory for checkpoints, log.jsonl and curves.png")
     p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out")
     p.add_argument("--steps", type=int, help=f"optimizer steps in total (default {d.steps})")
-    p.add_argument("--batch-size", type=int, default=d.batch_size, help="global batch in windows (default %(default)s)")
-    p.add_argument("--context", type=int, default=d.context, help="tokens per window (default %(default)s)")
-    p.add_argument("--lr", type=float, default=d.lr, help="peak learning rate (default %(default)s)")
-    p.add_argument("--warmup", type=int, default=d.warmup, help="linear warm-up steps (default %(default)s)")
-    p.add_argument("--min-lr-ratio", type=float, default=d.min_lr_ratio, help="cosine floor / peak (default %(default)s)")
-    p.add_argument("--weight-decay", type=float, default=d.weight_decay, help="AdamW decay on matrices (default %(default)s)")
-    p.add_argument("--grad-clip", type=float, default=d.grad_clip, help="global gradient norm clip (default %(default)s)")
-    p.add_argument("--eval-every", type=int, default=d.eval_every, help="evaluate and checkpoint every K steps (default %(default)s)")
-    p.add_argument("--eval-windows", type=int, default=d.eval_windows, help="validation windows (default %(default)s)")
-    p.add_argument("--seed", type=int, default=d.seed, help="seed for weights and batches (default %(default)s)")
-    p.add_argument("--corpus", choices=("tiny", "all"), default=d.corpus, help="nine plays or all 38 (default %(default)s)")
-    p.add_argument("--tokenizer", choices=("char", "bpe"), default=d.tokenizer, help="characters or byte-level BPE (default %(default)s)")
-    p.add_argument("--bpe-vocab", type=int, default=d.bpe_vocab, help="BPE vocabulary size (default %(default)s)")
+    p.add_argument("--batch-size", type=int, help=f"global batch in windows (default {d.batch_size})")
+    p.add_argument("--context", type=int, help=f"tokens per window (default {d.context})")
+    p.add_argument("--lr", type=float, help=f"peak learning rate (default {d.lr})")
+    p.add_argument("--warmup", type=int, help=f"linear warm-up steps (default {d.warmup})")
+    p.add_argument("--min-lr-ratio", type=float, help=f"cosine floor / peak (default {d.min_lr_ratio})")
+    p.add_argument("--weight-decay", type=float, help=f"AdamW decay on matrices (default {d.weight_decay})")
+    p.add_argument("--grad-clip", type=float, help=f"global gradient norm clip (default {d.grad_clip})")
+    p.add_argument("--eval-every", type=int, help=f"evaluate and checkpoint every K steps (default {d.eval_every})")
+    p.add_argument("--eval-windows", type=int, help=f"validation windows (default {d.eval_windows})")
+    p.add_argument("--seed", type=int, help=f"seed for weights and batches (default {d.seed})")
+    p.add_argument("--corpus", choices=("tiny", "all"), help=f"nine plays or all 38 (default {d.corpus})")
+    p.add_argument("--tokenizer", choices=("char", "bpe"), help=f"characters or byte-level BPE (default {d.tokenizer})")
+    p.add_argument("--bpe-vocab", type=int, help=f"BPE vocabulary size (default {d.bpe_vocab})")
     p.add_argument("--device", choices=("cpu", "cuda"), help="device (default: cpu; cuda with NCCL under torchrun on GPUs)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+TRAIN_FLAGS = ("batch_size", "context", "lr", "warmup", "min_lr_ratio", "weight_decay", "grad_clip", "eval_every",
+               "eval_windows", "seed", "corpus", "tokenizer", "bpe_vocab")
+
+
+def _train_flags(args) -> dict:
+    """The TrainConfig fields given on the command line (None: not given)."""
+    return {k: getattr(args, k) for k in TRAIN_FLAGS}
 
 
 def run(args) -> int:
@@ -62,18 +71,17 @@ def run(args) -> int:
     if args.resume:
         if not args.out:
             raise UsageError("--resume needs --out, the run directory that holds the checkpoint")
+        if args.preset or args.arch or args.overrides:
+            raise UsageError("--resume takes the model from the checkpoint: drop --preset, --arch and --set")
         cfg, tcfg = None, None
     else:
         cfg = model_config(args.preset, args.arch, args.overrides)
-        tcfg = TrainConfig(steps=args.steps or TrainConfig.steps, batch_size=args.batch_size, context=args.context,
-                           lr=args.lr, warmup=args.warmup, min_lr_ratio=args.min_lr_ratio,
-                           weight_decay=args.weight_decay, grad_clip=args.grad_clip, eval_every=args.eval_every,
-                           eval_windows=args.eval_windows, seed=args.seed, corpus=args.corpus,
-                           tokenizer=args.tokenizer, bpe_vocab=args.bpe_vocab)
+        tcfg = TrainConfig(**{k: v for k, v in _train_flags(args).items() if v is not None},
+                           steps=args.steps or TrainConfig.steps)
     info = dd.from_env(args.device)
     try:
         result = train(cfg, tcfg, args.out, resume=args.resume, progress=not args.no_progress, info=info,
-                       steps=args.steps if args.resume else None)
+                       steps=args.steps if args.resume else None, resume_flags=_train_flags(args))
     finally:
         dd.shutdown(info)
     if info.is_main:

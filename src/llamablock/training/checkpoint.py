@@ -18,6 +18,9 @@ training, so that the loaders of io/ (generate, serve, export) can take a run di
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import hashlib
 import json
 import os
 import shutil
@@ -55,12 +58,85 @@ def save_checkpoint(run_dir: str | Path, step: int, model: torch.nn.Module, opt:
     save_model(model, str(tmp / "model.safetensors"))
     tensors, meta = _optimizer_tensors(opt)
     save_file(tensors, str(tmp / "optimizer.safetensors"))
-    (tmp / "state.json").write_text(json.dumps({**state, "step": step, "optimizer": meta}, indent=1))
+    sums = {f: _sha256(tmp / f) for f in TENSOR_FILES}  # checked at resume (`verify`)
+    (tmp / "state.json").write_text(json.dumps({**state, "step": step, "optimizer": meta, "sha256": sums}, indent=1,
+                                               allow_nan=False))
+    for f in (*TENSOR_FILES, "state.json"):  # on disk before the rename makes the checkpoint visible
+        with open(tmp / f, "rb") as fh:
+            os.fsync(fh.fileno())
     final = root / name
     replace_dir(tmp, final)
     atomic_write(root / "latest", lambda p: p.write_text(name))
     _prune(root, keep=name)
     return final
+
+
+TENSOR_FILES = ("model.safetensors", "optimizer.safetensors")
+
+
+@contextlib.contextmanager
+def run_lock(run_dir: str | Path):
+    """Hold `run_dir/.lock` (flock) while training writes there: a second trainer on the same
+    directory is refused instead of interleaving its checkpoints with the first's."""
+    path = Path(run_dir) / ".lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ValueError(f"another llamablock train is writing to {run_dir}; wait for it to end or choose "
+                             "another --out") from None
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def verify(path: str | Path) -> str | None:
+    """Why the checkpoint folder `path` cannot be trusted, or None: unreadable state, a tensor file
+    whose bytes differ from the checksums recorded when it was saved, non-finite weights or
+    optimizer moments."""
+    path = Path(path)
+    try:
+        state = read_state(path)
+    except (OSError, ValueError) as e:
+        return f"state.json is unreadable ({e})"
+    for f, want in (state.get("sha256") or {}).items():
+        if not (path / f).is_file() or _sha256(path / f) != want:
+            return f"{f} does not match the checksum recorded when it was saved (damaged or truncated)"
+    for f in TENSOR_FILES:
+        try:
+            tensors = load_file(str(path / f))
+        except Exception as e:  # safetensors raises its own error types on torn files
+            return f"{f} is unreadable ({type(e).__name__}: {e})"
+        bad = next((k for k, t in tensors.items() if t.is_floating_point() and not torch.isfinite(t).all()), None)
+        if bad is not None:
+            return f"{f} holds non-finite values ({bad})"
+    return None
+
+
+def newest_good_checkpoint(run_dir: str | Path, warn=None) -> Path:
+    """The newest checkpoint of a run that `verify` trusts; each newer one it skips is reported
+    through `warn` (a message). FileNotFoundError naming the reasons when none is good."""
+    latest = latest_checkpoint(run_dir)
+    candidates = [latest] + sorted((p for p in _dir(run_dir).glob("step-*") if p.is_dir() and p != latest), reverse=True)
+    reasons = []
+    for path in candidates:
+        why = verify(path)
+        if why is None:
+            if reasons and warn is not None:
+                warn(f"resuming from {path.name} instead: " + "; ".join(reasons))
+            return path
+        reasons.append(f"{path.name}: {why}")
+    raise FileNotFoundError(f"no usable checkpoint in {run_dir}: " + "; ".join(reasons))
 
 
 def _prune(root: Path, keep: str) -> None:
@@ -70,7 +146,7 @@ def _prune(root: Path, keep: str) -> None:
             shutil.rmtree(p, ignore_errors=True)
     steps = sorted(p for p in root.glob("step-*") if p.is_dir())
     for p in steps[:-KEEP]:
-        if p.name != keep:
+        if p.name != keep:  # `keep`, the checkpoint just written and checksummed, always stays
             shutil.rmtree(p, ignore_errors=True)
 
 

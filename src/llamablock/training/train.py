@@ -20,9 +20,11 @@ for models a transformers class computes (the 2024 model) and a llamablock direc
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -119,11 +121,14 @@ def prepare_config(model_cfg: ModelConfig, t: TrainConfig, tok) -> ModelConfig:
 @torch.enable_grad()  # a caller (or a test before us) may have turned autograd off globally
 def train(model_cfg: ModelConfig | None, t: TrainConfig | None, out_dir: str | Path | None = None,
           resume: bool = False, progress: bool = True, stop_at: int | None = None,
-          info: dd.DistInfo | None = None, steps: int | None = None, init_state: dict | None = None) -> dict:
+          info: dd.DistInfo | None = None, steps: int | None = None, init_state: dict | None = None,
+          resume_flags: dict | None = None) -> dict:
     """Train (or resume) and return {"model", "tokenizer", "history", "val_loss", "tokens_per_s", ...}.
 
-    With `resume`, both configs come from the newest checkpoint in `out_dir` (`steps` may
-    extend the run). `stop_at` ends the call after that many steps, as a kill would.
+    With `resume`, both configs come from the newest good checkpoint in `out_dir` (a damaged newer
+    one is skipped, saying so); `steps` may extend the run, and any other `resume_flags` (TrainConfig
+    field -> value the user gave) must equal the run's own: a resumed run repeats its settings.
+    `stop_at` ends the call after that many steps, as a kill would.
     `init_state` starts from given weights (a fine-tune) instead of the random init.
     """
     info = info or dd.DistInfo()
@@ -131,13 +136,21 @@ def train(model_cfg: ModelConfig | None, t: TrainConfig | None, out_dir: str | P
     if resume:
         if out_dir is None:
             raise ValueError("resume needs the run directory (--out) that holds the checkpoint")
-        path = ckpt.latest_checkpoint(out_dir)
+        path = ckpt.newest_good_checkpoint(out_dir, warn=lambda m: print(f"llamablock train: {m}", file=sys.stderr))
         state = ckpt.read_state(path)
         model_cfg = ModelConfig.from_dict(state["model_config"])
         t = TrainConfig(**state["train_config"])
         tok = D.tokenizer_from_dict(state["tokenizer"])
+        changed = [f"--{k.replace('_', '-')} {v} (this run: {getattr(t, k)})"
+                   for k, v in (resume_flags or {}).items() if v is not None and v != getattr(t, k)]
+        if changed:
+            raise ValueError("a resumed run keeps its own settings, but " + ", ".join(changed) + " differ; only "
+                             "--steps may extend it: start a new --out to train with other settings")
     if steps is not None:
         t = dataclasses.replace(t, steps=steps)
+    if state is not None and state["step"] >= t.steps:
+        raise ValueError(f"the run in {out_dir} is finished: it reached step {state['step']} of {t.steps}; "
+                         f"give --steps N with N above {state['step']} to train it further")
     data = get_data(t, tok)
     tok = data.tokenizer
     data.check_context(t.context)
@@ -159,9 +172,17 @@ def train(model_cfg: ModelConfig | None, t: TrainConfig | None, out_dir: str | P
     val_windows = D.eval_windows(data.val, t.context, t.eval_windows).to(info.device)
 
     run_dir = Path(out_dir) if out_dir is not None else None
+    lock = contextlib.ExitStack()
     if run_dir is not None and info.is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
+        lock.enter_context(ckpt.run_lock(run_dir))
         _write_log(run_dir, history)
+    with lock:
+        return _loop(model, net, opt, t, cfg, tok, data, val_windows, history, start, run_dir, info, progress, stop_at)
+
+
+def _loop(model, net, opt, t: TrainConfig, cfg: ModelConfig, tok, data, val_windows, history: list, start: int,
+          run_dir: Path | None, info, progress: bool, stop_at: int | None) -> dict:
+    """The training steps from `start`, logging and checkpointing into `run_dir` (held locked)."""
     from tqdm.auto import tqdm
 
     end = t.steps if stop_at is None else min(t.steps, stop_at)
@@ -181,6 +202,9 @@ def train(model_cfg: ModelConfig | None, t: TrainConfig | None, out_dir: str | P
         grad_norm = float(torch.nn.utils.clip_grad_norm_(net.parameters(), t.grad_clip))
         opt.step()
         loss_value = dd.mean_over_ranks(float(loss.detach()), info)
+        if not math.isfinite(loss_value):  # never written into log.jsonl or a checkpoint
+            raise ValueError(f"training diverged at step {step + 1}: the loss is {loss_value}; the last checkpoint "
+                             f"is kept; lower --lr or raise --warmup")
         dt = time.perf_counter() - t0
         train_time, trained_steps = train_time + dt, trained_steps + 1
         record = {"step": step + 1, "train_loss": loss_value, "lr": lr, "grad_norm": grad_norm,

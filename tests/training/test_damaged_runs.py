@@ -1,0 +1,85 @@
+"""Regression tests for runs that resumed from damaged checkpoints, trained on past their end,
+silently ignored changed flags or were written by two trainers at once: each is now refused with
+a message naming the problem, or falls back to the newest good checkpoint, saying so."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from safetensors.torch import load_file, save_file
+
+from llamablock import cli
+from llamablock.presets import preset
+from llamablock.training import checkpoint as ckpt
+from llamablock.training.train import TrainConfig, train
+
+TINY = dict(d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64, max_seq_len=32)
+RECIPE = TrainConfig(steps=20, batch_size=4, context=16, warmup=2, eval_every=10, eval_windows=4)
+
+
+@pytest.fixture
+def run(tmp_path):
+    train(preset("llama-2024-small", **TINY), RECIPE, tmp_path, progress=False)
+    return tmp_path  # checkpoints step-000010 and step-000020
+
+
+def _latest(run):
+    return ckpt.latest_checkpoint(run)
+
+
+def test_a_checkpoint_with_nan_weights_is_skipped_for_the_previous_one(run, capsys):
+    path = _latest(run) / "model.safetensors"
+    tensors = load_file(str(path))
+    first = sorted(tensors)[0]
+    tensors[first][0] = float("nan")
+    save_file(tensors, str(path))
+    assert "non-finite" in ckpt.verify(_latest(run)) or "checksum" in ckpt.verify(_latest(run))
+    result = train(None, None, run, resume=True, progress=False, steps=25)
+    assert result["step"] == 25 and "resuming from step-000010 instead" in capsys.readouterr().err
+
+
+def test_a_checkpoint_with_flipped_bytes_fails_its_checksum(run):
+    path = _latest(run) / "optimizer.safetensors"
+    data = bytearray(path.read_bytes())
+    data[-5] ^= 0xFF
+    path.write_bytes(bytes(data))
+    assert "does not match the checksum" in ckpt.verify(_latest(run))
+    assert ckpt.newest_good_checkpoint(run).name == "step-000010"
+
+
+def test_no_good_checkpoint_is_one_clear_error(run):
+    for p in (run / "checkpoints").glob("step-*"):
+        (p / "model.safetensors").write_bytes(b"torn")
+    with pytest.raises(FileNotFoundError, match="no usable checkpoint"):
+        train(None, None, run, resume=True, progress=False, steps=30)
+
+
+def test_resuming_a_finished_run_says_it_is_finished(run, capsys):
+    assert cli.main(["train", "--resume", "--out", str(run), "--no-progress"]) == 2
+    assert "is finished: it reached step 20 of 20" in capsys.readouterr().err
+
+
+def test_changed_flags_on_resume_are_refused_by_name(run, capsys):
+    assert cli.main(["train", "--resume", "--out", str(run), "--steps", "30", "--lr", "5", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "--lr 5.0 (this run: 0.001)" in err and err.count("\n") == 1
+
+
+def test_a_second_trainer_on_the_same_directory_is_refused(run):
+    with ckpt.run_lock(run):
+        with pytest.raises(ValueError, match="another llamablock train is writing to"):
+            train(None, None, run, resume=True, progress=False, steps=25)
+
+
+def test_a_diverging_run_stops_before_writing_nan(tmp_path):
+    hot = TrainConfig(steps=20, batch_size=4, context=16, warmup=0, eval_every=10, eval_windows=4, lr=1e6, grad_clip=1e9)
+    with pytest.raises(ValueError, match="training diverged at step"):
+        train(preset("llama-2024-small", **TINY), hot, tmp_path, progress=False)
+    for line in (tmp_path / "log.jsonl").read_text().splitlines():
+        json.loads(line)  # valid JSON: no NaN was written
+
+
+def test_checkpoints_record_checksums(run):
+    sums = ckpt.read_state(_latest(run))["sha256"]
+    assert set(sums) == {"model.safetensors", "optimizer.safetensors"} and ckpt.verify(_latest(run)) is None
