@@ -74,3 +74,42 @@ def test_any_mutated_config_is_a_config_or_a_clear_error(changes, removed):
     except ValueError:
         return
     assert cfg.n_layers > 0 and cfg.head_dim > 0 and math.isfinite(cfg.rope_theta)
+
+
+def test_a_corrupt_tokenizer_json_is_named(tmp_path):
+    from llamablock.io.tokenizer import tokenizer_from_dir
+
+    (tmp_path / "tokenizer.json").write_text('{"version": "1.0", "model": 5}')
+    with pytest.raises(ValueError, match="is not a readable tokenizer.json"):
+        tokenizer_from_dir(tmp_path)
+
+
+@pytest.mark.parametrize("shard", ["../outside.safetensors", "fifo.safetensors", "missing.safetensors"])
+def test_index_shards_stay_inside_and_are_files(tmp_path, shard):
+    """A shard path leaving the directory, or a FIFO (which hung the loader), is refused by name."""
+    import os
+
+    tiny_hf_model("llama", n_heads=4, n_kv=2).save_pretrained(tmp_path / "m")
+    (tmp_path / "outside.safetensors").write_bytes(b"")
+    os.mkfifo(tmp_path / "m" / "fifo.safetensors")
+    (tmp_path / "m" / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"x": shard}}))
+    with pytest.raises(ValueError, match="which is not a file inside"):
+        llamablock.load_pretrained(tmp_path / "m")
+
+
+def test_a_bad_index_is_named(tmp_path):
+    tiny_hf_model("llama", n_heads=4, n_kv=2).save_pretrained(tmp_path)
+    (tmp_path / "model.safetensors.index.json").write_text("[1, 2]")
+    with pytest.raises(ValueError, match="is not a safetensors index"):
+        llamablock.load_pretrained(tmp_path)
+
+
+def test_templates_may_ask_for_the_date():
+    """Llama 3's template calls strftime_now, which transformers provides; it failed here."""
+    from tokenizers import Tokenizer as Backend
+    from tokenizers import models
+
+    from llamablock.io.tokenizer import Tokenizer
+
+    tok = Tokenizer(Backend(models.BPE({"a": 0}, [])), None, [], None, False, "{{ strftime_now('%Y') }}")
+    assert tok.apply_chat_template([{"role": "user", "content": "hi"}]).isdigit()

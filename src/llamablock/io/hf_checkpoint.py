@@ -43,8 +43,19 @@ def hf_name(name: str) -> str:
 def _tensor_files(path: Path) -> list[Path]:
     index = path / "model.safetensors.index.json"
     if index.exists():
-        weight_map = json.loads(index.read_text())["weight_map"]
-        return [path / f for f in sorted(set(weight_map.values()))]
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+            names = sorted(set(weight_map.values()))
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise ValueError(f"{index} is not a safetensors index (a JSON object with a weight_map): {e}") from None
+        root = path.resolve()
+        files = []
+        for name in names:  # shards stay inside the checkpoint and are regular files (not a FIFO)
+            f = (path / str(name)).resolve()
+            if root not in f.parents or not f.is_file():
+                raise ValueError(f"{index} names shard {name!r}, which is not a file inside {path}")
+            files.append(f)
+        return files
     single = path / "model.safetensors"
     if single.exists():
         return [single]

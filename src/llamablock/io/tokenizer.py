@@ -17,6 +17,7 @@ trim_blocks and lstrip_blocks, `raise_exception` and a `tojson` filter.
 
 from __future__ import annotations
 
+import datetime
 import json
 from pathlib import Path
 
@@ -89,6 +90,7 @@ class Tokenizer:
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         env.filters["tojson"] = lambda x, indent=None, **kw: json.dumps(x, ensure_ascii=False, indent=indent)
         env.globals["raise_exception"] = raise_exception
+        env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)  # as transformers (Llama 3)
         special = {"bos_token": self.token(self.bos_id) if self.bos_id is not None else "",
                    "eos_token": self.token(self.eos_ids[0]) if self.eos_ids else ""}
         try:
@@ -190,10 +192,21 @@ def tokenizer_from_dir(path: str | Path) -> Tokenizer:
     f = path / "tokenizer.json"
     if not f.is_file():
         raise FileNotFoundError(f"{path} has no tokenizer.json")
-    backend = Backend.from_file(str(f))
+    try:
+        backend = Backend.from_file(str(f))
+    except Exception as e:  # the tokenizers library raises a bare Exception on a malformed file
+        raise ValueError(f"{f} is not a readable tokenizer.json: {e}") from None
     conf_file = path / "tokenizer_config.json"
-    conf = json.loads(conf_file.read_text()) if conf_file.is_file() else {}
+    try:
+        conf = json.loads(conf_file.read_text()) if conf_file.is_file() else {}
+    except ValueError as e:
+        raise ValueError(f"{conf_file} is not valid JSON: {e}") from None
+    if not isinstance(conf, dict):
+        raise ValueError(f"{conf_file} must hold a JSON object")
     template = conf.get("chat_template")
+    if template is not None and not isinstance(template, str):  # a list of named templates: the default one
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)} if isinstance(template, list) else {}
+        template = named.get("default")
     if template is None and (path / "chat_template.jinja").is_file():
         template = (path / "chat_template.jinja").read_text()
 
