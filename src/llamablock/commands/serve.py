@@ -70,6 +70,9 @@ def run(args) -> int:
     print(f"llamablock serve: open {url}/  (Ctrl-C to stop)")
     if served is not None:
         print(f"llamablock serve: OpenAI-compatible API at {url}/v1, model {served.name!r}")
-    app = create_app(trace_cache_dir=args.trace_cache, lab_results=args.lab_results, served=served)
+    # Bound to this machine, the server answers requests addressed to it by its own names only.
+    local = args.host in ("127.0.0.1", "localhost", "::1")
+    hosts = ["127.0.0.1", "localhost"] if local else None
+    app = create_app(trace_cache_dir=args.trace_cache, lab_results=args.lab_results, served=served, hosts=hosts)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0

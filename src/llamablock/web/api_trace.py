@@ -8,6 +8,10 @@ first requests wait for one training instead of starting two. The endpoint is a 
 so FastAPI runs it in a worker thread and the other figures stay responsive meanwhile.
 `train=false` never trains: with the pair not yet cached it answers 409, which the page uses on
 load to trace at once when it can and otherwise to wait for a press of Trace.
+The first-use training runs as one background job, never in the request's worker thread: a
+request that finds the pair untrained starts the job (or finds it running) and gets 503 with
+Retry-After at once, so a flood of first requests cannot hold the server's threads and the page
+and figures keep answering. The text is checked against the corpus's alphabet before any work.
 """
 
 from __future__ import annotations
@@ -16,13 +20,50 @@ import threading
 
 from fastapi import APIRouter, Query, Request
 
-from llamablock.studies.trace import is_trained, pair_dirs, trace_pair
+from llamablock.studies.trace import ensure_pair, is_trained, pair_dirs, trace_pair
 from llamablock.web.errors import APIError
 
 router = APIRouter()
 
 MAX_TEXT = 200  # characters; the pair is trained with 256 positions
-_lock = threading.Lock()
+RETRY_AFTER_S = 10  # what a 503 tells the client to wait while the pair trains
+_lock = threading.Lock()  # one trace at a time (they share the loaded models' state)
+_jobs: dict[str, threading.Thread] = {}  # cache dir -> the training in progress
+_failed: dict[str, str] = {}  # cache dir -> why the last training failed
+_jobs_lock = threading.Lock()  # requests arrive on many threads: one check-and-start at a time
+
+
+def _train_in_background(cache_dir: str | None) -> None:
+    key = str(cache_dir)
+    with _jobs_lock:
+        job = _jobs.get(key)
+        if job is not None and job.is_alive():
+            return
+        _start(key, cache_dir)
+
+
+def _start(key: str, cache_dir: str | None) -> None:
+    def work():
+        try:
+            ensure_pair(cache_dir)
+            _failed.pop(key, None)
+        except Exception as e:  # reported to the next request instead of dying unseen
+            _failed[key] = f"{type(e).__name__}: {e}"
+
+    _jobs[key] = threading.Thread(target=work, name="tracer-training", daemon=True)
+    _jobs[key].start()
+
+
+def _check_alphabet(text: str) -> None:
+    """The tracer's models read the corpus's characters only: refuse others before any work."""
+    from llamablock.studies.trace import TRACE_RECIPE
+    from llamablock.training.train import get_data
+
+    alphabet = get_data(TRACE_RECIPE).tokenizer
+    try:
+        alphabet.encode(text)
+    except ValueError as e:
+        raise APIError("text", f"text: {e}") from None
 
 
 @router.get("/api/token-tracer")
@@ -34,9 +75,16 @@ def token_tracer(
     train: bool = Query(True, description="train the pair if it is not cached yet (false: answer 409 instead)"),
 ) -> dict:
     cache_dir = request.app.state.trace_cache_dir
-    if not train and not all(is_trained(run) for run in pair_dirs(cache_dir).values()):
-        raise APIError("train", "the tracer's models are not trained yet: the first trace trains both models, "
-                       "which takes a while, and caches them", 409)
+    _check_alphabet(text)
+    if not all(is_trained(run) for run in pair_dirs(cache_dir).values()):
+        if not train:
+            raise APIError("train", "the tracer's models are not trained yet: the first trace trains both models, "
+                           "which takes a while, and caches them", 409)
+        if str(cache_dir) in _failed and not (_jobs.get(str(cache_dir)) or threading.Thread()).is_alive():
+            raise APIError(None, f"training the tracer's models failed: {_failed.pop(str(cache_dir))}", 500)
+        _train_in_background(cache_dir)
+        raise APIError(None, "training the tracer's two models (first use, cached afterwards); retry shortly", 503,
+                       headers={"Retry-After": str(RETRY_AFTER_S)})
     try:
         with _lock:
             result = trace_pair(text, cache_dir=cache_dir, top_k=top_k)

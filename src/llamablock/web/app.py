@@ -23,6 +23,7 @@ from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from llamablock.web import api_ffn, api_gqa, api_openai, api_rope, api_trace
 from llamablock.web.errors import APIError, body, on_api_error, on_validation_error
@@ -32,10 +33,12 @@ STATIC = Path(__file__).parent / "static"
 
 
 def create_app(trace_cache_dir: str | None = None, lab_results: str = "lab-out/results.json",
-               served: ServedModel | None = None) -> FastAPI:
+               served: ServedModel | None = None, hosts: list[str] | None = None) -> FastAPI:
     """`trace_cache_dir`: where the token tracer keeps its trained pair (None: the tracer's default).
     `lab_results`: the results.json of `llamablock lab`, for the measured decode times (optional).
-    `served`: the model behind /v1 (None: /v1 lists no model); its worker stops with the app."""
+    `served`: the model behind /v1 (None: /v1 lists no model); its worker stops with the app.
+    `hosts`: the Host headers to answer (None: any). A server on 127.0.0.1 for a browser answers its
+    own names only, so a web page elsewhere cannot reach it through DNS rebinding."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -49,6 +52,8 @@ def create_app(trace_cache_dir: str | None = None, lab_results: str = "lab-out/r
     app.state.trace_cache_dir = trace_cache_dir
     app.state.lab_results = lab_results
     app.state.served = served
+    if hosts is not None:
+        app.add_middleware(TrustedHostMiddleware, allowed_hosts=hosts)
     app.add_exception_handler(APIError, on_api_error)
     app.add_exception_handler(RequestValidationError, on_validation_error)
     for module in (api_rope, api_ffn, api_gqa, api_trace, api_openai):

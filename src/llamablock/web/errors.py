@@ -15,9 +15,9 @@ from fastapi.responses import JSONResponse
 class APIError(Exception):
     """A request the library cannot serve: HTTP `status` with a message naming `parameter`."""
 
-    def __init__(self, parameter: str | None, message: str, status: int = 400):
+    def __init__(self, parameter: str | None, message: str, status: int = 400, headers: dict | None = None):
         super().__init__(message)
-        self.parameter, self.message, self.status = parameter, message, status
+        self.parameter, self.message, self.status, self.headers = parameter, message, status, headers
 
 
 def body(parameter: str | None, message: str, error: str) -> dict:
@@ -25,7 +25,8 @@ def body(parameter: str | None, message: str, error: str) -> dict:
 
 
 async def on_api_error(request: Request, exc: APIError) -> JSONResponse:
-    return JSONResponse(body(exc.parameter, exc.message, "invalid parameter"), status_code=exc.status)
+    return JSONResponse(body(exc.parameter, exc.message, "invalid parameter"), status_code=exc.status,
+                        headers=exc.headers)
 
 
 async def on_validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -115,6 +115,11 @@ async function run(section, form, note, train = true) {
     section.dataset.state = "ready";
   } catch (err) {
     hint.textContent = "";
+    if (err.status === 503) {  // the server is training the pair in the background: ask again shortly
+      hint.textContent = err.message;
+      setTimeout(() => run(section, form, err.message, train), 5000);
+      return;
+    }
     if (err.status === 409) {  // on load, with the pair not trained yet: wait for a press of Trace
       hint.textContent = `Press Trace to start: ${err.message}.`;
       section.dataset.state = "idle";
