@@ -114,6 +114,10 @@ def main(argv: list[str] | None = None) -> int:
         # The reader stopped (`| head`): send what is left of our output nowhere and end quietly.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except OSError as e:  # a full disk, a read-only folder: one line, as for any other mistake
+        print(f"llamablock {args.command}: error: {e.strerror or e}"
+              + (f": {e.filename}" if getattr(e, "filename", None) else ""), file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -83,3 +83,28 @@ def test_a_diverging_run_stops_before_writing_nan(tmp_path):
 def test_checkpoints_record_checksums(run):
     sums = ckpt.read_state(_latest(run))["sha256"]
     assert set(sums) == {"model.safetensors", "optimizer.safetensors"} and ckpt.verify(_latest(run)) is None
+
+
+def test_an_out_that_cannot_be_written_is_one_line(capsys):
+    """/sys refuses new folders even to root (CI runs as root, where chmod would not stop it)."""
+    code = cli.main(["train", "--arch", "2024", "--steps", "2", "--out", "/sys/llamablock-run", "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "Operation not permitted" in err
+
+
+def test_a_failed_checkpoint_write_leaves_no_temporary_folder(run, monkeypatch):
+    """A full disk while the tensors are written (simulated): the error propagates, and neither a
+    .tmp folder nor a broken checkpoint is left; `latest` still names the last good one."""
+    import torch
+
+    from llamablock.model import Decoder
+
+    def full(*args, **kw):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(ckpt, "save_file", full)
+    model = Decoder(preset("llama-2024-small", **TINY))
+    opt = torch.optim.AdamW(model.parameters())
+    with pytest.raises(OSError, match="No space left"):
+        ckpt.save_checkpoint(run, 30, model, opt, {"history": []})
+    assert not list((run / "checkpoints").glob(".tmp-*")) and _latest(run).name == "step-000020"

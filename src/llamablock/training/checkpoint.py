@@ -55,15 +55,19 @@ def save_checkpoint(run_dir: str | Path, step: int, model: torch.nn.Module, opt:
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir()
-    save_model(model, str(tmp / "model.safetensors"))
-    tensors, meta = _optimizer_tensors(opt)
-    save_file(tensors, str(tmp / "optimizer.safetensors"))
-    sums = {f: _sha256(tmp / f) for f in TENSOR_FILES}  # checked at resume (`verify`)
-    (tmp / "state.json").write_text(json.dumps({**state, "step": step, "optimizer": meta, "sha256": sums}, indent=1,
-                                               allow_nan=False))
-    for f in (*TENSOR_FILES, "state.json"):  # on disk before the rename makes the checkpoint visible
-        with open(tmp / f, "rb") as fh:
-            os.fsync(fh.fileno())
+    try:
+        save_model(model, str(tmp / "model.safetensors"))
+        tensors, meta = _optimizer_tensors(opt)
+        save_file(tensors, str(tmp / "optimizer.safetensors"))
+        sums = {f: _sha256(tmp / f) for f in TENSOR_FILES}  # checked at resume (`verify`)
+        (tmp / "state.json").write_text(json.dumps({**state, "step": step, "optimizer": meta, "sha256": sums}, indent=1,
+                                                   allow_nan=False))
+        for f in (*TENSOR_FILES, "state.json"):  # on disk before the rename makes the checkpoint visible
+            with open(tmp / f, "rb") as fh:
+                os.fsync(fh.fileno())
+    except BaseException:  # a full disk, an interrupt: no half-written folder is left behind
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     final = root / name
     replace_dir(tmp, final)
     atomic_write(root / "latest", lambda p: p.write_text(name))
