@@ -95,7 +95,11 @@ class Decoder(nn.Module):
     def assign_weights(self, state: dict[str, torch.Tensor]) -> "Decoder":
         """Take `state`'s tensors as the parameters (no copy; a model built on the meta device gets
         real storage this way), re-tie the head, switch to eval. Loaders check names and shapes
-        first, so that their errors can name the tensor."""
+        first, so that their errors can name the tensor; non-finite values are refused here, by name,
+        since a model with a NaN weight loads and runs and only its outputs are wrong."""
+        bad = next((n for n, t in state.items() if t.is_floating_point() and not torch.isfinite(t).all()), None)
+        if bad is not None:
+            raise ValueError(f"the checkpoint's {bad} holds non-finite values (NaN or infinity); it is damaged")
         self.load_state_dict(state, strict=False, assign=True)
         if self.cfg.tie_embeddings:
             self.head.weight = self.embed.weight  # assign=True replaced embed.weight's tensor

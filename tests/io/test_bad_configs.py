@@ -113,3 +113,42 @@ def test_templates_may_ask_for_the_date():
 
     tok = Tokenizer(Backend(models.BPE({"a": 0}, [])), None, [], None, False, "{{ strftime_now('%Y') }}")
     assert tok.apply_chat_template([{"role": "user", "content": "hi"}]).isdigit()
+
+
+def test_a_template_that_never_ends_is_stopped():
+    """Nested loops over range() hung the loader: the render now stops after a step budget."""
+    from tokenizers import Tokenizer as Backend
+    from tokenizers import models
+
+    from llamablock.io.tokenizer import Tokenizer
+
+    loop = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
+    tok = Tokenizer(Backend(models.BPE({"a": 0}, [])), None, [], None, False, loop)
+    with pytest.raises(ValueError, match="chat template failed: .*ran past"):
+        tok.apply_chat_template([{"role": "user", "content": "hi"}])
+
+
+def test_nan_weights_are_refused_by_name(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    tiny_hf_model("llama", n_heads=4, n_kv=2).save_pretrained(tmp_path)
+    tensors = load_file(str(tmp_path / "model.safetensors"))
+    tensors["model.layers.1.mlp.up_proj.weight"][3, 3] = float("nan")
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    with pytest.raises(ValueError, match="layers.1.ffn.w_up.weight holds non-finite values"):
+        llamablock.load_pretrained(tmp_path)
+
+
+def test_a_gguf_with_zero_key_length_is_named(tmp_path):
+    f = tmp_path / "zero.gguf"
+    write_tiny_gguf(f, tiny_hf_model("llama", n_heads=4, n_kv=2), extra_kv={"llama.attention.key_length": 0})
+    with pytest.raises(ValueError, match="key_length must be positive, got 0"):
+        llamablock.load_pretrained(f)
+
+
+def test_an_unknown_dtype_label_is_named(tmp_path):
+    from llamablock.fast.native import hf_dtype
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "torch_dtype": 5}))
+    with pytest.raises(ValueError, match="torch_dtype must be one of"):
+        hf_dtype(tmp_path)

@@ -99,7 +99,10 @@ def hf_dtype(directory: Path) -> str:
         d = json.loads((directory / "config.json").read_text())
     except (OSError, ValueError):
         return "float32"
-    return HF_DTYPES.get(str(d.get("torch_dtype") or d.get("dtype") or "float32"), "float32")
+    label = d.get("torch_dtype") or d.get("dtype") or "float32" if isinstance(d, dict) else "float32"
+    if label not in HF_DTYPES:
+        raise ValueError(f"{directory}/config.json torch_dtype must be one of {sorted(HF_DTYPES)}, got {label!r}")
+    return HF_DTYPES[label]
 
 
 def load_model(path, choice: str = "auto", device: str = "cpu"):

@@ -154,6 +154,8 @@ def config_from_gguf(reader, rope_scaling: bool = True) -> ModelConfig:
         raise ValueError(f"GGUF metadata {arch}.attention.head_count and embedding_length must be positive, "
                          f"got {n_heads} and {d_model}")
     head_dim = int(meta.get(f"{arch}.attention.key_length", d_model // n_heads))
+    if head_dim <= 0:
+        raise ValueError(f"GGUF metadata {arch}.attention.key_length must be positive, got {head_dim}")
     tokens = reader.get_field("tokenizer.ggml.tokens")
     vocab = meta.get(f"{arch}.vocab_size") or (len(tokens.data) if tokens is not None else None)
     if vocab is None:

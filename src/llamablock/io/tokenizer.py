@@ -94,10 +94,39 @@ class Tokenizer:
         special = {"bos_token": self.token(self.bos_id) if self.bos_id is not None else "",
                    "eos_token": self.token(self.eos_ids[0]) if self.eos_ids else ""}
         try:
-            return env.from_string(self.chat_template).render(
-                messages=messages, add_generation_prompt=add_generation_prompt, **special)
+            template = env.from_string(self.chat_template)
+            return _bounded(lambda: template.render(messages=messages, add_generation_prompt=add_generation_prompt,
+                                                    **special))
         except TemplateError as e:  # the template's own raise_exception, a syntax error, an undefined name
             raise ValueError(f"the model's chat template failed: {type(e).__name__}: {e}") from None
+
+
+TEMPLATE_STEPS = 1_000_000  # lines of the compiled template a render may run: far past any real chat
+
+
+def _bounded(render):
+    """Run `render()` counting the lines it executes (sys.settrace) and stop it past TEMPLATE_STEPS:
+    jinja2's sandbox limits what a template may touch, not how long it runs, and nested loops over
+    range() hung the loader. Rendering a real template takes a few thousand lines."""
+    import sys
+
+    from jinja2.exceptions import TemplateError
+
+    steps = [0]
+
+    def trace(frame, event, arg):
+        if event == "line":
+            steps[0] += 1
+            if steps[0] > TEMPLATE_STEPS:
+                raise TemplateError(f"it ran past {TEMPLATE_STEPS:,} steps (a loop without end?)")
+        return trace
+
+    previous = sys.gettrace()
+    sys.settrace(trace)
+    try:
+        return render()
+    finally:
+        sys.settrace(previous)
 
 
 def _add_typed_tokens(backend: Backend, tokens: list[str], types: list[int] | None) -> None:

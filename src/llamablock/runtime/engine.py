@@ -57,7 +57,13 @@ class EagerEngine:
 
     def _room(self, tokens: int) -> None:
         if tokens > self.cache.max_len:
-            self.cache.grow(min(max(tokens, 2 * self.cache.max_len), max(self.total, tokens)))
+            size = min(max(tokens, 2 * self.cache.max_len), max(self.total, tokens))
+            try:
+                self.cache.grow(size)
+            except (RuntimeError, MemoryError) as e:  # the allocator's refusal, as a request's limit
+                need = self.cache.nbytes() / self.cache.max_len * size / 2**30
+                raise ValueError(f"the KV cache for {size} tokens needs {need:.2f} GiB, more than this machine can "
+                                 f"allocate now; ask for fewer tokens (--max-new-tokens) ({e})") from None
 
     def prefill(self, ids: torch.Tensor) -> torch.Tensor:
         self.cache.reset()
