@@ -125,6 +125,17 @@ class ModelConfig:
         """Query heads per key-value head (1 = MHA, n_heads = MQA)."""
         return self.n_heads // self.n_kv_heads
 
+    def layer_shapes(self) -> dict[str, tuple[int, int]]:
+        """(out, in) of one block's projections, by our parameter names: what a loader compares with
+        a checkpoint's tensors before building anything (a config that lies about its sizes)."""
+        q, kv = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
+        shapes = {"attn.wq": (q, self.d_model), "attn.wk": (kv, self.d_model), "attn.wv": (kv, self.d_model),
+                  "attn.wo": (self.d_model, q)}
+        if self.ffn in ("swiglu", "geglu"):
+            shapes.update({"ffn.w_gate": (self.d_ff, self.d_model), "ffn.w_up": (self.d_ff, self.d_model),
+                           "ffn.w_down": (self.d_model, self.d_ff)})
+        return shapes
+
     def kv_bytes_per_token(self, bytes_per_element: int = 2) -> int:
         """Cache bytes for one token over all layers: 2 (K and V) x layers x kv heads x head_dim x bytes."""
         return 2 * self.n_layers * self.n_kv_heads * self.head_dim * bytes_per_element

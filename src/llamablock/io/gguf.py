@@ -143,6 +143,9 @@ def config_from_gguf(reader, rope_scaling: bool = True) -> ModelConfig:
         value = meta.get(f"{arch}.{key}", default)
         if value is None:
             raise ValueError(f"GGUF metadata lacks {arch}.{key}, needed to build the model")
+        if isinstance(default, int) or key in INTEGER_KEYS:
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(f"GGUF metadata {arch}.{key} must be an integer, got {value!r}")
         return value
 
     d_model, n_heads = int(get("embedding_length")), int(get("attention.head_count"))
@@ -153,7 +156,7 @@ def config_from_gguf(reader, rope_scaling: bool = True) -> ModelConfig:
     if n_heads <= 0 or d_model <= 0:
         raise ValueError(f"GGUF metadata {arch}.attention.head_count and embedding_length must be positive, "
                          f"got {n_heads} and {d_model}")
-    head_dim = int(meta.get(f"{arch}.attention.key_length", d_model // n_heads))
+    head_dim = int(get("attention.key_length", d_model // n_heads))
     if head_dim <= 0:
         raise ValueError(f"GGUF metadata {arch}.attention.key_length must be positive, got {head_dim}")
     tokens = reader.get_field("tokenizer.ggml.tokens")
@@ -163,7 +166,7 @@ def config_from_gguf(reader, rope_scaling: bool = True) -> ModelConfig:
     rot = int(meta.get(f"{arch}.rope.dimension_count", head_dim))
     cfg = ModelConfig(
         vocab_size=int(vocab), d_model=d_model, n_layers=int(get("block_count")), n_heads=n_heads,
-        n_kv_heads=int(meta.get(f"{arch}.attention.head_count_kv", n_heads)), head_dim=head_dim,
+        n_kv_heads=int(get("attention.head_count_kv", n_heads)), head_dim=head_dim,
         d_ff=int(get("feed_forward_length")), norm="rmsnorm", norm_placement="pre",
         norm_eps=float(get("attention.layer_norm_rms_epsilon")), ffn="swiglu", position="rope",
         max_seq_len=int(get("context_length", 2048)), rope_theta=float(meta.get(f"{arch}.rope.freq_base", 10000.0)),
@@ -171,8 +174,25 @@ def config_from_gguf(reader, rope_scaling: bool = True) -> ModelConfig:
         qkv_bias="blk.0.attn_q.bias" in names, o_bias="blk.0.attn_output.bias" in names,
         tie_embeddings="output.weight" not in names, family=family,
     )
+    _check_shapes(cfg, reader)
     scaling = rope_scaling_of(reader, cfg) if rope_scaling else None
     return cfg if scaling is None else cfg.replace(rope_scaling=scaling)
+
+
+INTEGER_KEYS = ("embedding_length", "attention.head_count", "attention.head_count_kv", "attention.key_length",
+                "block_count", "feed_forward_length", "context_length", "vocab_size", "rope.dimension_count")
+
+
+def _check_shapes(cfg: ModelConfig, reader) -> None:
+    """The metadata's sizes against the file's own tensors (embedding, block 0), before any module
+    exists: a lying head count or width would otherwise size the model without bound."""
+    shapes = {t.name: tuple(int(n) for n in reversed(t.shape.tolist())) for t in reader.tensors}
+    want = {"token_embd.weight": (cfg.vocab_size, cfg.d_model)}
+    gguf_of = {v: k for k, v in LAYER_NAMES.items()}
+    want.update({f"blk.0.{gguf_of[ours]}.weight": shape for ours, shape in cfg.layer_shapes().items()})
+    for name, shape in want.items():
+        if name in shapes and shapes[name] != shape:
+            raise ValueError(f"GGUF tensor {name!r} has shape {shapes[name]}, the metadata implies {shape}")
 
 
 def rope_scaling_of(reader, cfg: ModelConfig) -> dict | None:

@@ -86,6 +86,11 @@ def check_sizes(cfg: ModelConfig, tensors: dict[str, torch.Tensor], path: Path) 
     if embed is not None and tuple(embed.shape) != (cfg.vocab_size, cfg.d_model):
         raise ValueError(f"{path}/config.json says vocab_size x hidden_size = {cfg.vocab_size} x {cfg.d_model}, the "
                          f"checkpoint's embedding is {tuple(embed.shape)}")
+    for ours, shape in cfg.layer_shapes().items():
+        t = tensors.get(hf_name(f"layers.0.{ours}.weight"))
+        if t is not None and tuple(t.shape) != shape:
+            raise ValueError(f"{path}/config.json implies {shape} for layer 0's {ours}, the checkpoint holds "
+                             f"{tuple(t.shape)}: its head counts, head width or widths disagree with the tensors")
 
 
 def load_hf_dir(path: str | Path, dtype: torch.dtype | None = None) -> Decoder:
