@@ -285,6 +285,7 @@ def test_a_full_queue_is_refused_with_503(server):
     with pytest.raises(openai.APIStatusError) as e:
         server.client.completions.create(model="tiny", prompt="C", max_tokens=2)
     assert e.value.status_code == 503 and e.value.body["code"] == "server_busy"
+    assert int(e.value.response.headers["Retry-After"]) > 0  # when to ask again
     GATE.set()
     for t in waiting:
         t.join(WAIT)

@@ -108,3 +108,29 @@ def test_a_failed_checkpoint_write_leaves_no_temporary_folder(run, monkeypatch):
     with pytest.raises(OSError, match="No space left"):
         ckpt.save_checkpoint(run, 30, model, opt, {"history": []})
     assert not list((run / "checkpoints").glob(".tmp-*")) and _latest(run).name == "step-000020"
+
+
+def test_an_edited_state_json_is_caught(run):
+    path = _latest(run) / "state.json"
+    state = json.loads(path.read_text())
+    del state["train_config"]
+    path.write_text(json.dumps(state))
+    assert "lacks or mistypes train_config" in ckpt.verify(_latest(run))
+    assert ckpt.newest_good_checkpoint(run).name == "step-000010"
+
+
+def test_a_kv_cache_the_machine_cannot_allocate_is_one_clear_error(monkeypatch):
+    import torch
+
+    from llamablock.kv_cache import KVCache
+    from llamablock.model import Decoder
+    from llamablock.runtime.engine import EagerEngine
+
+    def refuse(self, max_len):
+        raise RuntimeError("DefaultCPUAllocator: can't allocate memory")
+
+    monkeypatch.setattr(KVCache, "grow", refuse)
+    engine = EagerEngine(Decoder(preset("llama-2024-small", **TINY)).eval())
+    engine.prepare(10_000)
+    with torch.no_grad(), pytest.raises(ValueError, match="the KV cache for .* tokens needs .* GiB"):
+        engine.prefill(torch.zeros(1, 300, dtype=torch.long))

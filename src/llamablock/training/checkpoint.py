@@ -113,6 +113,10 @@ def verify(path: str | Path) -> str | None:
         state = read_state(path)
     except (OSError, ValueError) as e:
         return f"state.json is unreadable ({e})"
+    need = {"model_config": dict, "train_config": dict, "tokenizer": dict, "step": int, "history": list, "optimizer": dict}
+    wrong = [k for k, kind in need.items() if not isinstance(state.get(k) if isinstance(state, dict) else None, kind)]
+    if wrong:
+        return f"state.json lacks or mistypes {', '.join(wrong)} (edited?)"
     for f, want in (state.get("sha256") or {}).items():
         if not (path / f).is_file() or _sha256(path / f) != want:
             return f"{f} does not match the checksum recorded when it was saved (damaged or truncated)"

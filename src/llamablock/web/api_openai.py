@@ -45,6 +45,9 @@ UNSUPPORTED = {"logprobs": (None, False), "top_logprobs": (None, 0), "echo": (No
                "presence_penalty": (None, 0, 0.0), "frequency_penalty": (None, 0, 0.0)}
 
 
+RETRY_AFTER_S = 5  # seconds a client told "busy" (503) waits before asking again
+
+
 class OpenAIError(Exception):
     def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None):
         super().__init__(message)
@@ -55,7 +58,8 @@ class OpenAIError(Exception):
         return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}
 
     def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status)
+        busy = {"Retry-After": str(RETRY_AFTER_S)} if self.status == 503 else None  # when to ask again
+        return JSONResponse(self.body(), status_code=self.status, headers=busy)
 
 
 # Request bodies ---------------------------------------------------------------------------------
