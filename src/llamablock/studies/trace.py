@@ -188,14 +188,38 @@ def format_table(result: dict, token: int = -1) -> str:
 
 
 def plot_pair(result: dict, path: str | Path, token: int = -1) -> None:
+    """RMS and variance of the stream per stage, both models on one axis of stage names, so that
+    'block 1 after attention' is the same x for both (a stage a model lacks is simply absent)."""
+    order: list[str] = []
+    for m in result["models"].values():
+        for s in m["stages"]:
+            if s["name"] != "logits" and s["name"] not in order:
+                order.append(s["name"])
+    # "+ positions" belongs right after the embeddings; blocks in order; the final norm last.
+    order.sort(key=lambda n: (0, 0) if n == "embeddings" else (1, 0) if n == "+ positions" else
+               (3, 0) if n == "final norm" else (2, _stage_key(n)))
+    x = {n: i for i, n in enumerate(order)}
     fig, axes = figure(12, 4.5, ncols=2, dpi=100)
     for arch, m in result["models"].items():
-        stages = [s for s in m["stages"] if s["name"] != "logits"]
-        axes[0].plot(range(len(stages)), [s["rms"][token] for s in stages], "o-", label=f"{arch} ({m['preset']})")
-        axes[1].plot(range(len(stages)), [s["var"][token] for s in stages], "o-", label=arch)
-        for ax in axes:
-            ax.set_xticks(range(len(stages)), [s["name"] for s in stages], rotation=60, ha="right", fontsize=7)
-    axes[0].set(ylabel="RMS of the residual stream", yscale="log", title="stream size by stage")
-    axes[1].set(ylabel="variance over features", yscale="log", title="variance by stage")
-    axes[0].legend()
+        stages = [s for s in m["stages"] if s["name"] in x]
+        xs = [x[s["name"]] for s in stages]
+        axes[0].plot(xs, [s["rms"][token] for s in stages], "o-", label=f"{arch} ({m['preset']})")
+        axes[1].plot(xs, [s["var"][token] for s in stages], "o-", label=f"{arch} ({m['preset']})")
+    for ax in axes:
+        ax.set_xticks(range(len(order)), order, rotation=60, ha="right", fontsize=7)
+        ax.legend(fontsize=8)
+    axes[0].set(ylabel="RMS of the residual stream", yscale="log", title="stream size by stage (last token)")
+    axes[1].set(ylabel="variance over features", yscale="log", title="variance by stage (last token)")
     save_png(fig, path)
+
+
+def _stage_key(name: str) -> tuple[int, int]:
+    """'block 3 after feed-forward' -> (3, 1)."""
+    parts = name.split()
+    return int(parts[1]), 0 if "attention" in name else 1
+
+
+def _stage_key(name: str) -> tuple[int, int]:
+    """'block 3 after feed-forward' -> (3, 1)."""
+    parts = name.split()
+    return int(parts[1]), 0 if "attention" in name else 1
