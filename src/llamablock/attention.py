@@ -82,6 +82,8 @@ def attention_inputs(position_ids: torch.Tensor, start: int, *, dtype: torch.dty
     window_bites = window is not None and s > window
     if t > 1 and start == 0 and alibi is None and not window_bites and pad_mask is None:
         return AttentionInputs(rope, key_rope, causal=True)
+    if not (t > 1 or window_bites or alibi is not None or pad_mask is not None):
+        return AttentionInputs(rope, key_rope)  # one new token, nothing to mask: the decode step
     q_slot = torch.arange(start, s, device=device)  # (t,)
     k_slot = torch.arange(s, device=device)  # (s,)
     bias = None
