@@ -163,15 +163,18 @@ def _choose_engine(args) -> None:
 
     if args.compile is not None:
         args.engine = "compiled" if args.compile else "eager"
+    args.built, args.fmt, args.hint = None, None, None
+    if args.engine == "eager":
+        return
     path = resolve_model(args.model)
-    fmt = engine_format(path, args.dtype)
-    args.built = builds.built_length(path, fmt) if args.engine != "eager" else None
-    args.hint = None
+    if args.engine == "compiled" or builds.any_build(path):  # the file's format costs a read of its metadata
+        args.fmt = engine_format(path, args.dtype)
+        args.built = builds.built_length(path, args.fmt)
     if args.engine == "auto":
         args.engine = "compiled" if args.built else "eager"
         if args.built is None:
             args.hint = (f"eager engine: `llamablock compile{' --model ' + str(args.model) if args.model else ''}` "
-                         f"builds the compiled one for {fmt} once, then generate uses it")
+                         "builds the compiled one once, then generate uses it")
 
 
 @torch.no_grad()  # scoped, not torch.set_grad_enabled(False): callers in the same process keep autograd
@@ -205,10 +208,9 @@ def run(args) -> int:
     engine = None
     if args.engine == "compiled":  # the engine fuses the float weights, then quantizes them itself
         from llamablock.fast.compiled_decode import AOTIEngine
-        from llamablock.fast.native import engine_format
         from llamablock.fast.quant import load_dtype
 
-        fmt = engine_format(args.model, args.dtype)
+        fmt = args.fmt
         model, tok = load_model_and_tokenizer(args.model, load_dtype(fmt))
         engine, args.weights = AOTIEngine(model, fmt), f"{fmt}, compiled"
     else:

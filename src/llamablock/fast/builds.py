@@ -51,6 +51,14 @@ def record(path: Path, fmt: str, length: int, packages: list[Path], seconds: flo
     atomic_write(f, lambda p: p.write_text(json.dumps(index, indent=1)))
 
 
+def any_build(path: Path) -> bool:
+    """Whether the index names any build of this file, in any format (cheap: no look into the file)."""
+    if not Path(path).exists():
+        return False  # the loader says what is wrong with the path
+    prefix = _key(path, "").rsplit("|", 1)[0] + "|"
+    return any(k.startswith(prefix) for k in _read())
+
+
 def built_length(path: Path, fmt: str) -> int | None:
     """The longest cache length built for `path` in `fmt` whose packages are all on disk, or None."""
     entry = _read().get(_key(path, fmt), {})
