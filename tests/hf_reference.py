@@ -15,6 +15,10 @@ FAMILIES = {
     "mistral": transformers.MistralConfig,
     "qwen2": transformers.Qwen2Config,
     "gemma": transformers.GemmaConfig,
+    "qwen3": transformers.Qwen3Config,
+    "gemma2": transformers.Gemma2Config,
+    "gemma3_text": transformers.Gemma3TextConfig,
+    "phi3": transformers.Phi3Config,
 }
 
 
@@ -25,8 +29,10 @@ def tiny_hf_config(family: str, n_heads: int = 4, n_kv: int = 2, tied: bool = Fa
               attn_implementation="eager")
     if family == "mistral":
         kw["sliding_window"] = 8
-    if family == "gemma":
-        kw["head_dim"] = 16  # Gemma's head width is independent of hidden_size / heads
+    if family.startswith("gemma") or family == "qwen3":
+        kw["head_dim"] = 16  # these heads' width is independent of hidden_size / heads
+    if family == "phi3":  # its defaults name token 32000, outside a 97-token vocabulary
+        kw.update(pad_token_id=0, bos_token_id=1, eos_token_id=2)
     kw.update(extra)
     return FAMILIES[family](**kw)
 
@@ -38,7 +44,7 @@ def tiny_hf_model(family: str, seed: int = 0, **kw):
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name:
-                base = 0.0 if family == "gemma" else 1.0
+                base = 0.0 if family.startswith("gemma") else 1.0
                 p.copy_(base + 0.1 * torch.randn(p.shape, generator=g))
             elif name.endswith("bias"):
                 p.copy_(0.1 * torch.randn(p.shape, generator=g))

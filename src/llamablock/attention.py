@@ -29,6 +29,7 @@ from torch import nn
 from llamablock.alibi import ALiBi
 from llamablock.config import ModelConfig
 from llamablock.kv_cache import KVCache
+from llamablock.norm import make_norm
 from llamablock.rope import Rotary
 
 
@@ -63,55 +64,75 @@ class AttentionInputs:
 
 def attention_inputs(position_ids: torch.Tensor, start: int, *, dtype: torch.dtype, rotary: Rotary | None = None,
                      alibi: ALiBi | None = None, window: int | None = None,
-                     pad_mask: torch.Tensor | None = None) -> AttentionInputs:
+                     pad_mask: torch.Tensor | None = None, key_slots: torch.Tensor | None = None) -> AttentionInputs:
     """The position and mask terms for new tokens at `position_ids` (b, t), after `start` cached ones.
 
     pad_mask (b, >= s) is True on real tokens, by cache slot (left-padded prompts batched together).
+    key_slots (R,): the token index held by each cached key when the cache keeps only a window, in
+    its ring's order (KVCache.key_slots); None when it holds tokens 0..start-1 in order.
     """
     t = position_ids.shape[1]
     s = start + t
     device = position_ids.device
+    cached = torch.arange(start, device=device) if key_slots is None else key_slots.to(device)
+    q_slot = torch.arange(start, s, device=device)  # (t,)
     rope = key_rope = None
     if rotary is not None:
         rope = rotary.cos_sin(position_ids, dtype, seq_len=s)
         if rotary.late_keys:
             # Key positions: the new tokens' own ids, after the cached ones, which continue the
             # new ones' numbering backwards (the cache keeps no positions).
-            before = position_ids[:, :1] - start + torch.arange(start, device=device)  # (b, start)
+            before = position_ids[:, :1] - start + cached  # (b, cached keys)
             key_rope = rotary.cos_sin(torch.cat((before, position_ids), dim=1), dtype, seq_len=s)
-    window_bites = window is not None and s > window
+    n_keys = cached.shape[0] + t
+    window_bites = window is not None and n_keys > window
     if t > 1 and start == 0 and alibi is None and not window_bites and pad_mask is None:
         return AttentionInputs(rope, key_rope, causal=True)
     if not (t > 1 or window_bites or alibi is not None or pad_mask is not None):
         return AttentionInputs(rope, key_rope)  # one new token, nothing to mask: the decode step
-    q_slot = torch.arange(start, s, device=device)  # (t,)
-    k_slot = torch.arange(s, device=device)  # (s,)
+    k_slot = torch.cat((cached, q_slot)) if key_slots is not None else torch.arange(s, device=device)  # (keys,)
     bias = None
     if t > 1 or window_bites or alibi is not None:
-        allowed = allowed_slots(q_slot, k_slot, window)  # (t, s)
-        bias = torch.zeros(t, s, device=device).masked_fill(~allowed, float("-inf"))[None]  # (1, t, s)
+        allowed = allowed_slots(q_slot, k_slot, window)  # (t, keys)
+        bias = torch.zeros(allowed.shape, device=device).masked_fill(~allowed, float("-inf"))[None]  # (1, t, keys)
         if alibi is not None:
-            bias = bias + alibi.bias(q_slot, k_slot)  # (h, t, s)
+            bias = bias + alibi.bias(q_slot, k_slot)  # (h, t, keys)
     pad_bias = None
     if pad_mask is not None:
         # A query may always see its own slot, so a padding query's row is never all -inf (a NaN
         # there would reach real rows through 0 * NaN in probs @ v); padding rows are never read.
-        allowed = pad_mask[:, None, :s] | (k_slot[None, None, :] == q_slot[None, :, None])  # (b, t, s)
+        real = pad_mask[:, :s] if key_slots is None else pad_mask[:, k_slot.clamp(min=0)]  # (b, keys)
+        allowed = real[:, None, :] | (k_slot[None, None, :] == q_slot[None, :, None])  # (b, t, keys)
         pad_bias = torch.zeros(allowed.shape, dtype=torch.float32, device=device).masked_fill(~allowed, float("-inf"))
     return AttentionInputs(rope, key_rope, bias, pad_bias)
 
 
 class Attention(nn.Module):
-    """W_q, W_k, W_v, W_o around grouped attention; `rotary` (shared by all layers) or None."""
+    """W_q, W_k, W_v, W_o around grouped attention; `rotary` (shared by the layers of its kind) or None.
+
+    The descendants' options (config.py): q_norm/k_norm, RMSNorm over each head's hd features of
+    q and k before RoPE (Qwen3, Gemma 3: bounds the scores' size whatever the projections learn);
+    `scale`, query_pre_attn_scalar^-1/2 where set (Gemma); `softcap`, scores through c tanh(s / c)
+    before the mask (Gemma 2). `kind` is "full" or "sliding": which of the forward's inputs it reads.
+    """
 
     def __init__(self, cfg: ModelConfig, layer: int = 0, rotary: Rotary | None = None):
         super().__init__()
         self.layer, self.rotary = layer, rotary
+        self.kind = cfg.layer_kinds[layer]
         self.h, self.n_kv, self.hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        self.scale = (cfg.query_pre_attn_scalar or self.hd) ** -0.5
+        self.query_scaled = cfg.query_pre_attn_scalar is not None  # else SDPA's own 1/sqrt(hd), as before
+        self.softcap = cfg.attn_softcap
         self.wq = nn.Linear(cfg.d_model, self.h * self.hd, bias=cfg.qkv_bias)
         self.wk = nn.Linear(cfg.d_model, self.n_kv * self.hd, bias=cfg.qkv_bias)
         self.wv = nn.Linear(cfg.d_model, self.n_kv * self.hd, bias=cfg.qkv_bias)
         self.wo = nn.Linear(self.h * self.hd, cfg.d_model, bias=cfg.o_bias)
+        if cfg.qk_norm:
+            self.q_norm = make_norm(cfg.norm, self.hd, cfg.norm_eps, cfg.norm_offset)
+            self.k_norm = make_norm(cfg.norm, self.hd, cfg.norm_eps, cfg.norm_offset)
+        else:
+            self.q_norm = self.k_norm = None
 
     def forward(self, x: torch.Tensor, inputs: AttentionInputs, cache: KVCache | None = None) -> torch.Tensor:
         """x (b, t, D) -> (b, t, D)."""
@@ -119,6 +140,8 @@ class Attention(nn.Module):
         q = self.wq(x).view(b, t, self.h, self.hd).transpose(1, 2)  # (b, h, t, hd)
         k = self.wk(x).view(b, t, self.n_kv, self.hd).transpose(1, 2)  # (b, n_kv, t, hd)
         v = self.wv(x).view(b, t, self.n_kv, self.hd).transpose(1, 2)  # (b, n_kv, t, hd)
+        if self.q_norm is not None:  # over each head's hd features
+            q, k = self.q_norm(q), self.k_norm(k)
         if inputs.rope is not None:
             q = self.rotary.rotate(q, *inputs.rope)
             if inputs.key_rope is None:
@@ -134,11 +157,18 @@ class Attention(nn.Module):
         """softmax(q k^T / sqrt(hd) + mask) v, grouped: q (b, h, t, hd), k and v (b, n_kv, s, hd)."""
         b, h, t, hd = q.shape
         s = k.shape[2]
-        if inputs.causal:
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_kv != h)
+        if inputs.causal and self.softcap is None:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_kv != h,
+                                                  scale=self.scale if self.query_scaled else None)
         g = h // self.n_kv
         qg = q.reshape(b, self.n_kv, g * t, hd)  # (b, n_kv, g*t, hd): a group's queries stacked
-        scores = (qg @ k.transpose(-1, -2)) * hd**-0.5  # (b, n_kv, g*t, s)
+        scores = (qg @ k.transpose(-1, -2)) * self.scale  # (b, n_kv, g*t, s)
+        if self.softcap is not None:  # Gemma 2: before the mask, as transformers' eager attention
+            scores = torch.tanh(scores / self.softcap) * self.softcap
+        if inputs.causal:  # a causal prefill that SDPA could not take (soft-capped scores)
+            slot = torch.arange(s, device=q.device)
+            inputs = AttentionInputs(bias=torch.zeros(t, s, device=q.device).masked_fill(
+                ~allowed_slots(slot[s - t:], slot, None), float("-inf"))[None])
         if inputs.bias is not None:
             scores = scores + inputs.bias.to(scores.dtype).expand(h, t, s).reshape(self.n_kv, g * t, s)
         if inputs.pad_bias is not None:  # rows ordered (group member, token), as qg's

@@ -8,6 +8,15 @@ config serializes to JSON (the convention of litgpt's `Config` and gpt-fast's `M
     ffn           "swiglu" | "geglu" | "relu" | "gelu"                      (15.4)
     n_kv_heads    == n_heads is MHA, 1 is MQA, between is GQA             (15.5)
 
+and the block's descendants (beyond the module; README "Families"), each a field off by default:
+
+    qk_norm       RMSNorm over each head's queries and keys before RoPE    (Qwen3, Gemma 3)
+    sandwich_norm a norm after each sub-layer as well as before it         (Gemma 2, 3)
+    attn_softcap, final_softcap   scores or logits through c tanh(x / c)   (Gemma 2)
+    query_pre_attn_scalar         scores scaled by its -1/2 power, not head_dim's (Gemma 2, 3)
+    layer_types   "full" or "sliding" per layer, the sliding ones attending to their last
+                  `sliding_window` tokens; local_rope_theta gives those their own RoPE base (Gemma 3)
+
 `from_hf` / `to_hf` speak the field names of transformers' config.json (v4 `rope_scaling`
 and v5 `rope_parameters` both read). Invalid values raise ValueError naming the field.
 """
@@ -32,7 +41,8 @@ NORMS = ("rmsnorm", "layernorm")
 PLACEMENTS = ("pre", "post")
 FFNS = ("swiglu", "geglu", "relu", "gelu")
 ROPE_LAYOUTS = ("half", "interleaved")
-FAMILIES = ("llama", "mistral", "qwen2", "gemma", "llamablock")
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "llamablock")
+LAYER_TYPES = ("full", "sliding")
 
 
 @dataclass
@@ -61,6 +71,13 @@ class ModelConfig:
     tie_embeddings: bool = False
     embed_scale: float | None = None  # Gemma: sqrt(d_model)
     sliding_window: int | None = None
+    layer_types: list[str] | None = None  # None: every layer "sliding" if sliding_window is set, else "full"
+    local_rope_theta: float | None = None  # sliding layers' own RoPE base, unscaled; None: the full layers' RoPE
+    qk_norm: bool = False
+    sandwich_norm: bool = False
+    attn_softcap: float | None = None
+    final_softcap: float | None = None
+    query_pre_attn_scalar: float | None = None  # None: head_dim
     family: str = "llamablock"
     extra: dict[str, Any] = field(default_factory=dict)  # hf keys we keep for to_hf round trips
 
@@ -89,7 +106,7 @@ class ModelConfig:
         ):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
-        for name in ("qkv_bias", "o_bias", "mlp_bias", "tie_embeddings"):
+        for name in ("qkv_bias", "o_bias", "mlp_bias", "tie_embeddings", "qk_norm", "sandwich_norm"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
         for name in ("norm_eps", "rope_theta", "norm_offset", "partial_rotary_factor"):
@@ -114,11 +131,45 @@ class ModelConfig:
             raise ValueError(f"sliding_window must be a positive integer or None, got {self.sliding_window!r}")
         if self.rope_scaling is not None:
             validate_rope_scaling(self)
+        self._validate_descendants()
+
+    def _validate_descendants(self) -> None:
+        """The fields of the block's descendants (Gemma, Qwen3, Phi-3), and the mixes they refuse."""
+        for name in ("attn_softcap", "final_softcap", "query_pre_attn_scalar", "local_rope_theta"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                      or not math.isfinite(value) or value <= 0):
+                raise ValueError(f"{name} must be a positive finite number or None, got {value!r}")
+        if self.layer_types is not None:
+            if not isinstance(self.layer_types, list) or len(self.layer_types) != self.n_layers:
+                raise ValueError(f"layer_types must list one of {LAYER_TYPES} for each of the {self.n_layers} "
+                                 f"layers, got {self.layer_types!r}")
+            bad = next((k for k in self.layer_types if k not in LAYER_TYPES), None)
+            if bad is not None:
+                raise ValueError(f"layer_types holds {bad!r}; each entry must be one of {LAYER_TYPES}")
+            if "sliding" in self.layer_types and self.sliding_window is None:
+                raise ValueError("layer_types has sliding layers but sliding_window is not set: give the window")
+        if (self.qk_norm or self.sandwich_norm) and self.norm != "rmsnorm":
+            raise ValueError("qk_norm and sandwich_norm are RMSNorm designs; set norm='rmsnorm'")
+        if self.sandwich_norm and self.norm_placement != "pre":
+            raise ValueError("sandwich_norm adds a norm after each sub-layer of a pre-LN block; "
+                             "set norm_placement='pre' (post-LN already normalizes after the add)")
+        if self.position != "rope" and (self.qk_norm or self.local_rope_theta is not None):
+            raise ValueError(f"qk_norm and local_rope_theta belong to RoPE models, not position={self.position!r}")
+        if self.local_rope_theta is not None and "sliding" not in self.layer_kinds:
+            raise ValueError("local_rope_theta is the RoPE base of sliding layers, and this model has none")
 
     # Derived sizes ---------------------------------------------------------------------
     @property
     def rotary_dim(self) -> int:
         return int(self.head_dim * self.partial_rotary_factor)
+
+    @property
+    def layer_kinds(self) -> list[str]:
+        """"full" or "sliding" for each layer (sliding layers attend to their last sliding_window tokens)."""
+        if self.layer_types is not None:
+            return list(self.layer_types)
+        return ["sliding" if self.sliding_window else "full"] * self.n_layers
 
     @property
     def group_size(self) -> int:

@@ -7,6 +7,11 @@ Size: 2 x layers x n_kv x hd x L x bytes per element, times the batch.
 
     KVCache        grows by appending: `update` stores the new tokens after the `length` already
                    there and returns the filled part, (b, n_kv, s, hd). The eager Decoder's cache.
+                   A sliding-window layer (Mistral; Gemma's local layers) attends only to its last
+                   W tokens, so its buffer is a ring of W slots: token i lives in slot i mod W, and
+                   `update` returns the ring's tokens and the new ones, (b, n_kv, W + t, hd), for
+                   the mask to cut to the window (`key_slots` says which token each slot holds).
+                   Mistral's rolling buffer (Jiang et al., 2023); the calculator counts the same W.
     StaticKVCache  one fixed length L, written at a position: `write` stores one token in slot
                    `pos` in place and returns all L slots, the unfilled ones for the caller to mask.
                    Every decode step then has the same shapes, so one compiled program serves every
@@ -23,29 +28,59 @@ import torch
 from llamablock.config import ModelConfig
 
 
-def _buffers(cfg: ModelConfig, batch_size: int, length: int, dtype, device) -> list[torch.Tensor]:
+def _buffers(cfg: ModelConfig, batch_size: int, length: int, dtype, device,
+             lengths: list[int] | None = None) -> list[torch.Tensor]:
     if batch_size <= 0 or length <= 0:
         raise ValueError(f"batch_size and the cache length must be positive, got {batch_size}, {length}")
-    shape = (batch_size, cfg.n_kv_heads, length, cfg.head_dim)  # (b, n_kv, L, hd)
-    return [torch.zeros(shape, dtype=dtype, device=device) for _ in range(cfg.n_layers)]
+    lengths = lengths or [length] * cfg.n_layers
+    # (b, n_kv, L, hd) per layer
+    return [torch.zeros(batch_size, cfg.n_kv_heads, n, cfg.head_dim, dtype=dtype, device=device) for n in lengths]
 
 
 class KVCache:
     def __init__(self, cfg: ModelConfig, batch_size: int, max_len: int | None = None,
                  dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"):
         self.max_len = max_len or cfg.max_seq_len
-        self.keys = _buffers(cfg, batch_size, self.max_len, dtype, device)
-        self.values = _buffers(cfg, batch_size, self.max_len, dtype, device)
+        # A ring only where the window is shorter than the cache: otherwise nothing ever leaves it.
+        window = cfg.sliding_window
+        self.ring = window if window is not None and window < self.max_len else None  # W slots, or no ring
+        self.in_ring = [kind == "sliding" and self.ring is not None for kind in cfg.layer_kinds]
+        lengths = [self.ring if r else self.max_len for r in self.in_ring]
+        self.keys = _buffers(cfg, batch_size, self.max_len, dtype, device, lengths)
+        self.values = _buffers(cfg, batch_size, self.max_len, dtype, device, lengths)
         self.length = 0  # tokens already stored, the same for every layer
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store k, v (b, n_kv, t, hd) at [length, length + t); return all keys and values so far."""
+        """Store k, v (b, n_kv, t, hd) at [length, length + t); return all keys and values so far
+        (a ring layer: the ring's, then the new ones)."""
         start, end = self.length, self.length + k.shape[2]
         if end > self.max_len:
             raise ValueError(f"KV cache is full: {end} tokens requested, room for {self.max_len}")
+        if self.in_ring[layer]:
+            return self._ring_update(layer, k, v)
         self.keys[layer][:, :, start:end] = k
         self.values[layer][:, :, start:end] = v
         return self.keys[layer][:, :, :end], self.values[layer][:, :, :end]
+
+    def _ring_update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        start, t, w = self.length, k.shape[2], self.ring
+        held = min(start, w)  # before the ring wraps, slots 0..start-1 hold tokens 0..start-1 in order
+        keys = torch.cat((self.keys[layer][:, :, :held], k), dim=2)  # (b, n_kv, held + t, hd)
+        values = torch.cat((self.values[layer][:, :, :held], v), dim=2)
+        keep = min(t, w)  # the last W new tokens go to their slots, token i to slot i mod W
+        slots = torch.arange(start + t - keep, start + t, device=k.device) % w
+        self.keys[layer].index_copy_(2, slots, k[:, :, t - keep:])
+        self.values[layer].index_copy_(2, slots, v[:, :, t - keep:])
+        return keys, values
+
+    def key_slots(self) -> torch.Tensor | None:
+        """(W,) the token index each ring slot holds, once the ring has wrapped (the mask's key
+        order for ring layers); None while slots 0..length-1 hold tokens 0..length-1, or without a ring."""
+        if self.ring is None or self.length <= self.ring:
+            return None
+        last, w = self.length - 1, self.ring
+        slot = torch.arange(w, device=self.keys[0].device)
+        return last - (last - slot) % w  # the newest token i <= last with i mod W == slot
 
     def advance(self, t: int) -> None:
         """Called by the model once all layers have stored t new tokens."""
@@ -58,6 +93,8 @@ class KVCache:
             return
         for buffers in (self.keys, self.values):
             for i, old in enumerate(buffers):
+                if self.in_ring[i]:
+                    continue  # a ring already holds all its window needs
                 new = old.new_zeros(*old.shape[:2], max_len, old.shape[3])  # (b, n_kv, max_len, hd)
                 new[:, :, :self.length] = old[:, :, :self.length]
                 buffers[i] = new

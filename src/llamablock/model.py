@@ -1,6 +1,7 @@
 """The decoder: embeddings, a stack of blocks, a final norm where pre-LN, the output head.
 
     logits = head(final_norm(blocks(embed(ids) * embed_scale + absolute_positions)))
+    (Gemma 2 then soft-caps them: c tanh(logits / c))
 
 `forward(input_ids (b, t), position_ids (b, t) or None, cache or None, pad_mask or None)
 -> logits (b, t, vocab)`. pad_mask (b, cached + t) bool, True on real tokens, lets a batch of
@@ -27,6 +28,7 @@ from llamablock.kv_cache import KVCache
 from llamablock.norm import make_norm
 from llamablock.positions import LearnedPositions, SinusoidalPositions
 from llamablock.rope import Rotary
+from llamablock.rope_scaling import RopeSpec
 
 
 class Decoder(nn.Module):
@@ -37,8 +39,14 @@ class Decoder(nn.Module):
         self.positions = {"learned": lambda: LearnedPositions(cfg.max_seq_len, cfg.d_model),
                           "sinusoidal": lambda: SinusoidalPositions(cfg.d_model)}.get(cfg.position, lambda: None)()
         self.rotary = Rotary.from_config(cfg) if cfg.position == "rope" else None
+        # Gemma 3's sliding layers turn at their own base, unscaled; the full layers take the config's RoPE.
+        self.rotaries = {"full": self.rotary, "sliding": self.rotary}
+        if cfg.local_rope_theta is not None:
+            spec = RopeSpec(cfg.local_rope_theta, cfg.rotary_dim, cfg.max_seq_len)
+            self.rotaries["sliding"] = Rotary(spec, cfg.rope_layout)
         self.alibi = ALiBi(cfg.n_heads) if cfg.position == "alibi" else None
-        self.layers = nn.ModuleList(make_block(cfg, i, self.rotary) for i in range(cfg.n_layers))
+        self.kinds = cfg.layer_kinds
+        self.layers = nn.ModuleList(make_block(cfg, i, self.rotaries[kind]) for i, kind in enumerate(self.kinds))
         # Post-LN already ends every block with a norm; pre-LN needs one before the head.
         pre = cfg.norm_placement == "pre"
         self.final_norm = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps, cfg.norm_offset) if pre else nn.Identity()
@@ -65,11 +73,16 @@ class Decoder(nn.Module):
         return torch.arange(start, start + t, device=input_ids.device).expand(input_ids.shape[0], t)
 
     def attention_inputs(self, position_ids: torch.Tensor, cache: KVCache | None = None,
-                         pad_mask: torch.Tensor | None = None, dtype: torch.dtype | None = None) -> AttentionInputs:
-        """What every layer's attention shares for new tokens at `position_ids` (b, t)."""
+                         pad_mask: torch.Tensor | None = None, dtype: torch.dtype | None = None,
+                         kind: str | None = None) -> AttentionInputs:
+        """What the attention of every layer of `kind` ("full", "sliding"; default: layer 0's)
+        shares for new tokens at `position_ids` (b, t)."""
+        kind = kind or self.kinds[0]
+        sliding = kind == "sliding"
         return attention_inputs(position_ids, cache.length if cache is not None else 0,
-                                dtype=dtype or self.embed.weight.dtype, rotary=self.rotary, alibi=self.alibi,
-                                window=self.cfg.sliding_window, pad_mask=pad_mask)
+                                dtype=dtype or self.embed.weight.dtype, rotary=self.rotaries[kind], alibi=self.alibi,
+                                window=self.cfg.sliding_window if sliding else None, pad_mask=pad_mask,
+                                key_slots=cache.key_slots() if sliding and cache is not None else None)
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
                 cache: KVCache | None = None, pad_mask: torch.Tensor | None = None,
@@ -83,14 +96,17 @@ class Decoder(nn.Module):
         elif position_ids.shape != input_ids.shape:
             raise ValueError(f"position_ids shape {tuple(position_ids.shape)} must equal input_ids shape {tuple(input_ids.shape)}")
         x = self.embed_tokens(input_ids, position_ids)  # (b, t, D)
-        inputs = self.attention_inputs(position_ids, cache, pad_mask, x.dtype)
-        for layer in self.layers:
-            x = layer(x, inputs, cache)
+        inputs = {kind: self.attention_inputs(position_ids, cache, pad_mask, x.dtype, kind) for kind in set(self.kinds)}
+        for kind, layer in zip(self.kinds, self.layers):
+            x = layer(x, inputs[kind], cache)
         if cache is not None:
             cache.advance(input_ids.shape[1])
         if last_only:  # generation needs only the next token's logits: skip the head elsewhere
             x = x[:, -1:]
-        return self.head(self.final_norm(x))
+        logits = self.head(self.final_norm(x))
+        if self.cfg.final_softcap is not None:  # Gemma 2: c tanh(logits / c), as transformers' Gemma2ForCausalLM
+            logits = torch.tanh(logits / self.cfg.final_softcap) * self.cfg.final_softcap
+        return logits
 
     def assign_weights(self, state: dict[str, torch.Tensor]) -> "Decoder":
         """Take `state`'s tensors as the parameters (no copy; a model built on the meta device gets

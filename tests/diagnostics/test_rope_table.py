@@ -130,9 +130,9 @@ def test_cli_bad_input_is_one_clear_line(capsys, argv, msg):
 
 
 def test_cli_reads_the_rope_fields_of_a_family_it_cannot_run(tmp_path, capsys):
-    # Phi-3-style longrope: original length at the top level, factor from 131072 / 4096 = 32
+    # Phi-3.5-MoE's longrope: original length at the top level, factor from 131072 / 4096 = 32
     path = tmp_path / "config.json"
-    path.write_text(json.dumps({"model_type": "phi3", "hidden_size": 3072, "num_attention_heads": 32,
+    path.write_text(json.dumps({"model_type": "phimoe", "hidden_size": 3072, "num_attention_heads": 32,
                                 "max_position_embeddings": 131072, "original_max_position_embeddings": 4096,
                                 "rope_scaling": {"type": "longrope", "short_factor": [1.0] * 48,
                                                  "long_factor": [32.0] * 48}}))

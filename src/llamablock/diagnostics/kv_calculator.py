@@ -4,7 +4,9 @@
 
 Two mistakes make published calculators wrong by 4-8x: using the query heads instead of the
 key-value heads (GQA), and counting a sliding-window layer at the full context instead of at
-its window (Mistral keeps only `sliding_window` tokens per layer). Both are handled here.
+its window (Mistral keeps only `sliding_window` tokens per layer; Gemma 2 and 3 mix windowed
+and full layers, `ModelConfig.layer_kinds`). Both are handled here, and the counts are those that
+`llamablock.kv_cache.KVCache` allocates (its ring holds the window).
 """
 
 from __future__ import annotations
@@ -19,10 +21,10 @@ from llamablock.util.units import DTYPE_BYTES
 class KVCacheSize:
     layout: str  # "MHA", "GQA" or "MQA"
     kv_heads: int
-    tokens_kept: int  # per layer: the context, or the sliding window if smaller
+    tokens_kept: int  # per windowed layer: the sliding window if smaller than the context; else the context
     bytes_per_token: int  # all layers, one sequence, for a token inside the window
     bytes_per_layer: int  # one layer, whole batch, at `tokens_kept`
-    total_bytes: int  # all layers, whole batch
+    total_bytes: int  # all layers, whole batch (full layers at the whole context)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -41,11 +43,12 @@ def kv_cache_size(cfg: ModelConfig, tokens: int, batch: int = 1, dtype: str = "f
     n_kv = cfg.n_kv_heads if kv_heads is None else kv_heads
     if n_kv <= 0 or cfg.n_heads % n_kv:
         raise ValueError(f"kv_heads must divide n_heads ({cfg.n_heads}), got {n_kv}")
-    kept = min(tokens, cfg.sliding_window) if cfg.sliding_window else tokens
+    kinds = cfg.layer_kinds
+    kept = min(tokens, cfg.sliding_window) if "sliding" in kinds else tokens
     per_token_layer = 2 * n_kv * cfg.head_dim * DTYPE_BYTES[dtype]
-    per_layer = per_token_layer * kept * batch
+    total = sum(per_token_layer * (kept if kind == "sliding" else tokens) * batch for kind in kinds)
     return KVCacheSize(layout_name(cfg.n_heads, n_kv), n_kv, kept, per_token_layer * cfg.n_layers,
-                       per_layer, per_layer * cfg.n_layers)
+                       per_token_layer * kept * batch, total)
 
 
 def layouts(cfg: ModelConfig, tokens: int, batch: int = 1, dtype: str = "float16") -> list[KVCacheSize]:

@@ -63,6 +63,13 @@ def unsupported_reason(cfg) -> str | None:
         return "RoPE frequencies that change with the sequence length (dynamic NTK, longrope)"
     if cfg.norm_placement != "pre":
         return "post-LN blocks (the static decoder implements pre-LN)"
+    descendants = [name for name, on in (
+        ("q/k norms", cfg.qk_norm), ("sandwich norms", cfg.sandwich_norm),
+        ("soft-capping", cfg.attn_softcap is not None or cfg.final_softcap is not None),
+        ("query_pre_attn_scalar", cfg.query_pre_attn_scalar is not None),
+        ("mixed local and global layers", len(set(cfg.layer_kinds)) > 1)) if on]
+    if descendants:
+        return f"{', '.join(descendants)} (the static decoder implements the LLaMA block; these run eagerly)"
     return None
 
 

@@ -1,7 +1,12 @@
 """transformers-format checkpoints: config.json + model.safetensors (or sharded with an index).
 
 Our parameter names are short (`layers.3.attn.wq.weight`); `hf_name` maps them to
-transformers' (`model.layers.3.self_attn.q_proj.weight`). Loading is strict both ways: a
+transformers' (`model.layers.3.self_attn.q_proj.weight`). Gemma 2 and 3 name their four norms
+input_layernorm, post_attention_layernorm (after attention), pre_ and post_feedforward_layernorm,
+so `post_attention_layernorm` is our norm2 in LLaMA and our post_norm1 there. Phi-3 stores
+W_q, W_k, W_v as one qkv_proj and W_gate, W_up as one gate_up_proj: they are split on load into
+views of the fused rows (no copy) and fused again on save, so one attention and one feed-forward
+serve every family; the fast engine fuses all families' weights the same way (fast/static_decode.py). Loading is strict both ways: a
 tensor the model needs and the file lacks, one the file has and the model does not use, or
 one of the wrong shape is an error naming it. Never a silently half-loaded model.
 Files are written to a temporary name and renamed, so an interrupted save leaves no torn file.
@@ -27,17 +32,47 @@ _LAYER = {
     "attn.wo": "self_attn.o_proj", "ffn.w_gate": "mlp.gate_proj", "ffn.w_up": "mlp.up_proj",
     "ffn.w_down": "mlp.down_proj", "norm1": "input_layernorm", "norm2": "post_attention_layernorm",
 }
+_SANDWICH = {"norm1": "input_layernorm", "post_norm1": "post_attention_layernorm",
+             "norm2": "pre_feedforward_layernorm", "post_norm2": "post_feedforward_layernorm"}
+_QK_NORM = {"attn.q_norm": "self_attn.q_norm", "attn.k_norm": "self_attn.k_norm"}
+_FUSED = {"self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+          "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj")}  # Phi-3: rows in this order
 _TOP = {"embed.weight": "model.embed_tokens.weight", "final_norm.weight": "model.norm.weight",
         "head.weight": "lm_head.weight"}
 
 
-def hf_name(name: str) -> str:
+def hf_name(name: str, sandwich: bool = False) -> str:
+    """transformers' name for our parameter `name`; `sandwich`: Gemma 2 and 3's four norms."""
     if name in _TOP:
         return _TOP[name]
-    m = re.fullmatch(r"layers\.(\d+)\.(\w+\.\w+|norm\d)\.(weight|bias)", name)
-    if not m or m.group(2) not in _LAYER:
+    m = re.fullmatch(r"layers\.(\d+)\.(\w+\.\w+|\w*norm\d)\.(weight|bias)", name)
+    table = {**_LAYER, **_QK_NORM, **(_SANDWICH if sandwich else {})}
+    if not m or m.group(2) not in table:
         raise ValueError(f"parameter {name!r} has no transformers name (only pre-LN RMSNorm families export)")
-    return f"model.layers.{m.group(1)}.{_LAYER[m.group(2)]}.{m.group(3)}"
+    return f"model.layers.{m.group(1)}.{table[m.group(2)]}.{m.group(3)}"
+
+
+def split_fused(cfg: ModelConfig, tensors: dict[str, torch.Tensor]) -> None:
+    """Phi-3's fused projections replaced, in place, by the separate ones (views of their rows)."""
+    q, kv = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
+    sizes = {"self_attn.qkv_proj": (q, kv, kv), "mlp.gate_up_proj": (cfg.d_ff, cfg.d_ff)}
+    for key in [k for k in tensors if any(f".{f}." in k for f in _FUSED)]:
+        fused = next(f for f in _FUSED if f".{f}." in key)
+        t = tensors.pop(key)
+        if t.shape[0] != sum(sizes[fused]):
+            raise ValueError(f"tensor {key!r} has {t.shape[0]} rows; the config implies {sum(sizes[fused])} "
+                             f"({' + '.join(map(str, sizes[fused]))})")
+        for part, piece in zip(_FUSED[fused], t.split(sizes[fused])):
+            tensors[key.replace(fused, part)] = piece
+
+
+def fuse(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The inverse of split_fused: Phi-3's qkv_proj and gate_up_proj from the separate tensors."""
+    out = dict(tensors)
+    for fused, parts in _FUSED.items():
+        for key in [k for k in tensors if f".{parts[0]}." in k]:
+            out[key.replace(parts[0], fused)] = torch.cat([out.pop(key.replace(parts[0], p)) for p in parts])
+    return out
 
 
 def _tensor_files(path: Path) -> list[Path]:
@@ -93,20 +128,38 @@ def check_sizes(cfg: ModelConfig, tensors: dict[str, torch.Tensor], path: Path) 
                              f"{tuple(t.shape)}: its head counts, head width or widths disagree with the tensors")
 
 
+def _language_model(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A multimodal Gemma 3 checkpoint's text tensors under the text model's names (the vision
+    tower and projector dropped); other checkpoints unchanged."""
+    prefixes = ("language_model.model.", "model.language_model.")
+    if not any(k.startswith(prefixes) for k in tensors):
+        return tensors
+    out = {}
+    for k, t in tensors.items():
+        for p in prefixes:
+            if k.startswith(p):
+                out["model." + k[len(p):]] = t
+        if k in ("language_model.lm_head.weight", "lm_head.weight"):
+            out["lm_head.weight"] = t
+    return out
+
+
 def load_hf_dir(path: str | Path, dtype: torch.dtype | None = None) -> Decoder:
     path = Path(path)
     cfg_file = path / "config.json"
     if not cfg_file.exists():
         raise FileNotFoundError(f"{path} has no config.json; expected a transformers checkpoint directory")
     cfg = ModelConfig.from_hf(read_config_json(cfg_file))
-    tensors = read_safetensors(path)
+    tensors = _language_model(read_safetensors(path))
+    if cfg.family == "phi3":
+        split_fused(cfg, tensors)
     check_sizes(cfg, tensors, path)
     model = empty_decoder(cfg)
     state = {}
     for name, p in model.state_dict(keep_vars=True).items():
         if cfg.tie_embeddings and name == "head.weight":
             continue
-        key = hf_name(name)
+        key = hf_name(name, cfg.sandwich_norm)
         if key not in tensors:
             raise ValueError(f"checkpoint {path} lacks tensor {key!r} (needed for {name})")
         t = tensors.pop(key)
@@ -124,7 +177,9 @@ def save_pretrained(model: Decoder, path: str | Path) -> None:
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     hf_cfg = model.cfg.to_hf()
-    tensors = {hf_name(n): t.detach().contiguous() for n, t in model.state_dict().items()
+    tensors = {hf_name(n, model.cfg.sandwich_norm): t.detach().contiguous() for n, t in model.state_dict().items()
                if not (model.cfg.tie_embeddings and n == "head.weight")}
+    if model.cfg.family == "phi3":
+        tensors = fuse(tensors)
     atomic_write(path / "model.safetensors", lambda p: save_file(tensors, str(p), metadata={"format": "pt"}))
     atomic_write(path / "config.json", lambda p: p.write_text(json.dumps(hf_cfg, indent=2)))
