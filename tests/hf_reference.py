@@ -39,7 +39,11 @@ def tiny_hf_config(family: str, n_heads: int = 4, n_kv: int = 2, tied: bool = Fa
 
 def tiny_hf_model(family: str, seed: int = 0, **kw):
     torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(tiny_hf_config(family, **kw))
+    return redraw(transformers.AutoModelForCausalLM.from_config(tiny_hf_config(family, **kw)), family, seed)
+
+
+def redraw(model, family: str, seed: int = 0):
+    """`model`'s weights redrawn at the scale above (see the module docstring)."""
     g = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
         for name, p in model.named_parameters():

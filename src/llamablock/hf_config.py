@@ -170,7 +170,9 @@ def fields_from_hf(hf: dict[str, Any]) -> dict[str, Any]:
     family = hf.get("model_type")
     if family == "gemma3" and isinstance(hf.get("text_config"), dict):
         # A multimodal Gemma 3 checkpoint: its language model (the vision tower is not loaded).
-        family, hf = "gemma3_text", {**hf["text_config"], "model_type": "gemma3_text"}
+        # Gemma3ForConditionalGeneration ties its head by the outer config's flag (default true).
+        tied = hf.get("tie_word_embeddings", hf["text_config"].get("tie_word_embeddings", True))
+        family, hf = "gemma3_text", {**hf["text_config"], "model_type": "gemma3_text", "tie_word_embeddings": tied}
     if family not in SUPPORTED:
         raise ValueError(
             f"model_type {family!r} is not supported; llamablock implements {list(SUPPORTED)}. "

@@ -134,3 +134,24 @@ def test_the_compiled_engines_refuse_the_descendants_by_name():
         intermediate_size=24))
     reason = unsupported_reason(cfg)
     assert "sandwich norms" in reason and "soft-capping" in reason and "mixed local and global layers" in reason
+
+
+def test_the_text_model_of_a_multimodal_gemma3_checkpoint(tmp_path):
+    """Gemma3ForConditionalGeneration saves its language model under `language_model.` and ties the
+    head by the outer config's flag; the vision tower and projector are not loaded."""
+    import transformers
+    from hf_reference import redraw, tiny_hf_config
+
+    text = tiny_hf_config("gemma3_text", sliding_window=6).to_dict()
+    vision = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=28,
+                  patch_size=14)
+    cfg = transformers.Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4,
+                                    image_token_index=96, boi_token_index=95, eoi_token_index=94)
+    torch.manual_seed(0)
+    hf = redraw(transformers.Gemma3ForConditionalGeneration(cfg), "gemma3").eval()
+    hf.save_pretrained(tmp_path)
+    ours = llamablock.load_pretrained(tmp_path)
+    assert ours.cfg.family == "gemma3_text" and ours.cfg.tie_embeddings
+    ids = torch.randint(0, 90, (1, 20))
+    with torch.no_grad():
+        assert (ours(ids) - hf(input_ids=ids).logits).abs().max().item() <= 1e-4
