@@ -113,3 +113,33 @@ def test_trace_command_table_json_png(cache, tmp_path, capsys):
     assert main(["trace", "--text", "KING:", "--cache-dir", str(cache), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["models"]["2024"]["tokens"] == list("KING:")
     assert main(["trace", "--text", "", "--cache-dir", str(cache)]) == 2
+
+
+def test_the_tracer_reads_a_sandwich_block_model():
+    """Gemma 2's blocks (sandwich norms, soft-capping, mixed layers) through the same hooks: the stream
+    after attention is norm2's input, after the feed-forward the block's output; the logits are the model's."""
+    import torch
+
+    from llamablock import Decoder, ModelConfig
+    from llamablock.studies.trace import trace_model
+
+    cfg = ModelConfig(vocab_size=40, d_model=16, n_layers=2, n_heads=2, family="gemma2", sandwich_norm=True,
+                      norm_offset=1.0, ffn="geglu", attn_softcap=5.0, final_softcap=8.0, sliding_window=3,
+                      layer_types=["sliding", "full"], qk_norm=True)
+    torch.manual_seed(0)
+    model = Decoder(cfg).eval()
+
+    class Chars:
+        def encode(self, text):
+            return [ord(c) % 40 for c in text]
+
+        def decode(self, ids):
+            return "".join(chr(97 + i % 26) for i in ids)
+
+    with torch.no_grad():
+        result = trace_model(model, Chars(), "hello there")
+        want = model(torch.tensor([Chars().encode("hello there")]))[0]
+    names = [s["name"] for s in result["stages"]]
+    assert names == ["embeddings", "block 1 after attention", "block 1 after feed-forward", "block 2 after attention",
+                     "block 2 after feed-forward", "final norm", "logits"]
+    assert torch.equal(result["logits"], want)
