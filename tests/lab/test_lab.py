@@ -28,6 +28,7 @@ from llamablock.lab.record import (
     NOT_MEASURABLE,
     REPRODUCED,
     VERDICTS,
+    Claim,
 )
 from llamablock.lab.report import fmt, headline
 from llamablock.positions import LearnedPositions
@@ -192,7 +193,7 @@ def test_swish_claims_fail_with_the_wrong_activation(monkeypatch):
 # 15.5 --------------------------------------------------------------------------------------------
 
 def test_cache_claims_fail_with_a_cache_sized_by_query_heads(monkeypatch):
-    def by_query_heads(cfg, batch_size, length, dtype, device):
+    def by_query_heads(cfg, batch_size, length, dtype, device, lengths=None):
         shape = (batch_size, cfg.n_heads, length, cfg.head_dim)
         return [torch.empty(shape, dtype=dtype, device=device) for _ in range(cfg.n_layers)]
 
@@ -281,6 +282,39 @@ def test_training_claims_fail_when_the_changes_hurt(monkeypatch):
     assert all("one seed" in c.details and "±" not in c.details for c in exp_training.ablation_claims(True, None))
 
 
+def _beyond_runs(calm: dict[str, float], hot: dict[str, float]):
+    """A stand-in for run_variants: `calm` losses at the ablation's rate, `hot` at lr 1e-2."""
+    return lambda *a, lr=1e-3, **k: _records(hot if lr > 1e-3 else calm)
+
+
+def test_beyond_claims_fail_when_the_change_does_not_help(monkeypatch):
+    from llamablock.lab import exp_beyond
+
+    calm = {"2024": 2.2, "2024 + q/k norm": 2.2, "2024 + sandwich norms": 2.2}
+    monkeypatch.setattr(exp_beyond, "run_variants", _beyond_runs(calm, {n: 2.6 for n in calm}))  # all rise alike
+    claims = exp_beyond.run(False, None)
+    assert [c.id for c in claims] == list(exp_beyond.CLAIMS) and all(c.section == "beyond" for c in claims)
+    for c in claims:
+        _broken(c)
+    helped = {"2024": 2.6, "2024 + q/k norm": 2.25, "2024 + sandwich norms": 2.25}
+    monkeypatch.setattr(exp_beyond, "run_variants", _beyond_runs(calm, helped))
+    assert all(c.verdict == "reproduced" for c in exp_beyond.run(False, None))
+
+
+def test_beyond_claims_need_the_baseline_to_suffer(monkeypatch):
+    from llamablock.lab import exp_beyond
+
+    calm = {"2024": 2.2, "2024 + q/k norm": 2.2, "2024 + sandwich norms": 2.2}
+    monkeypatch.setattr(exp_beyond, "run_variants", _beyond_runs(calm, {**calm, "2024": 2.205}))
+    assert all(c.verdict == "not measurable here" for c in exp_beyond.run(True, None))
+
+
+def test_beyond_claims_are_counted_apart_in_the_headline():
+    claims = [Claim("15.1.x", "15.1", "", None).judge(True), Claim("beyond.qk-norm", "beyond", "", None).judge(False)]
+    text = headline(claims)
+    assert text.startswith("1 claims: 1 reproduced.") and "Beyond the module, 1 more: 1 differs." in text
+
+
 def test_conversion_fails_when_uptraining_recovers_nothing(monkeypatch):
     import dataclasses
 
@@ -356,14 +390,14 @@ def test_lab_quick_end_to_end(tmp_path, capsys):
     assert report.startswith("# The LLaMA Block, measured")
     assert "± 0.0000" not in report and "{'" not in report
     assert not [row for row in report.splitlines() if row.startswith("| `") and "e+0" in row]  # no 1.092e+04
-    assert report.count("**What this means.**") == 7
+    assert report.count("**What this means.**") == 8
     for plot in (tmp_path).glob("*.png"):
         assert f"]({plot.name})" in report
     # every id the audit list names is a claim the lab records
     from pathlib import Path
 
     audit = (Path(__file__).parents[2] / "docs" / "lab-claims.md").read_text()
-    assert {i for i in ids} <= set(__import__("re").findall(r"`((?:15\.\d|ex)\.[a-z0-9.-]+)`", audit))
+    assert {i for i in ids} <= set(__import__("re").findall(r"`((?:15\.\d|ex|beyond)\.[a-z0-9.-]+)`", audit))
 
 
 def test_lab_only_and_bad_only(tmp_path, capsys):

@@ -15,6 +15,9 @@ def test_each_ablation_changes_one_thing_at_equal_budget():
     for name, fields in expected.items():
         changed = {k for k, x in v[name].to_dict().items() if x != base[k]} - {"d_ff"}
         assert changed == fields, name
+    after = v["2024"].to_dict()  # what came next: one change to the 2024 block each
+    for name, fields in {"2024 + q/k norm": {"qk_norm"}, "2024 + sandwich norms": {"sandwich_norm"}}.items():
+        assert {k for k, x in v[name].to_dict().items() if x != after[k]} - {"d_ff"} == fields, name
     target = count_params(v["2017"])
     for name, cfg in v.items():
         assert abs(count_params(cfg) - target) / target < 0.001, name  # within 0.1%

@@ -50,7 +50,10 @@ def lab_variants(vocab: int, context: int, size: dict | None) -> dict:
     configs = ablation.variants(vocab, context, size)
     base = configs["2017"]
     configs["2017 + RMSNorm"] = ablation.match_budget(base.replace(norm="rmsnorm"), ablation.count_params(base))
-    return {n: configs[n] for n in NAMES}
+    return configs
+
+
+_RUNS: dict[tuple, dict] = {}  # one lab process trains each (variant, seed, recipe) once (exp_beyond reuses 2024's)
 
 
 def run_variants(steps: int, seeds, size, context: int, names=NAMES, lr: float = 1e-3,
@@ -63,12 +66,15 @@ def run_variants(steps: int, seeds, size, context: int, names=NAMES, lr: float =
     records = []
     for seed in seeds:
         for name, cfg in configs.items():
-            start = time.perf_counter()
-            r = train(cfg, dataclasses.replace(t, seed=seed), None, progress=False)
-            records.append({"variant": name, "seed": seed, "val_loss": r["val_loss"], "tokens_per_s": r["tokens_per_s"],
-                            "params": r["params"], "d_ff": cfg.d_ff, "kv_bytes_per_token": cfg.kv_bytes_per_token(2),
-                            "seconds": time.perf_counter() - start,
-                            "val_curve": [(x["step"], x["val_loss"]) for x in r["history"] if "val_loss" in x]})
+            key = (name, seed, steps, tuple(sorted((size or {}).items())), context, lr, warmup)
+            if key not in _RUNS:
+                start = time.perf_counter()
+                r = train(cfg, dataclasses.replace(t, seed=seed), None, progress=False)
+                _RUNS[key] = {"variant": name, "seed": seed, "val_loss": r["val_loss"], "tokens_per_s": r["tokens_per_s"],
+                              "params": r["params"], "d_ff": cfg.d_ff, "kv_bytes_per_token": cfg.kv_bytes_per_token(2),
+                              "seconds": time.perf_counter() - start,
+                              "val_curve": [(x["step"], x["val_loss"]) for x in r["history"] if "val_loss" in x]}
+            records.append(_RUNS[key])
     return records
 
 

@@ -61,6 +61,14 @@ SECTIONS = {  # section: (title, what it measures, what its results mean)
         ("Every numeric exercise is computed by the library's own functions; the recall question is a "
          "definition."),
     ),
+    "beyond": (
+        "Beyond the module: what came next",
+        ("Not claims of the module: the two changes the block's descendants made (q/k norm in Qwen3 and Gemma 3, "
+         "sandwich norms in Gemma 2 and 3), each trained as one change to the 2024 block and judged on the "
+         "claim its authors made. Counted apart from the module's claims."),
+        ("Both changes target instabilities that grow with scale; a small model shows them only if the 2024 block "
+         "itself suffers at the high learning rate, which each verdict checks first."),
+    ),
 }
 
 
@@ -93,6 +101,8 @@ def _verdict(c: Claim) -> str:
 
 
 def headline(claims: list[Claim]) -> str:
+    beyond = [c for c in claims if c.section == "beyond"]
+    claims = [c for c in claims if c.section != "beyond"]
     counts = Counter(c.verdict for c in claims)
     measured = [v for v in (REPRODUCED, DIFFERS, NOT_MEASURABLE) if counts[v]]
     text = (f"{len(claims)} claims: " + ", ".join(f"{counts[v]} {v}" for v in measured)
@@ -101,6 +111,10 @@ def headline(claims: list[Claim]) -> str:
     indicative = sum(1 for c in claims if c.indicative)
     if indicative:
         text += f" {indicative} of the verdicts are indicative only (the reason is given with each)."
+    if beyond:
+        other = Counter(c.verdict for c in beyond)
+        text += (f" Beyond the module, {len(beyond)} more: " + ", ".join(f"{n} {v}" for v, n in other.most_common())
+                 + ".")
     return text
 
 

@@ -9,6 +9,11 @@ Variants, all config changes of `gpt-2017-small` at the same (small) size:
     2017 + GQA             n_kv_heads = n_heads / 2 (query heads share kv heads in pairs)
     2024                   `llama-2024-small` at the same size (all four, no biases, untied)
 
+and what came after the module's block (README "Families"), each one change to the 2024 model:
+
+    2024 + q/k norm        RMSNorm over each head's queries and keys before RoPE (Qwen3, Gemma 3)
+    2024 + sandwich norms  a second RMSNorm on each sub-layer's output (Gemma 2 and 3)
+
 Equal parameter budget: every variant's feed-forward width d_ff is set so its parameter count
 is the closest to the 2017 model's (`match_budget`); so SwiGLU lands near 8/3 d, and GQA and
 RoPE spend what they save on a wider feed-forward. Equal compute: same data, same batches
@@ -27,7 +32,7 @@ from llamablock.presets import preset
 from llamablock.training.train import TrainConfig, train
 from llamablock.util.plots import figure, save_png
 
-SIZE = dict(d_model=128, n_heads=4, n_layers=4)  # ~0.8M parameters; the default compare (18 runs) took 406 s on 2 idle cores (README)
+SIZE = dict(d_model=128, n_heads=4, n_layers=4)  # ~0.8M parameters
 
 
 def count_params(cfg: ModelConfig) -> int:
@@ -61,14 +66,17 @@ def variants(vocab_size: int, context: int, size: dict | None = None) -> dict[st
         # Two more single changes the module mentions, run on request (the lab asks for them):
         "2017 + GELU": base.replace(ffn="gelu"),  # Shazeer compares SwiGLU with ReLU *and* GELU
         "2017 + MQA": base.replace(n_kv_heads=1),  # Ainslie et al.: GQA sits between MHA and MQA
+        "2024 + q/k norm": new.replace(qk_norm=True),
+        "2024 + sandwich norms": new.replace(sandwich_norm=True),
     }
     target = count_params(base)
     return {name: (cfg if name == "2017" else match_budget(cfg, target)) for name, cfg in configs.items()}
 
 
-# What `llamablock compare` trains unless told otherwise: the 2017 and 2024 models and the four
-# single changes of the module's table.
-DEFAULT_VARIANTS = ("2017", "2017 + RoPE", "2017 + RMSNorm pre-LN", "2017 + SwiGLU", "2017 + GQA", "2024")
+# What `llamablock compare` trains unless told otherwise: the 2017 and 2024 models, the four
+# single changes of the module's table, and the two changes its descendants made to the 2024 block.
+DEFAULT_VARIANTS = ("2017", "2017 + RoPE", "2017 + RMSNorm pre-LN", "2017 + SwiGLU", "2017 + GQA", "2024",
+                    "2024 + q/k norm", "2024 + sandwich norms")
 
 
 def run_compare(steps: int = 200, seeds: tuple[int, ...] = (0, 1, 2), size: dict | None = None,
