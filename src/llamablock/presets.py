@@ -1,7 +1,7 @@
 """Named configurations, looked up by exact name.
 
 The published ones copy the values of each model's config.json on the Hugging Face hub
-(meta-llama, mistralai, Qwen, google, HuggingFaceTB); the two small ones are this project's
+(meta-llama, mistralai, Qwen, google, HuggingFaceTB; Gemma 3's text_config); the two small ones are this project's
 Shakespeare pair of section 15.6, sized to equal parameter counts (tests check within 2%).
 """
 
@@ -30,6 +30,14 @@ PRESETS: dict[str, dict] = {
     "gemma-2b": dict(vocab_size=256000, d_model=2048, n_layers=18, n_heads=8, n_kv_heads=1, head_dim=256,
                      d_ff=16384, norm_eps=1e-6, norm_offset=1.0, ffn="geglu", rope_theta=10000.0,
                      max_seq_len=8192, tie_embeddings=True, embed_scale=math.sqrt(2048), family="gemma"),
+    # Gemma 3 4B's language model (text_config): five sliding layers (window 1024, base 10,000) to
+    # each global one (base 1,000,000, linear scaling 8), q/k and sandwich norms.
+    "gemma-3-4b": dict(vocab_size=262208, d_model=2560, n_layers=34, n_heads=8, n_kv_heads=4, head_dim=256,
+                       d_ff=10240, norm_eps=1e-6, norm_offset=1.0, ffn="geglu", rope_theta=1_000_000.0,
+                       rope_scaling={"rope_type": "linear", "factor": 8.0}, local_rope_theta=10_000.0,
+                       max_seq_len=131072, tie_embeddings=True, embed_scale=math.sqrt(2560), sliding_window=1024,
+                       layer_types=["full" if (i + 1) % 6 == 0 else "sliding" for i in range(34)], qk_norm=True,
+                       sandwich_norm=True, query_pre_attn_scalar=256.0, family="gemma3_text"),
     # The same name as the embedded checkpoint (llamablock.io.resolve), whose architecture this is.
     "smollm2-135m-instruct": dict(vocab_size=49152, d_model=576, n_layers=30, n_heads=9, n_kv_heads=3,
                                   d_ff=1536, norm_eps=1e-5, rope_theta=100000.0, max_seq_len=8192,

@@ -294,11 +294,24 @@ def test_beyond_claims_fail_when_the_change_does_not_help(monkeypatch):
     monkeypatch.setattr(exp_beyond, "run_variants", _beyond_runs(calm, {n: 2.6 for n in calm}))  # all rise alike
     claims = exp_beyond.run(False, None)
     assert [c.id for c in claims] == list(exp_beyond.CLAIMS) and all(c.section == "beyond" for c in claims)
-    for c in claims:
+    for c in claims[1:]:
         _broken(c)
     helped = {"2024": 2.6, "2024 + q/k norm": 2.25, "2024 + sandwich norms": 2.25}
     monkeypatch.setattr(exp_beyond, "run_variants", _beyond_runs(calm, helped))
     assert all(c.verdict == "reproduced" for c in exp_beyond.run(False, None))
+
+
+def test_window_cache_fails_with_a_cache_that_ignores_the_window(monkeypatch):
+    from llamablock.lab import exp_beyond
+
+    assert exp_beyond.claim_window_cache().verdict == "reproduced"
+    real = kv_cache.KVCache.__init__
+
+    def no_ring(self, cfg, *a, **k):
+        real(self, cfg.replace(sliding_window=None, layer_types=None, local_rope_theta=None), *a, **k)
+
+    monkeypatch.setattr(kv_cache.KVCache, "__init__", no_ring)
+    _broken(exp_beyond.claim_window_cache())
 
 
 def test_beyond_claims_need_the_baseline_to_suffer(monkeypatch):
@@ -306,7 +319,7 @@ def test_beyond_claims_need_the_baseline_to_suffer(monkeypatch):
 
     calm = {"2024": 2.2, "2024 + q/k norm": 2.2, "2024 + sandwich norms": 2.2}
     monkeypatch.setattr(exp_beyond, "run_variants", _beyond_runs(calm, {**calm, "2024": 2.205}))
-    assert all(c.verdict == "not measurable here" for c in exp_beyond.run(True, None))
+    assert all(c.verdict == "not measurable here" for c in exp_beyond.run(True, None)[1:])
 
 
 def test_beyond_claims_are_counted_apart_in_the_headline():

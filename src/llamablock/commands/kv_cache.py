@@ -36,12 +36,15 @@ def run(args) -> int:
         print(json.dumps({"config": args.config, "tokens": args.tokens, "batch": args.batch, "dtype": args.dtype,
                           "configured_kv_heads": cfg.n_kv_heads, "layouts": [r.to_dict() for r in rows]}, indent=2))
         return 0
-    window = f", sliding window {cfg.sliding_window}" if cfg.sliding_window else ""
+    windowed = cfg.layer_kinds.count("sliding")
+    window = (f", sliding window {cfg.sliding_window}" + (f" on {windowed} of them" if windowed < cfg.n_layers else "")
+              if windowed else "")
     print(f"{args.config}: {cfg.n_layers} layers, {cfg.n_heads} query heads, head_dim {cfg.head_dim}{window}; "
           f"{args.tokens} tokens x batch {args.batch}, {args.dtype}")
-    print(f"{'layout':<6}{'kv heads':>9}{'per token':>14}{'per layer':>14}{'total':>14}")
+    print(f"{'layout':<6}{'kv heads':>9}{'per token':>14}{'per layer' if not windowed else 'windowed layer':>16}"
+          f"{'total':>14}")
     for r in rows:
         mark = "  <- this model" if r.kv_heads == cfg.n_kv_heads else ""
-        print(f"{r.layout:<6}{r.kv_heads:>9}{human_bytes(r.bytes_per_token):>14}{human_bytes(r.bytes_per_layer):>14}"
+        print(f"{r.layout:<6}{r.kv_heads:>9}{human_bytes(r.bytes_per_token):>14}{human_bytes(r.bytes_per_layer):>16}"
               f"{human_bytes(r.total_bytes):>14}{mark}")
     return 0
