@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         finally:  # an embedding program (or a test) keeps its own setting
             torch.set_num_threads(before)
     except (UsageError, ValueError, FileNotFoundError, NotADirectoryError) as e:
-        print(f"llamablock {args.command}: error: {e}", file=sys.stderr)
+        print(f"llamablock {args.command}: error: {_one_line(e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"llamablock {args.command}: interrupted", file=sys.stderr)
@@ -115,9 +115,16 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except OSError as e:  # a full disk, a read-only folder: one line, as for any other mistake
-        print(f"llamablock {args.command}: error: {e.strerror or e}"
-              + (f": {e.filename}" if getattr(e, "filename", None) else ""), file=sys.stderr)
+        print(f"llamablock {args.command}: error: {_one_line(e)}", file=sys.stderr)
         return 2
+
+
+def _one_line(e: Exception) -> str:
+    """The message of a refusal as one line: an operating-system error as "what: which file"
+    (not "[Errno 20] Not a directory: PosixPath(...)"), any other message with its newlines folded."""
+    if isinstance(e, OSError) and e.errno is not None and e.strerror:
+        return e.strerror + (f": {e.filename}" if e.filename else "")
+    return " ".join(str(e).split("\n")).strip() or type(e).__name__
 
 
 if __name__ == "__main__":

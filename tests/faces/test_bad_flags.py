@@ -27,6 +27,7 @@ def tiny(tmp_path_factory):
     (["--temperature", "nan"], "temperature must be a finite number"),
     (["--repetition-penalty", "nan"], "repetition_penalty must be a finite number"),
     (["--top-p", "inf"], "top_p must be a finite number"),
+    (["--seed", str(2**64)], "--seed must be between -2**63 and 2**64 - 1"),  # was "Overflow when unpacking long long"
 ])
 def test_bad_generation_flags_are_one_line(capsys, tiny, flags, message):
     assert cli.main(["generate", "--model", tiny, "--prompt", "abc", *flags]) == 2
@@ -59,3 +60,12 @@ def test_perplexity_stride_zero_is_refused(capsys, tiny, tmp_path):
     text.write_text("hello world " * 10)
     assert cli.main(["perplexity", "--model", tiny, str(text), "--stride", "0"]) == 2
     assert "--stride must be at least 1, got 0" in capsys.readouterr().err
+
+
+def test_a_training_seed_past_the_generators_range_is_one_line(capsys, tmp_path):
+    """Batches are drawn with seed * 1_000_003 + step: a seed past 2**40 overflowed torch's
+    generator ("Overflow when unpacking long long", naming no flag)."""
+    argv = ["train", "--out", str(tmp_path / "run"), "--steps", "1", "--seed", str(2**70), "--no-progress"]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "seed must be a whole number between -2**40 and 2**40" in err

@@ -37,6 +37,11 @@ def run(args) -> int:
         raise UsageError(f"a GGUF export is one file: give OUT ending in .gguf, got {out}")
     if out.resolve() == Path(args.run).resolve():
         raise UsageError("OUT must differ from RUN_DIR")
+    if args.format == "gguf" and out.is_dir():
+        raise UsageError(f"OUT {out} is a directory; a GGUF export is one file: give a path ending in .gguf")
+    if args.format != "gguf" and out.exists() and not out.is_dir():
+        raise UsageError(f"OUT {out} is an existing file; this export is a directory: give a new path (an existing "
+                         "directory is replaced whole)")
     model, _, state = load_checkpoint(source)
     fmt, path = export_model(model, state["tokenizer"], out, args.format)
     family, why = transformers_family(model.cfg)

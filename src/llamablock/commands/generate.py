@@ -190,6 +190,8 @@ def run(args) -> int:
         raise UsageError(f"--max-new-tokens must be a positive integer, got {args.max_new_tokens}")
     if args.system is not None and not args.chat:
         raise UsageError("--system needs --chat: a plain continuation has no system message")
+    if args.seed is not None and not -(2**63) <= args.seed < 2**64:  # what torch's generator takes
+        raise UsageError(f"--seed must be between -2**63 and 2**64 - 1, got {args.seed}")
     if any(not s for s in args.stop):
         raise UsageError("--stop is empty: an empty stop string would stop before the first token; give some text")
     for flag, text in (("--prompt", args.prompt), ("--system", args.system), *(("--stop", s) for s in args.stop)):

@@ -26,6 +26,7 @@ Reading: `load_model_and_tokenizer` takes what llamablock.io.loading takes plus 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -38,7 +39,13 @@ from llamablock.config import ModelConfig
 from llamablock.hf_config import config_to_hf
 from llamablock.io.export_gguf import export_gguf
 from llamablock.io.hf_checkpoint import hf_name
-from llamablock.io.resolve import is_checkpoint, read_state, resolve_model
+from llamablock.io.resolve import (
+    is_checkpoint,
+    json_kind,
+    read_json,
+    read_state,
+    resolve_model,
+)
 from llamablock.model import Decoder
 from llamablock.rope import permute_qk
 from llamablock.util.files import replace_dir
@@ -55,10 +62,17 @@ def tokenizer_json(record: dict) -> dict:
     from tokenizers import Tokenizer as Backend
     from tokenizers import decoders, models
 
+    if not isinstance(record, dict):
+        raise ValueError(f"the tokenizer record must be a JSON object, got {json_kind(record)}")
     if record.get("kind") == "bpe":
+        if not isinstance(record.get("tokenizer"), dict):
+            raise ValueError("the tokenizer record (kind 'bpe') lacks its 'tokenizer' object")
         return record["tokenizer"]
     if record.get("kind") != "char":
         raise ValueError(f"unknown tokenizer record (kind {record.get('kind')!r}); expected 'char' or 'bpe'")
+    chars = record.get("chars")
+    if not isinstance(chars, str) or not chars:
+        raise ValueError(f"the tokenizer record's 'chars' must be the string of its characters, got {json_kind(chars)}")
     backend = Backend(models.BPE({c: i for i, c in enumerate(record["chars"])}, []))
     backend.decoder = decoders.Fuse()  # the default decoder would join tokens with spaces
     return json.loads(backend.to_str())
@@ -70,7 +84,12 @@ def tokenizer_from_record(record: dict):
 
     from llamablock.io.tokenizer import Tokenizer
 
-    return Tokenizer(Backend.from_str(json.dumps(tokenizer_json(record))), None, [], chat_template=CHAT_TEMPLATE)
+    spec = tokenizer_json(record)
+    try:
+        backend = Backend.from_str(json.dumps(spec))
+    except Exception as e:  # the tokenizers library raises a bare Exception on a malformed one
+        raise ValueError(f"the tokenizer record is not a readable tokenizer: {e}") from None
+    return Tokenizer(backend, None, [], chat_template=CHAT_TEMPLATE)
 
 
 def _write_tokenizer(folder: Path, record: dict, max_len: int) -> None:
@@ -195,15 +214,58 @@ def is_llamablock_dir(path: Path) -> bool:
     if is_checkpoint(path):
         return True
     conf = path / "config.json"
-    return path.is_dir() and conf.is_file() and "model_type" not in json.loads(conf.read_text())
+    return path.is_dir() and conf.is_file() and "model_type" not in read_json(conf)
+
+
+def model_config(d, where: str) -> ModelConfig:
+    """ModelConfig.from_dict(d), every refusal a ValueError naming `where` (the file and its field)."""
+    if not isinstance(d, dict):
+        raise ValueError(f"{where} must be a JSON object of ModelConfig's fields, got {json_kind(d)}")
+    required = [f.name for f in dataclasses.fields(ModelConfig)
+                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    missing = [k for k in required if k not in d]
+    if missing:
+        raise ValueError(f"{where} lacks {', '.join(map(repr, missing))} (edited or truncated?)")
+    try:
+        return ModelConfig.from_dict(d)
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"{where}: {e}") from None
+
+
+def load_weights(model: Decoder, file: Path, config: str) -> None:
+    """`file`'s tensors into `model`; a ValueError naming the file when it is unreadable or its
+    tensors do not have the shapes `config` (the file the model was built from) implies."""
+    from safetensors import safe_open
+
+    if not file.is_file():
+        raise FileNotFoundError(f"{file} is missing: the weights belong beside {config}")
+    try:
+        with safe_open(str(file), "pt") as f:
+            shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+    except Exception as e:  # safetensors raises its own error types on a torn file
+        raise ValueError(f"{file} is not a readable safetensors file (truncated or corrupt?): {e}") from None
+    for name, t in model.state_dict().items():
+        if name in shapes and shapes[name] != tuple(t.shape):
+            raise ValueError(f"{file} holds {name} as {shapes[name]}, but {config} implies {tuple(t.shape)}: the "
+                             "config and the weights are of different models")
+    try:
+        load_model(model, str(file), strict=True)
+    except RuntimeError as e:  # missing or unexpected tensors
+        first = " ".join(str(e).split())
+        raise ValueError(f"{file} does not hold the tensors {config} implies: {first[:300]}") from None
 
 
 def load_checkpoint(path: Path) -> tuple[Decoder, object, dict]:
     """(model in eval mode, Tokenizer, state) of one training checkpoint folder."""
     state = read_state(path)
-    model = Decoder(ModelConfig.from_dict(state["model_config"]))
-    load_model(model, str(Path(path) / "model.safetensors"), strict=True)
-    return model.eval(), tokenizer_from_record(state["tokenizer"]), state
+    where = Path(path) / "state.json"
+    model = Decoder(model_config(state.get("model_config"), f"{where}: model_config"))
+    load_weights(model, Path(path) / "model.safetensors", f"{where}'s model_config")
+    try:
+        tok = tokenizer_from_record(state.get("tokenizer"))
+    except ValueError as e:
+        raise ValueError(f"{where}: tokenizer: {e}") from None
+    return model.eval(), tok, state
 
 
 def load_llamablock_dir(path: Path, dtype: torch.dtype | None = None):
@@ -214,7 +276,8 @@ def load_llamablock_dir(path: Path, dtype: torch.dtype | None = None):
     if is_checkpoint(path):
         model, tok, _ = load_checkpoint(path)
     else:
-        model = Decoder(ModelConfig.from_dict(json.loads((path / "config.json").read_text())))
-        load_model(model, str(path / "model.safetensors"), strict=True)
+        conf = path / "config.json"
+        model = Decoder(model_config(read_json(conf), str(conf)))
+        load_weights(model, path / "model.safetensors", str(conf))
         model, tok = model.eval(), tokenizer_from_dir(path)
     return (model.to(dtype) if dtype is not None else model), tok

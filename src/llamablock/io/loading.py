@@ -7,6 +7,7 @@ the name of a model shipped in a Python package (None: the default model).
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import torch
@@ -49,15 +50,27 @@ def load_model_and_tokenizer(path: str | Path | None = None, dtype: torch.dtype 
 
 def generation_defaults(path: str | Path | None = None) -> dict:
     """A transformers directory's generation_config.json (sampling defaults, transformers' keys),
-    or {} when the checkpoint has none (a GGUF file keeps no sampling settings)."""
-    import json
+    or {} when the checkpoint has none (a GGUF file keeps no sampling settings). The keys sampling
+    reads are checked here, so that a bad one is refused naming the file and the key."""
+    from llamablock.io.resolve import read_json
 
     p = resolve_model(path)
     f = p / "generation_config.json" if p.is_dir() else None
     if f is None or not f.is_file():
         return {}
-    try:
-        d = json.loads(f.read_text())
-    except ValueError as e:
-        raise ValueError(f"{f} is not valid JSON: {e}") from None
-    return d if isinstance(d, dict) else {}
+    d = read_json(f)
+    if d.get("do_sample") is not None and not isinstance(d["do_sample"], bool):
+        raise ValueError(f"{f}: do_sample must be true or false, got {d['do_sample']!r}")
+    used = ("repetition_penalty",) + (("temperature", "top_k", "top_p") if d.get("do_sample") else ())
+    for key in used:
+        v = d.get(key)
+        if v is None:
+            continue
+        number = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+        ok = {"temperature": number and v >= 0, "top_p": number and 0 < v <= 1, "repetition_penalty": number and v > 0,
+              "top_k": isinstance(v, int) and not isinstance(v, bool) and v >= 0}[key]
+        if not ok:
+            want = {"temperature": "a finite number >= 0", "top_p": "a number in (0, 1]",
+                    "repetition_penalty": "a finite number > 0", "top_k": "a whole number >= 0"}[key]
+            raise ValueError(f"{f}: {key} must be {want}, got {v!r}")
+    return d

@@ -85,9 +85,13 @@ def latest_checkpoint(run_dir: str | Path) -> Path:
     if not pointer.is_file():
         raise FileNotFoundError(f"no checkpoint in {run_dir}: expected {pointer} (written by `llamablock train "
                                 f"--out {run_dir}`); train into this folder first, or resume from another one")
-    path = root / pointer.read_text().strip()
-    if not is_checkpoint(path):
-        raise FileNotFoundError(f"{pointer} names {path.name}, which is incomplete or missing")
+    name = pointer.read_text(errors="replace").strip()
+    path = root / name
+    if not name or "/" in name or not is_checkpoint(path):
+        complete = sorted(p.name for p in root.glob("step-*") if is_checkpoint(p))
+        what = f"names {name[:60]!r}, which is incomplete or missing" if name else "is empty"
+        fix = f"write the newest of {', '.join(complete)} into it" if complete else "no complete checkpoint is left"
+        raise FileNotFoundError(f"{pointer} {what}: it should name the newest checkpoint folder; {fix}")
     return path
 
 
@@ -98,4 +102,28 @@ def is_checkpoint(path: str | Path) -> bool:
 
 def read_state(path: str | Path) -> dict:
     """state.json of a checkpoint folder: model and train configs, tokenizer record, step, history."""
-    return json.loads((Path(path) / "state.json").read_text())
+    return read_json(Path(path) / "state.json")
+
+
+JSON_KINDS = {dict: "an object", list: "a list", str: "a string", int: "a number", float: "a number", bool: "a boolean",
+              type(None): "null"}
+
+
+def json_kind(value) -> str:
+    """What a JSON value is, in words: for messages that say what a file holds instead."""
+    return JSON_KINDS.get(type(value), type(value).__name__)
+
+
+def read_json(path: str | Path, kind: type | None = dict):
+    """The JSON value in the file `path`, which must be `kind` (None: anything). A ValueError names
+    the file when it is not UTF-8, not JSON, or not a `kind`, instead of the decoder's bare message."""
+    try:
+        value = json.loads(Path(path).read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path} is not UTF-8 text (byte {e.start}); is it the right file?") from None
+    except ValueError as e:
+        raise ValueError(f"{path} is not valid JSON: {e}") from None
+    if kind is not None and not isinstance(value, kind):
+        want = "a JSON object ({...})" if kind is dict else JSON_KINDS.get(kind, kind.__name__)
+        raise ValueError(f"{path} must hold {want}, got {json_kind(value)}")
+    return value

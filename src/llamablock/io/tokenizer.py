@@ -19,10 +19,13 @@ from __future__ import annotations
 
 import datetime
 import json
+import numbers
 from pathlib import Path
 
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as Backend
+
+from llamablock.io.resolve import read_json
 
 # llama.cpp llama-vocab.cpp, LLAMA_VOCAB_PRE_TYPE_*: how text is split before byte-level BPE.
 _GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
@@ -57,10 +60,11 @@ class Tokenizer:
     """encode / decode / apply_chat_template over a `tokenizers.Tokenizer`."""
 
     def __init__(self, backend: Backend, bos_id: int | None, eos_ids: list[int], pad_id: int | None = None,
-                 add_bos: bool = False, chat_template: str | None = None):
+                 add_bos: bool = False, chat_template: str | None = None, template_source: str | None = None):
         self.backend, self.bos_id, self.eos_ids = backend, bos_id, list(eos_ids)
         self.pad_id = pad_id if pad_id is not None else (self.eos_ids[0] if self.eos_ids else 0)
         self.add_bos, self.chat_template = add_bos, chat_template
+        self.template_source = template_source  # where the template was read (for error messages)
 
     @property
     def vocab_size(self) -> int:
@@ -97,8 +101,9 @@ class Tokenizer:
             template = env.from_string(self.chat_template)
             return _bounded(lambda: template.render(messages=messages, add_generation_prompt=add_generation_prompt,
                                                     **special))
-        except TemplateError as e:  # the template's own raise_exception, a syntax error, an undefined name
-            raise ValueError(f"the model's chat template failed: {type(e).__name__}: {e}") from None
+        except Exception as e:  # its own raise_exception, a syntax error, an undefined name, a TypeError inside
+            where = f" (the template is {self.template_source})" if self.template_source else ""
+            raise ValueError(f"the model's chat template failed: {type(e).__name__}: {e}{where}") from None
 
 
 TEMPLATE_STEPS = 1_000_000  # lines of the compiled template a render may run: far past any real chat
@@ -149,7 +154,8 @@ def byte_level_bpe(tokens: list[str], merges: list[str], pre: str | None, types:
     backend = Backend(models.BPE(vocab, pairs, ignore_merges=pre in ("llama3", "llama-bpe")))
     splits = PRE_SPLITS.get(pre or "default")
     if splits is None:
-        raise ValueError(f"GGUF pre-tokenizer {pre!r} is not known; known: {sorted(PRE_SPLITS)}")
+        raise ValueError(f"tokenizer.ggml.pre is {pre!r}, a pre-tokenizer llamablock does not know; known: "
+                         f"{', '.join(sorted(PRE_SPLITS))}")
     backend.pre_tokenizer = pre_tokenizers.Sequence(
         [pre_tokenizers.Split(Regex(s), behavior="isolated") for s in splits]
         + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
@@ -189,30 +195,64 @@ def sentencepiece_bpe(tokens: list[str], scores: list[float], merges: list[str] 
     return backend
 
 
+def _file_of(reader) -> str:
+    """The path of the file a GGUF reader maps (its byte view's memory map names it), for messages."""
+    view = getattr(reader, "data", None)
+    while view is not None:
+        if isinstance(getattr(view, "filename", None), (str, Path)):
+            return str(view.filename)
+        view = getattr(view, "base", None)
+    return "the GGUF file"
+
+
 def tokenizer_from_gguf(reader) -> Tokenizer:
     from llamablock.io.gguf import field_array, metadata
 
+    name = _file_of(reader)
     meta = metadata(reader)
     kind = meta.get("tokenizer.ggml.model")
     tokens = field_array(reader, "tokenizer.ggml.tokens")
     if kind is None or tokens is None:
-        raise ValueError("this GGUF file has no tokenizer (no tokenizer.ggml.model / tokens)")
+        raise ValueError(f"{name} has no tokenizer (no tokenizer.ggml.model / tokens)")
+
+    def token_id(key: str, default=None) -> int | None:
+        v = meta.get(key, default)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, numbers.Integral) or not 0 <= v < len(tokens)):
+            raise ValueError(f"{name}: {key} must be a token id below the {len(tokens)} tokens, got {v!r}")
+        return None if v is None else int(v)
+
+    def flag(key: str, default: bool) -> bool:
+        v = meta.get(key, default)
+        if not isinstance(v, (bool, numbers.Integral)):
+            raise ValueError(f"{name}: {key} must be true or false, got {v!r}")
+        return bool(v)
+
     types = field_array(reader, "tokenizer.ggml.token_type")
     merges = field_array(reader, "tokenizer.ggml.merges")
-    if kind == "gpt2":
-        backend = byte_level_bpe(tokens, merges or [], meta.get("tokenizer.ggml.pre"), types)
-        add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", False))
-    elif kind == "llama":
-        scores = field_array(reader, "tokenizer.ggml.scores") or [0.0] * len(tokens)
-        backend = sentencepiece_bpe(tokens, scores, merges, int(meta.get("tokenizer.ggml.unknown_token_id", 0)),
-                                    types, bool(meta.get("tokenizer.ggml.add_space_prefix", True)))
-        add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", True))  # llama.cpp's default for spm
-    else:
-        raise ValueError(f"GGUF tokenizer model {kind!r} is not supported; supported: 'gpt2' (byte-level BPE), "
-                         "'llama' (SentencePiece BPE)")
-    eos = [int(meta[k]) for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id") if k in meta]
-    return Tokenizer(backend, meta.get("tokenizer.ggml.bos_token_id"), list(dict.fromkeys(eos)),
-                     meta.get("tokenizer.ggml.padding_token_id"), add_bos, meta.get("tokenizer.chat_template"))
+    try:
+        if kind == "gpt2":
+            backend = byte_level_bpe(tokens, merges or [], meta.get("tokenizer.ggml.pre"), types)
+            add_bos = flag("tokenizer.ggml.add_bos_token", False)
+        elif kind == "llama":
+            scores = field_array(reader, "tokenizer.ggml.scores") or [0.0] * len(tokens)
+            backend = sentencepiece_bpe(tokens, scores, merges, token_id("tokenizer.ggml.unknown_token_id", 0),
+                                        types, flag("tokenizer.ggml.add_space_prefix", True))
+            add_bos = flag("tokenizer.ggml.add_bos_token", True)  # llama.cpp's default for spm
+        else:
+            raise ValueError(f"tokenizer.ggml.model is {kind!r}, which is not supported; supported: 'gpt2' "
+                             "(byte-level BPE), 'llama' (SentencePiece BPE)")
+    except ValueError as e:
+        raise ValueError(f"{name}: {e}") from None
+    except Exception as e:  # the tokenizers library raises a bare Exception on malformed merges
+        raise ValueError(f"{name}: its tokenizer (tokenizer.ggml.tokens / merges) is unreadable: {e}") from None
+    eos = [token_id(k) for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id") if k in meta]
+    template = meta.get("tokenizer.chat_template")
+    if template is not None and not isinstance(template, str):
+        raise ValueError(f"{name}: tokenizer.chat_template must be a string, got {template!r}")
+    pad = meta.get("tokenizer.ggml.padding_token_id")  # only batching pads; an id out of range means none
+    pad = int(pad) if isinstance(pad, numbers.Integral) and 0 <= pad < len(tokens) else None
+    return Tokenizer(backend, token_id("tokenizer.ggml.bos_token_id"), list(dict.fromkeys(eos)), pad, add_bos, template,
+                     f"{name}'s tokenizer.chat_template")
 
 
 def tokenizer_from_dir(path: str | Path) -> Tokenizer:
@@ -226,30 +266,48 @@ def tokenizer_from_dir(path: str | Path) -> Tokenizer:
     except Exception as e:  # the tokenizers library raises a bare Exception on a malformed file
         raise ValueError(f"{f} is not a readable tokenizer.json: {e}") from None
     conf_file = path / "tokenizer_config.json"
-    try:
-        conf = json.loads(conf_file.read_text()) if conf_file.is_file() else {}
-    except ValueError as e:
-        raise ValueError(f"{conf_file} is not valid JSON: {e}") from None
-    if not isinstance(conf, dict):
-        raise ValueError(f"{conf_file} must hold a JSON object")
-    template = conf.get("chat_template")
-    if template is not None and not isinstance(template, str):  # a list of named templates: the default one
-        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)} if isinstance(template, list) else {}
-        template = named.get("default")
-    if template is None and (path / "chat_template.jinja").is_file():
-        template = (path / "chat_template.jinja").read_text()
+    conf = read_json(conf_file) if conf_file.is_file() else {}
+    template, source = _chat_template(conf.get("chat_template"), conf_file), f"{conf_file}'s chat_template"
+    jinja = path / "chat_template.jinja"
+    if template is None and jinja.is_file():
+        try:
+            template, source = jinja.read_text(encoding="utf-8"), str(jinja)
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{jinja} is not UTF-8 text (byte {e.start})") from None
 
     def tid(key):
         tok = conf.get(key)
         tok = tok.get("content") if isinstance(tok, dict) else tok
+        if tok is not None and not isinstance(tok, str):
+            raise ValueError(f"{conf_file}: {key} must be a token (a string, or {{\"content\": string}}), got "
+                             f"{conf.get(key)!r}")
         return backend.token_to_id(tok) if tok else None
 
     eos = tid("eos_token")
+    add_bos = conf.get("add_bos_token", False)
+    if add_bos is not None and not isinstance(add_bos, bool):
+        raise ValueError(f"{conf_file}: add_bos_token must be true or false, got {add_bos!r}")
     # tokenizer.json's post-processor may add BOS itself; ours adds it only when the config says so.
     backend.no_padding()
     backend.post_processor = None
     return Tokenizer(backend, tid("bos_token"), [eos] if eos is not None else [], tid("pad_token"),
-                     bool(conf.get("add_bos_token", False)), template)
+                     bool(add_bos), template, source)
+
+
+def _chat_template(template, conf_file: Path) -> str | None:
+    """tokenizer_config.json's chat_template: a string, or a list of {"name", "template"} of which
+    the one named "default" is used (as transformers does)."""
+    if template is None or isinstance(template, str):
+        return template
+    named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)} \
+        if isinstance(template, list) else None
+    if named is None or not all(isinstance(t, str) for t in named.values()):
+        raise ValueError(f"{conf_file}: chat_template must be a string or a list of {{\"name\", \"template\"}} "
+                         f"objects, got {str(template)[:60]}")
+    if "default" not in named:
+        raise ValueError(f"{conf_file}: chat_template lists templates named {sorted(map(str, named))} but none named "
+                         "'default', the one a chat uses")
+    return named["default"]
 
 
 def load_tokenizer(path: str | Path | None = None, reader=None) -> Tokenizer:

@@ -67,7 +67,7 @@ def next_token(logits: torch.Tensor, history: torch.Tensor, s: Sampling,
                generator: torch.Generator | None = None) -> torch.Tensor:
     """logits (b, V) of the last position -> token ids (b,)."""
     logits = apply_repetition_penalty(logits.float(), history, s.repetition_penalty)
-    if s.temperature == 0:
+    if s.temperature < torch.finfo(torch.float32).tiny:  # 0, or so small that it is 0 in float32: greedy
         return logits.argmax(-1)
     # Shifted by the row's maximum before dividing (softmax does not change): a tiny temperature
     # then sends the others to -inf instead of overflowing every logit to inf.

@@ -19,6 +19,7 @@ training, so that the loaders of io/ (generate, serve, export) can take a run di
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import hashlib
 import json
@@ -27,7 +28,7 @@ import shutil
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, load_model, save_file, save_model
+from safetensors.torch import load_file, save_file, save_model
 
 from llamablock.io.resolve import latest_checkpoint, read_state  # noqa: F401 (the run layout's reader)
 from llamablock.util.files import atomic_write, replace_dir
@@ -117,6 +118,9 @@ def verify(path: str | Path) -> str | None:
     wrong = [k for k, kind in need.items() if not isinstance(state.get(k) if isinstance(state, dict) else None, kind)]
     if wrong:
         return f"state.json lacks or mistypes {', '.join(wrong)} (edited?)"
+    why = _state_problem(state)
+    if why:
+        return f"state.json's {why} (edited?)"
     for f, want in (state.get("sha256") or {}).items():
         if not (path / f).is_file() or _sha256(path / f) != want:
             return f"{f} does not match the checksum recorded when it was saved (damaged or truncated)"
@@ -128,6 +132,37 @@ def verify(path: str | Path) -> str | None:
         bad = next((k for k, t in tensors.items() if t.is_floating_point() and not torch.isfinite(t).all()), None)
         if bad is not None:
             return f"{f} holds non-finite values ({bad})"
+    return None
+
+
+def _state_problem(state: dict) -> str | None:
+    """What in a state.json would stop a resume, or None: each part read as the resume reads it."""
+    from llamablock.io.export import model_config, tokenizer_json
+    from llamablock.training.train import TrainConfig
+
+    try:
+        model_config(state["model_config"], "model_config")
+    except ValueError as e:
+        return str(e)
+    known = {f.name for f in dataclasses.fields(TrainConfig)}
+    unknown = sorted(set(state["train_config"]) - known)
+    if unknown:
+        return f"train_config has unknown field(s) {unknown}"
+    for part, read in (("train_config", lambda: TrainConfig(**state["train_config"])),
+                       ("tokenizer", lambda: tokenizer_json(state["tokenizer"]))):
+        try:
+            read()
+        except ValueError as e:
+            return f"{part}: {e}"
+    record = ("step", "train_loss", "lr")
+    bad = next((i for i, r in enumerate(state["history"]) if not isinstance(r, dict)
+                or not all(isinstance(r.get(k), (int, float)) for k in record)), None)
+    if bad is not None:
+        return f"history[{bad}] is not a record of {', '.join(record)}"
+    groups = state["optimizer"].get("param_groups")
+    if not isinstance(groups, list) or not all(isinstance(g, dict) and isinstance(g.get("params"), list)
+                                               for g in groups):
+        return "optimizer.param_groups is not a list of AdamW's parameter groups"
     return None
 
 
@@ -144,7 +179,8 @@ def newest_good_checkpoint(run_dir: str | Path, warn=None) -> Path:
                 warn(f"resuming from {path.name} instead: " + "; ".join(reasons))
             return path
         reasons.append(f"{path.name}: {why}")
-    raise FileNotFoundError(f"no usable checkpoint in {run_dir}: " + "; ".join(reasons))
+    raise FileNotFoundError(f"no usable checkpoint in {run_dir}: " + "; ".join(reasons)
+                            + "; start a new run with another --out")
 
 
 def _prune(root: Path, keep: str) -> None:
@@ -159,13 +195,21 @@ def _prune(root: Path, keep: str) -> None:
 
 
 def load_weights(path: str | Path, model: torch.nn.Module) -> None:
-    load_model(model, str(Path(path) / "model.safetensors"), strict=True)  # raises on missing or extra tensors
+    """The checkpoint's weights into `model`: a ValueError naming the file on missing, extra or
+    misshapen tensors (a state.json whose model_config was edited)."""
+    from llamablock.io.export import load_weights as load_checked
+
+    load_checked(model, Path(path) / "model.safetensors", f"{Path(path) / 'state.json'}'s model_config")
 
 
 def load_optimizer(path: str | Path, opt: torch.optim.Optimizer, state: dict) -> None:
-    tensors = load_file(str(Path(path) / "optimizer.safetensors"))
-    per_param: dict[int, dict] = {}
-    for key, value in tensors.items():
-        i, name = key.split(".", 1)
-        per_param.setdefault(int(i), {})[name] = value
-    opt.load_state_dict({"state": per_param, "param_groups": state["optimizer"]["param_groups"]})
+    try:
+        tensors = load_file(str(Path(path) / "optimizer.safetensors"))
+        per_param: dict[int, dict] = {}
+        for key, value in tensors.items():
+            i, name = key.split(".", 1)
+            per_param.setdefault(int(i), {})[name] = value
+        opt.load_state_dict({"state": per_param, "param_groups": state["optimizer"]["param_groups"]})
+    except (ValueError, KeyError, TypeError) as e:  # groups or moments that are not this model's
+        raise ValueError(f"{Path(path) / 'optimizer.safetensors'} and the optimizer of state.json do not fit this "
+                         f"model ({type(e).__name__}: {e}); start a new run with another --out") from None

@@ -83,15 +83,15 @@ def gqa(
         field = str(e).split(" ")[0]
         raise APIError(field if field in PARAMETERS else "head_dim" if "rotary" in str(e) else None, str(e)) from None
     torch_dtype = getattr(torch, dtype)  # the names of DTYPE_BYTES are torch's
-    cache = KVCache(cfg, batch_size=1, max_len=tokens, dtype=torch_dtype, device="meta")
-    nbytes = cache.nbytes()
-    mha = KVCache(cfg.replace(n_kv_heads=cfg.n_heads), 1, tokens, torch_dtype, "meta").nbytes()
+    # The figure is about heads: every layer at the whole context. A windowed model's cache keeps a
+    # ring of `sliding_window` slots per windowed layer (KVCache); that size is shown beside it.
+    whole = cfg.replace(sliding_window=None, layer_types=None, local_rope_theta=None)
+    nbytes = KVCache(whole, batch_size=1, max_len=tokens, dtype=torch_dtype, device="meta").nbytes()
+    mha = KVCache(whole.replace(n_kv_heads=cfg.n_heads), 1, tokens, torch_dtype, "meta").nbytes()
     element = DTYPE_BYTES[dtype]
-    # A sliding-window model (Mistral) needs only the last `sliding_window` tokens per layer in a
-    # rolling cache; KVCache is not rolling, so that size is shown beside it, not instead of it.
     window_bytes = None
     if cfg.sliding_window and cfg.sliding_window < tokens:
-        window_bytes = KVCache(cfg, 1, cfg.sliding_window, torch_dtype, "meta").nbytes()
+        window_bytes = KVCache(cfg, 1, tokens, torch_dtype, "meta").nbytes()
     return {
         "preset": preset_name, "n_heads": cfg.n_heads, "n_kv_heads": cfg.n_kv_heads, "n_layers": cfg.n_layers,
         "head_dim": cfg.head_dim, "tokens": tokens, "dtype": dtype, "bytes_per_element": element,

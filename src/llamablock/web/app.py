@@ -19,15 +19,17 @@ from __future__ import annotations
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import FileResponse, JSONResponse
+from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from llamablock.web import api_ffn, api_gqa, api_openai, api_rope, api_trace
 from llamablock.web.errors import APIError, body, on_api_error, on_validation_error
 from llamablock.web.generation import ServedModel
+from llamablock.web.openai_requests import OpenAIError
 
 STATIC = Path(__file__).parent / "static"
 
@@ -56,6 +58,7 @@ def create_app(trace_cache_dir: str | None = None, lab_results: str = "lab-out/r
         app.add_middleware(TrustedHostMiddleware, allowed_hosts=hosts)
     app.add_exception_handler(APIError, on_api_error)
     app.add_exception_handler(RequestValidationError, on_validation_error)
+    app.add_exception_handler(404, _not_found)
     for module in (api_rope, api_ffn, api_gqa, api_trace, api_openai):
         app.include_router(module.router)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
@@ -69,3 +72,14 @@ def create_app(trace_cache_dir: str | None = None, lab_results: str = "lab-out/r
         return JSONResponse(body(None, f"no such endpoint: /api/{rest[:60]}", "not found"), status_code=404)
 
     return app
+
+
+async def _not_found(request: Request, exc) -> Response:
+    """A path no route matches, in the shape of its API: the catch-all routes below cannot match
+    every path (a path parameter does not match a newline)."""
+    path = request.url.path
+    if path.startswith("/v1/"):
+        return OpenAIError(404, f"no such endpoint: {path[:60]}", None, "not_found").response()
+    if path.startswith("/api/"):
+        return JSONResponse(body(None, f"no such endpoint: {path[:60]}", "not found"), status_code=404)
+    return await http_exception_handler(request, exc)
