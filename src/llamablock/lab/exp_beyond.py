@@ -12,7 +12,7 @@ change, at the ablation's learning rate and again at ten times it with a short w
 
 And the cache of windowed layers (Mistral; Gemma's local layers): `KVCache` keeps a ring of W slots
 for each, so a 32k-token Gemma 3 context no longer holds the whole context in every layer
-(issue 19's "six times the cache it needs"); counted on the meta device, with the calculator beside it.
+(about six times the cache it needs); counted on the meta device, with the calculator beside it.
 
 The training verdicts need the baseline to suffer first: when the 2024 block loses no more than the noise at
 the high rate, there is nothing for the change to fix and the claim is not measurable here. These

@@ -138,7 +138,7 @@ def verify(path: str | Path) -> str | None:
 def _state_problem(state: dict) -> str | None:
     """What in a state.json would stop a resume, or None: each part read as the resume reads it."""
     from llamablock.io.export import model_config, tokenizer_json
-    from llamablock.training.train import TrainConfig
+    from llamablock.training.recipe import TrainConfig
 
     try:
         model_config(state["model_config"], "model_config")
