@@ -2,7 +2,10 @@
 
 References: the dequantize-then-quantize path (`load_dtype` + `apply_dtype`, itself checked
 against float32 in tests/fast/test_quant.py): loading straight into the packed layers must give
-the same logits bit for bit, since both quantize the same bfloat16-rounded weights. Memory is
+the same logits bit for bit, since both quantize the same bfloat16-rounded weights. A tied
+embedding stored quantized is the one exception by design: the straight load keeps one int8 copy,
+the head's, and the embedding reads its rows (Int8Embedding), so it equals the old path with that
+embedding, and each embedding value lies within the q8 format's error of the file's. Memory is
 measured in child processes (peak resident set growth over an interpreter with torch loaded).
 """
 
@@ -21,16 +24,28 @@ from torch import nn
 
 import llamablock
 from llamablock.fast.native import engine_format, hf_dtype, load_gguf_native, load_model
-from llamablock.fast.quant import Int4Linear, Int8Linear, apply_dtype
+from llamablock.fast.quant import Int4Linear, Int8Embedding, Int8Linear, apply_dtype
 from llamablock.io.resolve import resolve_model
 
 
-def _tiny(tmp_path, qtype, **kw):
-    f = tmp_path / f"{qtype}.gguf"
+def _tiny(tmp_path, qtype, tied=False, **kw):
+    f = tmp_path / f"{qtype}{'-tied' if tied else ''}.gguf"
     # widths in whole blocks of 32, as quantized GGUF files have them
-    write_tiny_gguf(f, tiny_hf_model("llama", n_heads=4, n_kv=2, hidden_size=64, intermediate_size=128, head_dim=16),
-                    qtype=qtype, **kw)
+    write_tiny_gguf(f, tiny_hf_model("llama", n_heads=4, n_kv=2, hidden_size=64, intermediate_size=128, head_dim=16,
+                                     tied=tied), qtype=qtype, **kw)
     return f
+
+
+def _old_path(f, fmt):
+    """The dequantize-then-quantize model; a tied one's embedding then reads the q8 head's rows,
+    as the straight load's does."""
+    old = apply_dtype(llamablock.load_pretrained(f, torch.bfloat16), fmt)
+    if old.cfg.tie_embeddings:
+        old.embed = Int8Embedding(old.head)
+    return old
+
+
+BF16_U = 2.0**-8  # unit roundoff of bfloat16
 
 
 def _kinds(model) -> dict[str, str]:
@@ -62,24 +77,51 @@ def test_a_mixed_file_keeps_each_tensors_format(tmp_path):
     assert engine_format(f) == "q4"  # the compiled engine runs the majority format
 
 
+@pytest.mark.parametrize("tied", [False, True])
 @pytest.mark.parametrize("qtype,fmt", [("Q8_0", "q8"), ("Q4_1", "q4")])
-def test_straight_load_equals_dequantize_then_quantize(tmp_path, qtype, fmt):
-    f = _tiny(tmp_path, qtype)
+def test_straight_load_equals_dequantize_then_quantize(tmp_path, qtype, fmt, tied):
+    f = _tiny(tmp_path, qtype, tied)
     native, _ = load_gguf_native(f)
-    old = apply_dtype(llamablock.load_pretrained(f, torch.bfloat16), fmt)
-    ids = torch.randint(0, 97, (1, 40))
+    assert isinstance(native.embed, Int8Embedding) == tied
+    old = _old_path(f, fmt)
     with torch.no_grad():
-        assert torch.equal(native(ids), old(ids))
+        for t in (5, 40):  # the packed kernels, then the prefill GEMM (PREFILL_ROWS)
+            ids = torch.randint(0, 97, (1, t))
+            assert torch.equal(native(ids), old(ids))
+
+
+def _embedding_error_bound(table: torch.Tensor, head: Int8Linear) -> torch.Tensor:
+    """Per value of the shared table, against the float table the head was quantized from: half
+    the row's step, the bfloat16 rounding of the step (a row maximum may clamp at 127 by as much),
+    and the bfloat16 rounding of the row read (tests/fast/test_quant.py derives the first two)."""
+    return head.scales.float()[:, None] / 2 + 2 * BF16_U * table.abs().amax(1, keepdim=True)
+
+
+def test_a_tied_quantized_embedding_is_the_heads_int8_rows(tmp_path):
+    f = _tiny(tmp_path, "Q4_1", tied=True)
+    native, used = load_gguf_native(f)
+    assert native.embed.qweight is native.head.qweight and native.embed.weight.dtype == torch.bfloat16
+    assert used["q8"] == 1  # the file's one embedding tensor, serving the head too
+    table = llamablock.load_pretrained(f, torch.bfloat16).embed.weight.float()  # (vocab, d), the file's
+    got = native.embed(torch.arange(table.shape[0])).float()
+    assert ((got - table).abs() <= _embedding_error_bound(table, native.head)).all()
 
 
 @pytest.mark.slow
 def test_smollm2_straight_load_equals_the_old_path_and_runs_in_q4():
     native, tok, what = load_model(None, "auto")
     assert "210 tensors q4" in what and engine_format(None) == "q4"
-    old = apply_dtype(llamablock.load_pretrained(None, torch.bfloat16), "q4")
-    ids = torch.tensor([tok.encode("The capital of France is")])
+    assert isinstance(native.embed, Int8Embedding)
+    table = llamablock.load_pretrained(None, torch.bfloat16).embed.weight.float()
+    old = _old_path(None, "q4")
+    long = " ".join(["The capital of France is Paris, and the capital of Spain is Madrid."] * 3)
     with torch.no_grad():
-        assert torch.equal(native(ids), old(ids))
+        for text in ("The capital of France is", long):  # 6 tokens (kernels) and more than PREFILL_ROWS
+            ids = torch.tensor([tok.encode(text)])
+            assert torch.equal(native(ids), old(ids))
+    rows = torch.arange(0, table.shape[0], 7)
+    got = native.embed(rows).float()
+    assert ((got - table[rows]).abs() <= _embedding_error_bound(table, native.head)[rows]).all()
 
 
 def test_a_directory_runs_in_its_torch_dtype(tmp_path, monkeypatch):
@@ -99,33 +141,46 @@ import json, sys, torch
 torch.set_num_threads(1)
 from llamablock.fast.malloc import tune_allocator
 tune_allocator()  # as the command line runs
-import llamablock.fast.native, llamablock.fast.quant, llamablock.io.gguf
+from llamablock.fast.native import load_model
+from llamablock.runtime.generate import generate
 
 def kib(field):
     return next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith(field + ":"))
 
 open("/proc/self/clear_refs", "w").write("5")  # start the peak (VmHWM) afresh from here
 before = kib("VmRSS")
-if sys.argv[1] == "native":
-    llamablock.fast.native.load_gguf_native(sys.argv[2])
-else:
-    llamablock.fast.quant.apply_dtype(llamablock.io.gguf.load_gguf(sys.argv[2], torch.bfloat16), "q4")
-print(json.dumps((kib("VmHWM") - before) * 1024))
+model, tok, _ = load_model(sys.argv[1], "auto")
+load = (kib("VmHWM") - before) * 1024
+generate(model, tok.encode("The capital of France is"), 32, eos_ids=())
+print(json.dumps([load, (kib("VmHWM") - before) * 1024]))
 """
+# Times the file's size, for the load and for the whole run; see the test's docstring.
+LOAD_BOUND, RUN_BOUND = 2.0, 2.3
 
 
 @pytest.mark.slow
 def test_peak_memory_of_the_straight_load_against_the_file_size():
-    """SmolLM2's Q4_1 file, loaded as --dtype auto does, in a child process: the peak resident
-    memory growth stays under 8x the file's size (the heap's holes vary from run to run, so the
-    bound has room; `llamablock bench memory` reports the ratio). The target is 1.5x and is not met: the
-    q4 layers keep a nibble copy for prefill, the embedding is bfloat16 beside the 8-bit head, the
-    reader maps the file and parses its vocabulary (`llamablock bench memory` reports the ratio per
-    format; the dequantize-then-quantize path's peak varies between runs, so it is not the bound)."""
+    """SmolLM2's Q4_1 file run as `generate --dtype auto` runs it (load_model, then 32 tokens of
+    eager decode on one thread), in a child process, as `llamablock bench memory` measures it: the
+    peak resident growth over the interpreter with torch loaded stays under LOAD_BOUND times the
+    file's size at the end of the load and under RUN_BOUND after the decode. The bounds leave
+    room for the run-to-run spread of the heap's holes and of a fresh machine.
+
+    The issue's target, 1.5x for the run, is not met. Beyond the weights (the q4 layers' packed
+    ids and scales, one int8 copy of the tied embedding and head) the load's peak holds the
+    tokenizer and the library code the load pages in; the decode then adds oneDNN's kernels for
+    the bfloat16 attention matmuls, built anew for every key length (llamablock/attention.py),
+    so the run's peak grows with the number of tokens generated. What the load no longer holds:
+    the reader's parse of the vocabulary and the file's mapped pages (io/gguf.py, io/gguf_read.py),
+    a nibble copy of every q4 layer (fast/int4pack.py), a bfloat16 embedding beside the 8-bit head
+    (Int8Embedding), the heap's holes between weights (fast/malloc.py)."""
     path = str(resolve_model(None))
-    peak = int(subprocess.run([sys.executable, "-c", PEAK, "native", path], capture_output=True, text=True,
-                              check=True).stdout.split()[-1])
-    assert 0 < peak < 8 * os.path.getsize(path), peak
+    load, run = json.loads(subprocess.run([sys.executable, "-c", PEAK, path], capture_output=True, text=True,
+                                          check=True).stdout.splitlines()[-1])
+    size = os.path.getsize(path)
+    print(f"peak / file size: load {load / size:.2f}, run {run / size:.2f}")
+    assert 0 < load < LOAD_BOUND * size, load / size
+    assert load <= run < RUN_BOUND * size, run / size
 
 
 def test_the_straight_load_holds_one_tensor_in_float_at_a_time(tmp_path, monkeypatch):

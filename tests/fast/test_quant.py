@@ -168,7 +168,7 @@ def test_prefill_path_equals_dequantized_matmul(cls):
 
     q = cls(torch.randn(192, 576))
     deq = q.dequantized()
-    if cls is Int4Linear:  # the nibble copy holds the same ids as the kernel's packed layout
+    if cls is Int4Linear:  # the ids read back from the kernel's packed copy are the kernel's
         assert ((q.unpacked() - deq).abs() <= BF16_U * q.unpacked().abs() + 1e-6).all()
     x = torch.randn(PREFILL_ROWS + 5, 576).bfloat16()
     got = q(x).float()
@@ -212,3 +212,30 @@ def test_commands_take_dtype_q8_q4(capsys, tmp_path):
     with pytest.raises(SystemExit):  # argparse names the choices
         cli.main(["generate", "--model", str(gguf), "--prompt", "x", "--dtype", "q3"])
     assert "choose from 'auto', 'float32', 'bfloat16', 'q8', 'q4'" in capsys.readouterr().err
+
+
+# (n, k): whole 64-row blocks, a shorter last block (48, 16 rows), fewer rows than a block.
+@pytest.mark.parametrize("n,k", [(192, 576), (1536, 576), (240, 64), (16, 32), (32, 64)])
+def test_int4_ids_read_back_from_the_packed_copy(n, k):
+    """fast/int4pack.py reads the kernel's private layout: it must give back the very ids packed."""
+    from llamablock.fast import int4pack
+
+    assert int4pack.layout() is not None  # x86 and ARM builds: one of the candidates
+    q = torch.randint(0, 16, (n, k), dtype=torch.int32)
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
+    assert torch.equal(int4pack.unpack(packed, n, k, *int4pack.layout()), q.to(torch.uint8))
+
+
+def test_int4_without_a_readable_layout_keeps_its_nibble_copy(monkeypatch):
+    """Where the packed layout cannot be read back, Int4Linear keeps the nibble copy: same results."""
+    from llamablock.fast import int4pack
+    from llamablock.fast.quant import PREFILL_ROWS
+
+    w = torch.randn(192, 576)
+    read_back = Int4Linear(w)
+    monkeypatch.setattr(int4pack, "readable", lambda n, k: False)
+    kept = Int4Linear(w)
+    assert read_back.nibbles is None and kept.nibbles is not None
+    assert torch.equal(read_back.ids(), kept.ids())
+    x = torch.randn(PREFILL_ROWS + 3, 576).bfloat16()
+    assert torch.equal(read_back(x), kept(x)) and torch.equal(read_back(x[:2]), kept(x[:2]))

@@ -12,7 +12,8 @@ faults them in page by page, which can cost more than the op itself: LayerNorm o
 not set variables: no mmap for large blocks (they come from the heap and are reused after free)
 and no trimming of the heap top below 2 GiB (mallopt takes a C int, so 2^31 - 1 is its largest
 value; the environment variable accepts more). Memory freed stays with the process for reuse,
-which is the point; it is not leaked.
+which is the point; it is not leaked. A loader turns the mappings back on while it builds a
+model (`mapped_large_blocks`), where holes would otherwise add up.
 
 It is applied by the command line's entry point (`llamablock.cli.main`), never on
 `import llamablock`: a library should not change its host process's allocator behind its back.
@@ -23,6 +24,7 @@ preloaded, or when the user already set either MALLOC_ variable: their choice wi
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import os
@@ -31,10 +33,12 @@ import os
 M_TRIM_THRESHOLD = -1
 M_MMAP_MAX = -4
 TRIM_THRESHOLD = 2**31 - 1  # largest C int: mallopt(int param, int value)
+MMAP_MAX_DEFAULT = 65536  # glibc's default M_MMAP_MAX (DEFAULT_MMAP_MAX)
 ENV_VARS = ("MALLOC_MMAP_MAX_", "MALLOC_TRIM_THRESHOLD_")
 OTHER_ALLOCATORS = ("tcmalloc", "jemalloc", "mimalloc")
 
 _state: str | None = None  # what the last call did, for `allocator_state()`
+_mmap_off = False  # whether `tune_allocator` turned glibc's mmap of large blocks off
 
 
 def _glibc():
@@ -55,7 +59,7 @@ def _glibc():
 
 def tune_allocator() -> str:
     """Apply the settings if they apply here; return a one-line account of what was done."""
-    global _state
+    global _state, _mmap_off
     preload = os.environ.get("LD_PRELOAD", "")
     if any(a in preload for a in OTHER_ALLOCATORS):
         _state = f"left alone: another allocator is preloaded ({preload})"
@@ -67,9 +71,32 @@ def tune_allocator() -> str:
             _state = "left alone: the C library is not glibc"
         else:
             ok = libc.mallopt(M_MMAP_MAX, 0) == 1 and libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1
+            _mmap_off = ok
             _state = ("glibc mallopt: M_MMAP_MAX=0, M_TRIM_THRESHOLD=2^31-1" if ok
                       else "glibc mallopt refused the settings; defaults kept")
     return _state
+
+
+@contextlib.contextmanager
+def mapped_large_blocks():
+    """Within the block, blocks above the mmap threshold get their own mappings again, where
+    `tune_allocator` had turned that off (elsewhere it changes nothing).
+
+    A loader that builds long-lived tensors between short-lived temporaries fragments the heap:
+    a weight lands in the hole a temporary left, the next temporaries no longer fit there, and
+    the heap grows by about a tensor's temporaries per tensor until trimmed, while trimming
+    after every tensor walks the whole heap each time. Own mappings go back to the system when
+    freed, so the load's resident set stays at the weights built so far plus one tensor's
+    temporaries. `llamablock bench memory` measures the peak.
+    """
+    libc = _glibc() if _mmap_off else None
+    if libc is not None:
+        libc.mallopt(M_MMAP_MAX, MMAP_MAX_DEFAULT)
+    try:
+        yield
+    finally:
+        if libc is not None:
+            libc.mallopt(M_MMAP_MAX, 0)
 
 
 def allocator_state() -> str:

@@ -8,12 +8,19 @@ The format of each weight follows the file:
     GGUF Q4_0, Q4_1, Q4_K          q4: int4 groups of 32
     transformers directory         its config.json's torch_dtype (float16 runs as bfloat16)
 With any quantized weight the activations, norms and embeddings are bfloat16, the packed
-kernels' activation dtype; the output head is q8 as in `quantize_model`.
+kernels' activation dtype; the output head is q8 as in `quantize_model`. A tied embedding stored
+quantized is that q8 head's int8 rows (Int8Embedding): one copy for both.
 
 A quantized GGUF is read tensor by tensor (io/gguf.py `gguf_tensors`): each weight is dequantized,
 rounded to bfloat16 and quantized into its packed layer before the next is read, so the whole
 model never exists in float. Rounding to bfloat16 first is what the dequantize-then-quantize path
-(`load_dtype` + `apply_dtype`) does, so both give the same logits (tests/fast/test_native.py).
+(`load_dtype` + `apply_dtype`) does, so both give the same logits (tests/fast/test_native.py; the
+shared embedding differs from a bfloat16 one within the q8 step, as stated there).
+
+Memory (`llamablock bench memory` measures the peak against the file's size): the
+reader's parse of the vocabulary is dropped once the tokenizer is built, the file's pages leave
+the process as they are read (io/gguf_read.py), large temporaries get their own mappings while
+loading (fast/malloc.py), and an int4 layer holds its ids once (fast/int4pack.py).
 """
 
 from __future__ import annotations
@@ -25,16 +32,22 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from llamablock.fast.malloc import release_free_memory
+from llamablock.fast.malloc import mapped_large_blocks, release_free_memory
 from llamablock.fast.quant import (
     DTYPE_CHOICES,
     Int4Linear,
+    Int8Embedding,
     Int8Linear,
     apply_dtype,
     load_dtype,
 )
 from llamablock.io.empty import empty_decoder
-from llamablock.io.gguf import config_from_gguf, gguf_tensors, open_gguf
+from llamablock.io.gguf import (
+    config_from_gguf,
+    drop_array_fields,
+    gguf_tensors,
+    open_gguf,
+)
 from llamablock.io.resolve import resolve_model
 
 CHOICES = ("auto", *DTYPE_CHOICES)
@@ -60,34 +73,67 @@ def _set_module(model: nn.Module, dotted: str, module: nn.Module) -> None:
     setattr(model.get_submodule(parent) if parent else model, child, module)
 
 
-def load_gguf_native(path_or_reader, rope_layout: str = "half"):
-    """(Decoder, {format: tensors}) for a GGUF, each weight in the format its type maps to."""
-    reader = path_or_reader if hasattr(path_or_reader, "tensors") else open_gguf(path_or_reader)
-    cfg = config_from_gguf(reader).replace(rope_layout=rope_layout)
-    model = empty_decoder(cfg)
+def _shared_head(name: str, rows) -> Int8Linear:
+    """The q8 head from a tied embedding's rows (a RowChunks: never whole in bfloat16). A row with a
+    NaN or infinity has a non-finite scale: refused by name, as Decoder.assign_weights does."""
+    head = Int8Linear(rows, None)
+    if not torch.isfinite(head.scales).all():
+        raise ValueError(f"the checkpoint's {name} holds non-finite values (NaN or infinity); it is damaged")
+    return head
+
+
+def _read_weights(reader, cfg, model, dtype: torch.dtype):
+    """Pack the file's weights into `model` as they are read; return (plain tensors by name, {format:
+    tensors}, the shared q8 head or None). Large blocks get their own mappings meanwhile, so the
+    temporaries of each tensor go back to the system instead of fragmenting the heap (fast/malloc.py)."""
     expected = {name: p.shape for name, p in model.state_dict(keep_vars=True).items()}
     linears = _linear_names(model)
+    embed = next((t.tensor_type.name for t in reader.tensors if t.name == "token_embd.weight"), None)
+    shared = frozenset({"embed.weight"} if cfg.tie_embeddings and GGUF_FORMATS.get(embed) in ("q8", "q4") else ())
+    plain, used, head = {}, Counter(), None
+    with mapped_large_blocks():
+        for name, kind, w in gguf_tensors(reader, cfg, expected, dtype, chunked=shared):
+            fmt = GGUF_FORMATS[kind] if name in linears else "plain"
+            if name == "head.weight" and fmt == "q4":
+                fmt = "q8"  # the output head stays 8-bit, as in quantize_model
+            if name in shared:
+                head, fmt = _shared_head(name, w), "q8"  # the embedding reads it too (Int8Embedding)
+            elif fmt in ("q8", "q4"):
+                _set_module(model, name.rsplit(".", 1)[0], _packed(w, fmt))
+                if sum(used.values()) % TRIM_EVERY == 0:
+                    release_free_memory()  # the small temporaries' holes, before they add up
+            else:  # norms, biases, float embeddings and float weights
+                plain[name] = w
+            used[fmt if fmt != "plain" else str(dtype).removeprefix("torch.")] += 1
+            del w  # before the next tensor is read: one weight in float at a time
+    return plain, used, head
+
+
+def load_gguf_native(path_or_reader, rope_layout: str = "half", cfg=None):
+    """(Decoder, {format: tensors}) for a GGUF, each weight in the format its type maps to; `cfg`:
+    the file's config when already read (load_model reads it before dropping the vocabulary).
+
+    A tied embedding stored quantized becomes the q8 head, and the embedding table reads its
+    rows (Int8Embedding): one int8 copy instead of a bfloat16 table beside an int8 head. Its
+    rows are the head's, within the q8 step of the file's (`llamablock bench memory`)."""
+    own = not hasattr(path_or_reader, "tensors")
+    reader = open_gguf(path_or_reader) if own else path_or_reader
+    cfg = (cfg or config_from_gguf(reader)).replace(rope_layout=rope_layout)
+    if own:  # no one else reads this reader's vocabulary: its parse goes before the weights come
+        drop_array_fields(reader)
+        release_free_memory()
+    model = empty_decoder(cfg)
     types = {t.tensor_type.name for t in reader.tensors if t.name.endswith(".weight") and len(t.shape) > 1}
     dtype = torch.float32 if types <= {"F32"} else torch.bfloat16
-    plain, used = {}, Counter()
-    for name, kind, w in gguf_tensors(reader, cfg, expected, dtype):
-        fmt = GGUF_FORMATS[kind] if name in linears else "plain"
-        if name == "head.weight" and fmt == "q4":
-            fmt = "q8"  # the output head stays 8-bit, as in quantize_model
-        if fmt in ("q8", "q4"):
-            _set_module(model, name.rsplit(".", 1)[0], _packed(w, fmt))
-            if sum(used.values()) % TRIM_EVERY == 0:
-                release_free_memory()  # the float temporaries' holes, before they add up
-        else:  # norms, biases, embeddings and float weights
-            plain[name] = w
-        used[fmt if fmt != "plain" else str(dtype).removeprefix("torch.")] += 1
-        del w  # before the next tensor is read: one weight in float at a time
+    plain, used, head = _read_weights(reader, cfg, model, dtype)
     biases = {n: b for n, b in plain.items() if n.endswith(".bias")}
     model.assign_weights({n: t for n, t in plain.items() if n not in biases})
     for name, b in biases.items():  # a packed layer keeps its bias in bfloat16
         module = model.get_submodule(name.rsplit(".", 1)[0])
         module.bias = b.to(torch.bfloat16) if isinstance(module, (Int8Linear, Int4Linear)) else nn.Parameter(b)
-    if dtype == torch.bfloat16 and cfg.tie_embeddings:  # the tied head, q8 as quantize_model makes it
+    if head is not None:
+        model.head, model.embed = head, Int8Embedding(head)
+    elif dtype == torch.bfloat16 and cfg.tie_embeddings:  # the tied head, q8 as quantize_model makes it
         model.head = Int8Linear(model.embed.weight, None)
         used["q8"] += 1
     return model.eval(), dict(used)
@@ -125,9 +171,14 @@ def load_model(path, choice: str = "auto", device: str = "cpu"):
     p = resolve_model(path)
     if choice == "auto" and not p.is_dir():
         reader = open_gguf(p)
-        model, used = load_gguf_native(reader)
+        tok, cfg = tokenizer_from_gguf(reader), config_from_gguf(reader)
+        drop_array_fields(reader)  # the vocabulary's parse goes before the weights take its place
+        release_free_memory()
+        model, used = load_gguf_native(reader, cfg=cfg)
+        del reader  # and its file mapping
+        release_free_memory()
         what = ", ".join(f"{n} tensors {fmt}" for fmt, n in sorted(used.items()))
-        return model, tokenizer_from_gguf(reader), f"the file's own precision: {what}"
+        return model, tok, f"the file's own precision: {what}"
     if choice == "auto":
         choice = hf_dtype(p)
     model, tok = load_model_and_tokenizer(p, load_dtype(choice))

@@ -23,8 +23,8 @@ Prefill: the packed kernels work row by row of x, so their time grows linearly w
 of tokens, and for a long prompt dequantizing to bfloat16 and calling the ordinary matmul is
 many times faster. From PREFILL_ROWS rows on, a layer dequantizes its weight for that call (a
 transient bfloat16 copy, freed after) and runs the bfloat16 GEMM; decode (one row) always
-reads only the small integers. int4 keeps its own nibble-packed copy of the ids for this
-(half a byte per weight) because the kernel's packed layout is private to it.
+reads only the small integers. int4 reads the ids for this back out of the kernel's packed
+copy (fast/int4pack.py), so a layer holds its weights once.
 Error per weight: rounding to nearest gives |W - dequant(W)| <= s / 2 (s the row or group
 step), plus the bfloat16 rounding of s and z (relative 2^-9). `dequantized()` returns the
 float32 weight the kernel actually multiplies by, for tests and perplexity checks.
@@ -35,12 +35,14 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from llamablock.fast import int4pack
+
 FORMATS = ("q8", "q4")
 PREFILL_ROWS = 32  # from this many rows of x on, dequantize and use the bf16 GEMM (see above)
 
 
 def _check_2d(w: torch.Tensor) -> None:
-    if w.dim() != 2:
+    if len(w.shape) != 2:
         raise ValueError(f"a linear weight must be 2-D (out, in), got shape {tuple(w.shape)}")
 
 
@@ -51,8 +53,16 @@ def _row_chunks(n: int, k: int):
     return ((i, min(i + step, n)) for i in range(0, n, step))
 
 
+def _chunks(weight):
+    """(first row, rows) of a tensor, or the chunks a RowChunks (io/gguf_read.py) reads from a file."""
+    if not isinstance(weight, torch.Tensor):
+        return iter(weight)
+    return ((a, weight[a:b]) for a, b in _row_chunks(*weight.shape))
+
+
 class Int8Linear(nn.Module):
-    """y = x W^T (+ b) with W stored as int8 rows and one bfloat16 scale per row."""
+    """y = x W^T (+ b) with W stored as int8 rows and one bfloat16 scale per row. `weight`: an
+    (n, k) tensor, or a RowChunks, quantized as read, for a table too large to hold in float."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
         super().__init__()
@@ -60,8 +70,8 @@ class Int8Linear(nn.Module):
         n, k = weight.shape
         q = torch.empty(n, k, dtype=torch.int8)
         scale = torch.empty(n, dtype=torch.bfloat16)
-        for a, b in _row_chunks(n, k):
-            w = weight[a:b].detach().float()
+        for a, rows in _chunks(weight):
+            b, w = a + len(rows), rows.detach().float()
             s = (w.abs().amax(dim=1) / 127).clamp(min=torch.finfo(torch.float32).tiny)  # (rows,)
             scale[a:b] = s = s.to(torch.bfloat16)  # the kernel takes bf16 scales; quantize against those
             q[a:b] = torch.round(w / s.float()[:, None]).clamp(-127, 127).to(torch.int8)  # (rows, k)
@@ -116,7 +126,11 @@ class Int4Linear(nn.Module):
             zero[a:b] = z = (lo + 8 * s).to(torch.bfloat16).float()  # kernel: (q - 8) * s + z
             q[a:b] = torch.round((w - z[..., None]) / s[..., None] + 8).clamp(0, 15).to(torch.int32).reshape(b - a, k)
         self.register_buffer("packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.contiguous(), 1))
-        self.register_buffer("nibbles", (q[:, 0::2] | (q[:, 1::2] << 4)).to(torch.uint8))  # (n, k/2), for prefill
+        # prefill reads the ids back from `packed` (fast/int4pack.py); only where it cannot is a
+        # second, nibble copy kept for it. The layout is kept as a constant for torch.compile.
+        self.layout = int4pack.layout() if int4pack.readable(n, k) else None
+        nibbles = None if self.layout else (q[:, 0::2] | (q[:, 1::2] << 4)).to(torch.uint8)  # (n, k/2)
+        self.register_buffer("nibbles", nibbles)
         sz = torch.stack((scale, zero), dim=-1).transpose(0, 1)  # (groups, n, 2)
         self.register_buffer("scales_zeros", sz.to(torch.bfloat16).contiguous())
         self.register_buffer("bias", None if bias is None else bias.detach().to(torch.bfloat16))
@@ -128,10 +142,17 @@ class Int4Linear(nn.Module):
         w_t = torch.ops.aten._weight_int4pack_mm_for_cpu(eye, self.packed, self.group_size, self.scales_zeros)
         return w_t.float().T.contiguous()  # (n, k); the kernel's bf16 output rounding included
 
+    def ids(self) -> torch.Tensor:
+        """The stored ids q in 0..15, (n, k) uint8: read from the kernel's packed copy, or the nibbles."""
+        n, k = self.out_features, self.in_features
+        if self.nibbles is not None:
+            return torch.stack((self.nibbles & 15, self.nibbles >> 4), dim=-1).reshape(n, k)
+        return int4pack.unpack(self.packed, n, k, *self.layout)
+
     def unpacked(self) -> torch.Tensor:
-        """(q - 8) * s + z in float32 from the nibble copy: the kernel's weight before its bf16 rounding."""
+        """(q - 8) * s + z in float32: the kernel's weight before its bf16 rounding."""
         n, k, gs = self.out_features, self.in_features, self.group_size
-        q = torch.stack((self.nibbles & 15, self.nibbles >> 4), dim=-1).reshape(n, k // gs, gs).float()
+        q = self.ids().reshape(n, k // gs, gs).float()
         s = self.scales_zeros[..., 0].T.float()[..., None]  # (n, groups, 1)
         z = self.scales_zeros[..., 1].T.float()[..., None]
         return ((q - 8) * s + z).reshape(n, k)
@@ -149,6 +170,33 @@ class Int4Linear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, int4 group {self.group_size}"
+
+
+class Int8Embedding(nn.Module):
+    """An embedding table read from a tied head's Int8Linear rows: one int8 copy serves both.
+
+    Row i is `head.dequantized()[i]` rounded to bfloat16, so each value is within half the
+    row's step (plus the step's bfloat16 rounding) of the weight the head was quantized from.
+    `weight` is an empty bfloat16 tensor on the table's device: callers read it for the
+    activation dtype and device, and a full float table would cost the memory this saves.
+    """
+
+    def __init__(self, head: Int8Linear):
+        super().__init__()
+        self.register_buffer("qweight", head.qweight)  # (vocab, d) int8, the head's own tensor
+        self.register_buffer("scales", head.scales)  # (vocab,) bf16
+        self.num_embeddings, self.embedding_dim = head.out_features, head.in_features
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return torch.empty(0, dtype=torch.bfloat16, device=self.qweight.device)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        rows = self.qweight[ids].float() * self.scales[ids].float()[..., None]  # (..., d)
+        return rows.to(torch.bfloat16)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, int8 rows shared with the head"
 
 
 def quantize_linear(linear: nn.Linear, fmt: str, group_size: int = 32) -> nn.Module:

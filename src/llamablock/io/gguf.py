@@ -7,7 +7,7 @@ block-quantized. Loading here:
      is refused by name, never loaded into a model that would compute something else;
   3. dequantizes each tensor with the `gguf.quants` block kernels (the package's reference numpy
      kernels, the same ones transformers' GGUF loader calls) into float32, then casts to the
-     requested dtype;
+     requested dtype, a chunk of rows at a time (io/gguf_read.py);
   4. renames llama.cpp's tensors (`blk.3.attn_q.weight`) to ours (`layers.3.attn.wq.weight`);
   5. for the llama architecture, undoes the q/k row permutation of llama.cpp's converter;
   6. reads the file's RoPE scaling (rope.scaling metadata, LLaMA 3.1's rope_freqs tensor) into
@@ -36,12 +36,16 @@ import torch
 
 from llamablock.config import ModelConfig
 from llamablock.io.empty import empty_decoder
+from llamablock.io.gguf_read import (  # noqa: F401 (public here)
+    SUPPORTED_TYPES,
+    RowChunks,
+    dequantize,
+    dequantize_to,
+)
 from llamablock.io.gguf_rope import rope_scaling_from_gguf
 from llamablock.model import Decoder
 from llamablock.rope import permute_qk
 
-# The quantization types this loader accepts: each is tested (tests/io/test_gguf.py).
-SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
 # Architectures implemented, with the family name our config uses and whether the file's q/k rows
 # are in llama.cpp's interleaved ("NORM") rope order.
 ARCHITECTURES = {"llama": ("llama", True), "qwen2": ("qwen2", False)}
@@ -115,6 +119,17 @@ def metadata(reader) -> dict:
             continue
         out[key] = field.contents()
     return out
+
+
+def drop_array_fields(reader) -> None:
+    """Forget the parsed array fields (tokenizer vocabulary, merges...) once read: several Python
+    objects per entry, near a small model's weights in size, that a loader need not hold beside
+    them (`llamablock bench memory`). Scalars and tensors stay; `field_array` gives None for the rest."""
+    import gguf
+
+    arrays = [key for key, f in reader.fields.items() if f.types and f.types[0] == gguf.GGUFValueType.ARRAY]
+    for key in arrays:
+        del reader.fields[key]
 
 
 def field_array(reader, key: str) -> list | None:
@@ -202,54 +217,11 @@ def rope_scaling_of(reader, cfg: ModelConfig) -> dict | None:
     return rope_scaling_from_gguf(cfg, meta, meta["general.architecture"], None if freqs is None else dequantize(freqs))
 
 
-def _row_blocks(tensor):
-    """(shape, [(first row, float32 rows), ...]) for one `ReaderTensor`, in PyTorch's (out, in) order.
-
-    GGUF lists dimensions innermost first (`shape` [576, 192] is 192 rows of 576); the reader's
-    `data` array is already in row-major (192, ...) order, so only the block bytes need expanding.
-    gguf.quants.dequantize runs the format's block kernel on groups of 16 rows, a Python loop that
-    would dominate the load; the same kernel (`dequantize_rows`) on ~1M-value chunks keeps the
-    temporaries small at a fraction of the calls.
-    """
-    import gguf
-
-    kind = tensor.tensor_type.name
-    if kind not in SUPPORTED_TYPES:
-        raise ValueError(f"tensor {tensor.name!r} has quantization type {kind}, which llamablock does not load; "
-                         f"supported: {', '.join(SUPPORTED_TYPES)}")
-    shape = tuple(int(n) for n in reversed(tensor.shape.tolist()))
-    rows = tensor.data.reshape(shape[0], -1)
-    step = max(1, (1 << 20) // shape[-1])
-    if kind in ("F32", "F16"):  # the reader already typed these
-        blocks = ((i, rows[i:i + step].astype(np.float32)) for i in range(0, shape[0], step))
-    else:
-        kernel = getattr(gguf.quants, kind)
-        blocks = ((i, kernel.dequantize_rows(rows[i:i + step])) for i in range(0, shape[0], step))
-    return shape, blocks
-
-
-def dequantize(tensor) -> np.ndarray:
-    """One `ReaderTensor` as a float32 array in PyTorch's (out, in) order."""
-    shape, blocks = _row_blocks(tensor)
-    out = np.empty(shape, dtype=np.float32)
-    for i, block in blocks:
-        out[i:i + len(block)] = block.reshape(len(block), *shape[1:])
-    return out
-
-
-def dequantize_to(tensor, dtype: torch.dtype) -> torch.Tensor:
-    """One `ReaderTensor` as a torch tensor of `dtype`, converted a chunk of rows at a time, so a
-    bfloat16 load never holds the whole tensor in float32 (the same values as dequantize().to(dtype))."""
-    shape, blocks = _row_blocks(tensor)
-    out = torch.empty(shape, dtype=dtype)
-    for i, block in blocks:
-        out[i:i + len(block)] = torch.from_numpy(block.reshape(len(block), *shape[1:])).to(dtype)
-    return out
-
-
-def gguf_tensors(reader, cfg: ModelConfig, expected: dict[str, torch.Size], dtype: torch.dtype = torch.float32):
+def gguf_tensors(reader, cfg: ModelConfig, expected: dict[str, torch.Size], dtype: torch.dtype = torch.float32,
+                 chunked: frozenset[str] = frozenset()):
     """The file's tensors one at a time, as (our name, GGUF type, tensor of `dtype` in `cfg.rope_layout`),
-    each checked against `expected` (name -> shape): a loader holds one tensor in float at a time."""
+    each checked against `expected` (name -> shape): a loader holds one tensor in float at a time.
+    The names in `chunked` (not wq/wk, which are permuted whole) come as RowChunks, not read yet."""
     arch = metadata(reader)["general.architecture"]
     file_interleaved = ARCHITECTURES[arch][1]
     if cfg.rope_layout not in ("half", "interleaved"):
@@ -263,11 +235,11 @@ def gguf_tensors(reader, cfg: ModelConfig, expected: dict[str, torch.Size], dtyp
         name = our_name(t.name)
         if name not in expected:
             raise ValueError(f"GGUF tensor {t.name!r} ({name}) is not used by the configured model")
-        w = dequantize_to(t, dtype)
+        kind = name.split(".")[-2]
+        w = RowChunks(t, dtype) if name in chunked and kind not in ("wq", "wk") else dequantize_to(t, dtype)
         if tuple(w.shape) != tuple(expected[name]):
             raise ValueError(f"GGUF tensor {t.name!r} has shape {tuple(w.shape)}, the metadata implies "
                              f"{tuple(expected[name])}")
-        kind = name.split(".")[-2]
         if kind in ("wq", "wk"):  # a file in one pair order runs in the other only once permuted
             heads = cfg.n_heads if kind == "wq" else cfg.n_kv_heads
             if file_interleaved and cfg.rope_layout == "half":

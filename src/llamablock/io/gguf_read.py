@@ -1,0 +1,106 @@
+"""Reading a GGUF tensor's bytes into float rows (io/gguf.py loads models with these).
+
+Each tensor is read a chunk of about a million values at a time through the reader's memory map:
+the block kernels of the `gguf` package expand the chunk to float32, and the chunk's file pages
+are then dropped from the process (`_read`), so neither the file nor a whole tensor in float32
+is ever resident at once. `llamablock bench memory` measures the peak of a load.
+"""
+
+from __future__ import annotations
+
+import mmap
+
+import numpy as np
+import torch
+
+# The quantization types this loader accepts: each is tested (tests/io/test_gguf.py).
+SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
+FAULT_AROUND = 1 << 16  # Linux's default fault_around_bytes: a read fault maps this aligned window
+
+
+def _row_blocks(tensor):
+    """(shape, [(first row, float32 rows), ...]) for one `ReaderTensor`, in PyTorch's (out, in) order.
+
+    GGUF lists dimensions innermost first (`shape` [576, 192] is 192 rows of 576); the reader's
+    `data` array is already in row-major (192, ...) order, so only the block bytes need expanding.
+    gguf.quants.dequantize runs the format's block kernel on groups of 16 rows, a Python loop that
+    would dominate the load; the same kernel (`dequantize_rows`) on ~1M-value chunks keeps the
+    temporaries small at a fraction of the calls.
+    """
+    import gguf
+
+    kind = tensor.tensor_type.name
+    if kind not in SUPPORTED_TYPES:
+        raise ValueError(f"tensor {tensor.name!r} has quantization type {kind}, which llamablock does not load; "
+                         f"supported: {', '.join(SUPPORTED_TYPES)}")
+    shape = tuple(int(n) for n in reversed(tensor.shape.tolist()))
+    rows = tensor.data.reshape(shape[0], -1)
+    step = max(1, (1 << 20) // shape[-1])
+    plain = kind in ("F32", "F16")  # the reader already typed these
+    convert = (lambda chunk: chunk.astype(np.float32)) if plain else getattr(gguf.quants, kind).dequantize_rows
+    mapped = _mapping(rows)
+    return shape, ((i, _read(rows[i:i + step], convert, mapped)) for i in range(0, shape[0], step))
+
+
+def _mapping(array: np.ndarray):
+    """(mapping, its address) for the read-only file mapping `array` views, else None."""
+    base, read_only = array, False
+    while base is not None and not isinstance(base, mmap.mmap):  # views of views of the np.memmap
+        read_only |= isinstance(base, np.memmap) and base.mode == "r"
+        base = getattr(base, "base", None)
+    if base is None or not read_only or not hasattr(mmap, "MADV_DONTNEED"):
+        return None
+    return base, np.frombuffer(base, dtype=np.uint8).ctypes.data
+
+
+def _read(chunk: np.ndarray, convert, mapped) -> np.ndarray:
+    """convert(chunk), a new array; then the chunk's file pages leave this process's resident set:
+    pages read through a mapping count in it (and its peak) until unmapped, so a whole model read
+    would hold the file's size beside the weights built from it. MADV_DONTNEED on a read-only
+    mapping drops them from this process only; the page cache keeps them (`llamablock bench memory`).
+    The range starts at the aligned window a page fault maps around itself (Linux's fault-around),
+    which brings back pages of the data before the chunk that were dropped already."""
+    out = convert(chunk)
+    if mapped is not None and chunk.flags.c_contiguous:
+        mapping, address = mapped
+        first = chunk.ctypes.data - address
+        start = first - first % max(FAULT_AROUND, mmap.PAGESIZE)
+        try:
+            mapping.madvise(mmap.MADV_DONTNEED, start, first + chunk.nbytes - start)
+        except (OSError, ValueError):  # a closed or foreign mapping: the pages just stay
+            pass
+    return out
+
+
+def dequantize(tensor) -> np.ndarray:
+    """One `ReaderTensor` as a float32 array in PyTorch's (out, in) order."""
+    shape, blocks = _row_blocks(tensor)
+    out = np.empty(shape, dtype=np.float32)
+    for i, block in blocks:
+        out[i:i + len(block)] = block.reshape(len(block), *shape[1:])
+    return out
+
+
+class RowChunks:
+    """One `ReaderTensor` not read yet: its `shape`, and, iterated, its rows in `dtype` a chunk at a
+    time as (first row, rows). A consumer that converts rows independently (Int8Linear) then never
+    holds the tensor whole, in float or in `dtype`."""
+
+    def __init__(self, tensor, dtype: torch.dtype):
+        self.tensor, self.dtype = tensor, dtype
+        self.shape = torch.Size(int(n) for n in reversed(tensor.shape.tolist()))
+
+    def __iter__(self):
+        _, blocks = _row_blocks(self.tensor)
+        for i, block in blocks:
+            yield i, torch.from_numpy(block.reshape(len(block), *self.shape[1:])).to(self.dtype)
+
+
+def dequantize_to(tensor, dtype: torch.dtype) -> torch.Tensor:
+    """One `ReaderTensor` as a torch tensor of `dtype`, converted a chunk of rows at a time, so a
+    bfloat16 load never holds the whole tensor in float32 (the same values as dequantize().to(dtype))."""
+    chunks = RowChunks(tensor, dtype)
+    out = torch.empty(chunks.shape, dtype=dtype)
+    for i, rows in chunks:
+        out[i:i + len(rows)] = rows
+    return out

@@ -1,0 +1,51 @@
+"""io/gguf_read.py: rows read a chunk at a time, and the file's pages leave the process once read.
+
+Reference for the pages: Linux's /proc/self/smaps, whose Rss line per mapping counts the pages of
+that mapping resident in this process (the page cache itself is not counted).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from llamablock.io.gguf import RowChunks, dequantize, dequantize_to, open_gguf
+from llamablock.io.resolve import resolve_model
+
+
+def _resident_kib(path: str) -> int:
+    """Resident KiB of this process's mappings of `path`."""
+    total, current = 0, None
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            parts = line.split()
+            if ":" not in parts[0] or not line[0].isupper():  # a mapping's header line
+                current = parts[5] if len(parts) > 5 else None
+            elif parts[0] == "Rss:" and current == path:
+                total += int(parts[1])
+    return total
+
+
+def test_reading_a_tensor_leaves_its_pages_unmapped():
+    path = str(resolve_model(None))
+    reader = open_gguf(path)
+    embed = next(t for t in reader.tensors if t.name == "token_embd.weight")  # the file's largest tensor
+    assert embed.n_bytes > 16 * 2**20
+    w = dequantize_to(embed, torch.bfloat16)
+    # what stays mapped is the metadata the reader parsed, not the tensor's bytes
+    assert _resident_kib(os.path.realpath(path)) * 1024 < min(embed.n_bytes / 8, embed.data_offset + 2**20)
+    assert torch.equal(w, torch.from_numpy(dequantize(embed)).to(torch.bfloat16))  # and read again, equal
+
+
+def test_row_chunks_cover_the_tensor_in_order():
+    reader = open_gguf(resolve_model(None))
+    t = next(t for t in reader.tensors if t.name == "blk.0.ffn_down.weight")
+    chunks = RowChunks(t, torch.float32)
+    whole = torch.from_numpy(dequantize(t))
+    assert tuple(chunks.shape) == tuple(whole.shape)
+    rows = 0
+    for first, block in chunks:
+        assert first == rows and torch.equal(block, whole[first:first + len(block)])
+        rows += len(block)
+    assert rows == whole.shape[0]
