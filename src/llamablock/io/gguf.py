@@ -23,7 +23,8 @@ So a llama GGUF declares the interleaved layout. By default we undo that permuta
 the model in the "half" layout (as transformers does, whose RoPE code ours matches bit for bit);
 `rope_layout="interleaved"` keeps the file's rows and rotates neighbouring pairs instead. Both
 compute the same function (tested). qwen2 files are not permuted: llama.cpp rotates them in
-"NEOX" mode, which is the half layout.
+"NEOX" mode, which is the half layout; nor are the descendants' (Gemma 1-3, Qwen3, Phi-3), whose
+own metadata, fused tensors and stored norms io/gguf_families.py reads.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import numpy as np
 import torch
 
 from llamablock.config import ModelConfig
+from llamablock.io import gguf_families as fam
 from llamablock.io.empty import empty_decoder
 from llamablock.io.gguf_read import (  # noqa: F401 (public here)
     SUPPORTED_TYPES,
@@ -48,11 +50,14 @@ from llamablock.rope import permute_qk
 
 # Architectures implemented, with the family name our config uses and whether the file's q/k rows
 # are in llama.cpp's interleaved ("NORM") rope order.
-ARCHITECTURES = {"llama": ("llama", True), "qwen2": ("qwen2", False)}
+# The block's descendants (io/gguf_families.py) are all in the half layout.
+ARCHITECTURES = {"llama": ("llama", True), "qwen2": ("qwen2", False),
+                 **{arch: (family, False) for arch, family in fam.FAMILIES.items()}}
 
 LAYER_NAMES = {
     "attn_norm": "norm1", "ffn_norm": "norm2", "attn_q": "attn.wq", "attn_k": "attn.wk", "attn_v": "attn.wv",
     "attn_output": "attn.wo", "ffn_gate": "ffn.w_gate", "ffn_up": "ffn.w_up", "ffn_down": "ffn.w_down",
+    **fam.LAYER_NAMES,
 }
 ROPE_FREQS = "rope_freqs.weight"  # LLaMA 3.1's per-pair RoPE divisors (io/gguf_rope.py)
 TOP_NAMES = {"token_embd.weight": "embed.weight", "output_norm.weight": "final_norm.weight", "output.weight": "head.weight"}
@@ -179,7 +184,7 @@ def config_from_gguf(reader, rope_scaling: bool = True) -> ModelConfig:
     if vocab is None:
         vocab = next(t for t in reader.tensors if t.name == "token_embd.weight").shape[-1]
     rot = int(meta.get(f"{arch}.rope.dimension_count", head_dim))
-    cfg = ModelConfig(
+    fields = dict(
         vocab_size=int(vocab), d_model=d_model, n_layers=int(get("block_count")), n_heads=n_heads,
         n_kv_heads=int(get("attention.head_count_kv", n_heads)), head_dim=head_dim,
         d_ff=int(get("feed_forward_length")), norm="rmsnorm", norm_placement="pre",
@@ -189,9 +194,15 @@ def config_from_gguf(reader, rope_scaling: bool = True) -> ModelConfig:
         qkv_bias="blk.0.attn_q.bias" in names, o_bias="blk.0.attn_output.bias" in names,
         tie_embeddings="output.weight" not in names, family=family,
     )
+    if arch in fam.FAMILIES:
+        fields.update(fam.family_fields(arch, meta, names, fields))
+    cfg = ModelConfig(**fields)
     _check_shapes(cfg, reader)
-    scaling = rope_scaling_of(reader, cfg) if rope_scaling else None
-    return cfg if scaling is None else cfg.replace(rope_scaling=scaling)
+    factors = {t.name: torch.from_numpy(dequantize(t)) for t in reader.tensors if t.name in fam.ROPE_FACTORS}
+    scaling = fam.phi3_longrope(arch, meta, factors, cfg.max_seq_len)
+    if scaling is None and rope_scaling:
+        scaling = rope_scaling_of(reader, cfg)
+    return cfg if scaling is None or not rope_scaling else cfg.replace(rope_scaling=scaling)
 
 
 INTEGER_KEYS = ("embedding_length", "attention.head_count", "attention.head_count_kv", "attention.key_length",
@@ -204,7 +215,8 @@ def _check_shapes(cfg: ModelConfig, reader) -> None:
     shapes = {t.name: tuple(int(n) for n in reversed(t.shape.tolist())) for t in reader.tensors}
     want = {"token_embd.weight": (cfg.vocab_size, cfg.d_model)}
     gguf_of = {v: k for k, v in LAYER_NAMES.items()}
-    want.update({f"blk.0.{gguf_of[ours]}.weight": shape for ours, shape in cfg.layer_shapes().items()})
+    want.update({f"blk.0.{gguf_of[ours]}.weight": shape for ours, shape in cfg.layer_shapes().items()
+                 if not fam.is_fused("phi3" if cfg.family == "phi3" else "", gguf_of[ours])})
     for name, shape in want.items():
         if name in shapes and shapes[name] != shape:
             raise ValueError(f"GGUF tensor {name!r} has shape {shapes[name]}, the metadata implies {shape}")
@@ -228,29 +240,43 @@ def gguf_tensors(reader, cfg: ModelConfig, expected: dict[str, torch.Size], dtyp
         raise ValueError(f"rope_layout must be 'half' or 'interleaved', got {cfg.rope_layout!r}")
     if file_interleaved and cfg.rotary_dim != cfg.head_dim:
         raise ValueError("a llama GGUF with partial rotary is not supported (llama.cpp permutes whole heads)")
-    seen = set()
-    for t in reader.tensors:
-        if t.name == ROPE_FREQS:  # read into cfg.rope_scaling by config_from_gguf
-            continue
-        name = our_name(t.name)
-        if name not in expected:
-            raise ValueError(f"GGUF tensor {t.name!r} ({name}) is not used by the configured model")
+    def finish(name: str, w):  # into our form: Gemma's norms unshifted, q/k rows in cfg's pair order
+        w = fam.unshift_norm(arch, name, w) if isinstance(w, torch.Tensor) else w
         kind = name.split(".")[-2]
-        w = RowChunks(t, dtype) if name in chunked and kind not in ("wq", "wk") else dequantize_to(t, dtype)
-        if tuple(w.shape) != tuple(expected[name]):
-            raise ValueError(f"GGUF tensor {t.name!r} has shape {tuple(w.shape)}, the metadata implies "
-                             f"{tuple(expected[name])}")
         if kind in ("wq", "wk"):  # a file in one pair order runs in the other only once permuted
             heads = cfg.n_heads if kind == "wq" else cfg.n_kv_heads
             if file_interleaved and cfg.rope_layout == "half":
                 w = permute_qk(w, heads, cfg.head_dim, cfg.rotary_dim, to="half")
             elif not file_interleaved and cfg.rope_layout == "interleaved":
                 w = permute_qk(w, heads, cfg.head_dim, cfg.rotary_dim, to="interleaved")
-        seen.add(name)
-        yield name, t.tensor_type.name, w
+        return w
+
+    seen = set()
+    for t in reader.tensors:
+        if t.name == ROPE_FREQS or t.name in fam.ROPE_FACTORS:  # read into cfg.rope_scaling by config_from_gguf
+            continue
+        gguf_kind = t.name.split(".")[2] if t.name.startswith("blk.") else ""
+        if fam.is_fused(arch, gguf_kind):  # Phi-3: one tensor holds several of ours
+            parts = fam.split_rows(gguf_kind, f"layers.{t.name.split('.')[1]}", dequantize_to(t, dtype), cfg)
+        else:
+            name = our_name(t.name)
+            chunk = name in chunked and name.split(".")[-2] not in ("wq", "wk")  # wq, wk are permuted whole
+            parts = [(name, RowChunks(t, dtype) if chunk else dequantize_to(t, dtype))]
+        for name, w in parts:
+            _check_expected(t.name, name, w, expected)
+            seen.add(name)
+            yield name, t.tensor_type.name, finish(name, w)
     missing = sorted(set(expected) - seen - ({"head.weight"} if cfg.tie_embeddings else set()))
     if missing:
         raise ValueError(f"GGUF file lacks tensors the model needs: {missing[:5]}")
+
+
+def _check_expected(gguf_name: str, name: str, w, expected: dict) -> None:
+    if name not in expected:
+        raise ValueError(f"GGUF tensor {gguf_name!r} ({name}) is not used by the configured model")
+    if tuple(w.shape) != tuple(expected[name]):
+        raise ValueError(f"GGUF tensor {gguf_name!r} has shape {tuple(w.shape)}, the metadata implies "
+                         f"{tuple(expected[name])}")
 
 
 def load_gguf(path_or_reader, dtype: torch.dtype = torch.float32, rope_layout: str = "half") -> Decoder:
