@@ -6,8 +6,8 @@ Family differences that live in the config rather than in code (transformers 5.x
     qwen2    bias on q, k, v only (hard-coded in Qwen2Attention), none on o
     gemma    GeGLU with tanh GELU, RMSNorm scale (1 + w), embeddings times sqrt(d_model), tied
 and the descendants (README "Families"):
-    qwen3        qwen2's block with q/k norms; attention_bias on q, k, v and o; sliding layers
-                 from max_window_layers on when use_sliding_window
+    qwen3        qwen2's block with q/k norms; attention_bias on q, k, v and o; in both, sliding
+                 layers from max_window_layers on when use_sliding_window
     gemma2       gemma plus sandwich norms, soft-capped scores and logits, query_pre_attn_scalar,
                  sliding and full layers alternating (layer_types)
     gemma3_text  gemma2 without the capping, plus q/k norms and a RoPE per layer kind (v5
@@ -131,7 +131,7 @@ def _layer_types(hf: dict[str, Any], family: str, n_layers: int) -> list[str] | 
     if family == "gemma3_text":
         every = _typed(hf, "sliding_window_pattern", int, 6)
         return ["sliding" if every <= 0 or (i + 1) % every else "full" for i in range(n_layers)]
-    if family == "qwen3":
+    if family in ("qwen2", "qwen3"):
         first = _typed(hf, "max_window_layers", int, 28)
         return ["sliding" if i >= first else "full" for i in range(n_layers)]
     return None
@@ -141,10 +141,10 @@ def _descendant_fields(hf: dict[str, Any], family: str, n_layers: int) -> dict[s
     """The fields of the block's descendants (config.py): windows by layer, norms, caps, scale."""
     if family in ("mistral", "phi3"):
         window = _typed(hf, "sliding_window", int, None)
-    elif family == "qwen3" and not _typed(hf, "use_sliding_window", bool, False):
+    elif family in ("qwen2", "qwen3") and not _typed(hf, "use_sliding_window", bool, False):
         window = None
     else:
-        window = _typed(hf, "sliding_window", int, 4096) if family in ("gemma2", "gemma3_text", "qwen3") else None
+        window = _typed(hf, "sliding_window", int, 4096) if family in ("gemma2", "gemma3_text", "qwen2", "qwen3") else None
     kinds = _layer_types(hf, family, n_layers) if window is not None else None
     if kinds is not None and "sliding" not in kinds:
         window, kinds = None, None  # no layer uses the window
@@ -181,8 +181,6 @@ def fields_from_hf(hf: dict[str, Any]) -> dict[str, Any]:
     act = hf.get("hidden_activation") or hf.get("hidden_act") or "silu"
     if not isinstance(act, str) or act not in _GATED_ACTS:
         raise ValueError(f"hidden_act {act!r} is not supported for {family}; expected one of {sorted(_GATED_ACTS)}")
-    if family == "qwen2" and hf.get("use_sliding_window"):
-        raise ValueError("qwen2 with use_sliding_window=true (window on some layers only) is not supported")
     local_theta = None
     if family == "gemma3_text":
         hf, local_theta = _gemma3_rope(hf)
@@ -234,11 +232,12 @@ def _descendants_to_hf(cfg, rope: dict[str, Any]) -> dict[str, Any]:
     """The descendants' keys of config.json (the inverse of _descendant_fields)."""
     family, out = cfg.family, {}
     named = {"full": "full_attention", "sliding": "sliding_attention"}
-    if family in ("qwen3", "gemma2", "gemma3_text"):
+    if family in ("qwen2", "qwen3", "gemma2", "gemma3_text"):
         out["layer_types"] = [named[k] for k in cfg.layer_kinds]
         out["sliding_window"] = cfg.sliding_window
+    if family in ("qwen3", "gemma2", "gemma3_text"):
         out["attention_bias"] = cfg.qkv_bias
-    if family == "qwen3":
+    if family in ("qwen2", "qwen3"):
         out["use_sliding_window"] = cfg.sliding_window is not None
         out["max_window_layers"] = cfg.layer_kinds.index("sliding") if "sliding" in cfg.layer_kinds else cfg.n_layers
     if family in ("gemma2", "gemma3_text"):

@@ -23,6 +23,8 @@ CASES = {
     "qwen3-mqa-tied-bias": ("qwen3", dict(n_heads=4, n_kv=1, tied=True, attention_bias=True)),
     "qwen3-window-upper-layers": ("qwen3", dict(n_heads=4, n_kv=2, num_hidden_layers=3, use_sliding_window=True,
                                                 sliding_window=6, max_window_layers=1)),
+    "qwen2-window-upper-layers": ("qwen2", dict(n_heads=4, n_kv=2, num_hidden_layers=3, use_sliding_window=True,
+                                                sliding_window=6, max_window_layers=2)),
     "gemma2-capped": ("gemma2", dict(n_heads=4, n_kv=2, sliding_window=6, query_pre_attn_scalar=12,
                                      attn_logit_softcapping=2.0, final_logit_softcapping=3.0)),
     "gemma2-mqa-untied": ("gemma2", dict(n_heads=4, n_kv=1, tied=False, sliding_window=6)),
@@ -83,7 +85,7 @@ def test_cached_decode_equals_full_forward(tmp_path, name):
             assert (step - ours(ids[:, : i + 1])[:, -1]).abs().max().item() <= 1e-5, i
 
 
-@pytest.mark.parametrize("name", ["qwen3-gqa", "gemma2-capped", "gemma3-mixed-two-ropes", "phi3-longrope"])
+@pytest.mark.parametrize("name", ["qwen3-gqa", "qwen2-window-upper-layers", "gemma2-capped", "gemma3-mixed-two-ropes", "phi3-longrope"])
 def test_our_save_loads_in_transformers(tmp_path, name):
     import transformers
 
