@@ -29,6 +29,7 @@ BENCHMARKS = {
     "decode": "benchmarks.bench_decode_quant",
     "long_prefill": "benchmarks.bench_long_prefill",
     "compile_cache": "benchmarks.bench_compile_cache",
+    "build": "benchmarks.bench_build",
     "huge_pages": "benchmarks.bench_huge_pages",
     "threads": "benchmarks.bench_threads",
     "memory": "benchmarks.bench_memory",
