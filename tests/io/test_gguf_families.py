@@ -99,3 +99,48 @@ def test_a_gemma_file_without_its_window_is_refused_by_name(tmp_path):
     del reader.fields[f"gemma2.{gguf.Keys.Attention.SLIDING_WINDOW.split('.', 1)[1]}"]
     with pytest.raises(ValueError, match="lacks gemma2.attention.sliding_window"):
         config_from_gguf(reader)
+
+
+GEMMA_TEMPLATE = (  # Gemma's turn format as its tokenizer_config.json writes it (system folded into the first turn)
+    "{{ bos_token }}{% if messages[0]['role'] == 'system' %}{% set first_user_prefix = messages[0]['content'] + '\n\n' %}"
+    "{% set loop_messages = messages[1:] %}{% else %}{% set first_user_prefix = '' %}{% set loop_messages = messages %}"
+    "{% endif %}{% for message in loop_messages %}{% if message['role'] == 'assistant' %}{% set role = 'model' %}"
+    "{% else %}{% set role = message['role'] %}{% endif %}{{ '<start_of_turn>' + role + '\n' + (first_user_prefix "
+    "if loop.first else '') }}{{ message['content'] | trim }}{{ '<end_of_turn>\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}")
+
+
+def test_gemma_sentencepiece_vocabulary_and_turn_template_match_transformers(tmp_path):
+    """A Gemma 3 GGUF's tokenizer: SentencePiece pieces without the space prefix, control tokens for
+    the turns, its template; transformers' GGUF tokenizer reads the same file."""
+    import gguf
+
+    from llamablock.io.tokenizer import tokenizer_from_gguf
+
+    pieces = ["\u2581", "t", "h", "e", "a", "c", "o", "s", "i", "n", "r", "\u2581t", "he", "\u2581the", "at", "\u2581c",
+              "\u2581cat", "on", "\u2581on", "\u2581s", "\u2581sat", "in", "\u2581in", "\u2581a", "is", "\u2581is"]
+    tokens = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"] + \
+        [f"<0x{b:02X}>" for b in range(256)] + pieces
+    w = gguf.GGUFWriter(str(tmp_path / "g.gguf"), "gemma3")
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores([0.0] * (6 + 256) + [-100.0 + 10 * len(p) - i * 0.01 for i, p in enumerate(pieces)])
+    w.add_token_types([3, 3, 3, 2, 4, 4] + [6] * 256 + [1] * len(pieces))  # CONTROL, UNKNOWN, USER_DEFINED, BYTE, NORMAL
+    w.add_bos_token_id(2)
+    w.add_eos_token_id(1)
+    w.add_unk_token_id(3)
+    w.add_pad_token_id(0)
+    w.add_add_space_prefix(False)
+    w.add_chat_template(GEMMA_TEMPLATE)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    ours = tokenizer_from_gguf(open_gguf(tmp_path / "g.gguf"))
+    ref = transformers.AutoTokenizer.from_pretrained(tmp_path, gguf_file="g.gguf")
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": " the cat sat "}]
+    text = ours.apply_chat_template(messages)
+    assert text == ref.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert text.endswith("<end_of_turn>\n<start_of_turn>model\n")
+    for s in ("the cat sat on the mat", text, "  two"):
+        assert ours.encode(s) == ref.encode(s), s
