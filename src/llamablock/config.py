@@ -200,6 +200,11 @@ class ModelConfig:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "ModelConfig":
         known = {f.name for f in dataclasses.fields(cls)}
+        required = [f.name for f in dataclasses.fields(cls)
+                    if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+        missing = [name for name in required if name not in d]
+        if missing:
+            raise ValueError(f"config lacks {missing[0]!r} (every config needs {', '.join(required)})")
         unknown = sorted(set(d) - known)
         if unknown:
             raise ValueError(f"unknown config field(s) {unknown}; known fields are {sorted(known)}")
@@ -230,8 +235,16 @@ class ModelConfig:
 
     # transformers config.json ----------------------------------------------------------
     @classmethod
-    def from_hf(cls, hf: dict[str, Any]) -> "ModelConfig":
-        return cls(**fields_from_hf(hf))
+    def from_hf(cls, hf: dict[str, Any], source: str | Path | None = None) -> "ModelConfig":
+        """From a transformers config.json's object; `source` (its path) names the file in errors."""
+        try:
+            return cls(**fields_from_hf(hf))
+        except ValueError as e:
+            if source is None:
+                raise
+            msg = str(e)
+            raise ValueError(f"{source} {msg[len('config.json '):]}" if msg.startswith("config.json ")
+                             else f"{source}: {msg}") from None
 
     def to_hf(self) -> dict[str, Any]:
         return config_to_hf(self)
@@ -240,7 +253,12 @@ class ModelConfig:
     def from_json_file(cls, path: str | Path) -> "ModelConfig":
         """A transformers config.json, or one of ours (written by `save_pretrained` or training)."""
         d = read_config_json(path)
-        return cls.from_hf(d) if "model_type" in d else cls.from_dict(d)
+        if "model_type" in d:
+            return cls.from_hf(d, path)
+        try:
+            return cls.from_dict(d)
+        except ValueError as e:
+            raise ValueError(f"{path}: {e}") from None
 
 
 def _convert_override(name: str, text: str, allowed: tuple):
@@ -281,6 +299,8 @@ def read_config_json(path: str | Path) -> dict[str, Any]:
         raise FileNotFoundError(f"config file not found: {path}") from None
     except json.JSONDecodeError as e:
         raise ValueError(f"{path} is not valid JSON: {e}") from None
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path} is not UTF-8 text (byte {e.start}); is it the right file?") from None
     if not isinstance(d, dict):
         raise ValueError(f"{path} must hold a JSON object (a transformers config.json)")
     return d

@@ -295,3 +295,27 @@ def test_damaged_inputs_are_one_line_naming_file_and_field(sources, tmp_path, ca
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err, err
     assert all(n in err for n in names), err
+
+
+def test_a_transformers_config_error_names_the_file(tmp_path):
+    (tmp_path / "config.json").write_text('{"model_type": "llama", "hidden_size": 8, "num_attention_heads": 2, '
+                                          '"num_hidden_layers": 1, "vocab_size": 10}')
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    with pytest.raises(ValueError, match=f"^{tmp_path}/config.json lacks 'intermediate_size'"):
+        llamablock.load_pretrained(tmp_path)
+
+
+def test_a_binary_config_file_is_named_not_decoded(tmp_path):
+    from llamablock.config import ModelConfig
+
+    (tmp_path / "config.json").write_bytes(b"\xff\xfe\x00garbage")
+    with pytest.raises(ValueError, match="config.json is not UTF-8 text"):
+        ModelConfig.from_json_file(tmp_path / "config.json")
+
+
+def test_our_config_lacking_a_field_names_it(tmp_path):
+    from llamablock.config import ModelConfig
+
+    (tmp_path / "config.json").write_text('{"vocab_size": 10, "n_layers": 1, "n_heads": 2}')
+    with pytest.raises(ValueError, match="config.json: config lacks 'd_model'"):
+        ModelConfig.from_json_file(tmp_path / "config.json")

@@ -149,7 +149,7 @@ def load_hf_dir(path: str | Path, dtype: torch.dtype | None = None) -> Decoder:
     cfg_file = path / "config.json"
     if not cfg_file.exists():
         raise FileNotFoundError(f"{path} has no config.json; expected a transformers checkpoint directory")
-    cfg = ModelConfig.from_hf(read_config_json(cfg_file))
+    cfg = ModelConfig.from_hf(read_config_json(cfg_file), cfg_file)
     tensors = _language_model(read_safetensors(path))
     if cfg.family == "phi3":
         split_fused(cfg, tensors)
