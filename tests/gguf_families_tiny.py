@@ -6,7 +6,7 @@ uses); the rest follows the converter's model classes: Gemma's norms are stored 
 its global layers' linear scaling; Phi-3 its fused qkv and gate_up weights as `attn_qkv` and
 `ffn_up`, and LongRoPE as two factor tensors with the original length and attention factor
 (`Phi3MiniModel`). None of these architectures permutes q/k rows (llama.cpp rotates them in NEOX
-mode, the half layout). The vocabulary is the byte-level one of gguf_tiny.
+mode, the half layout). Sizes and the byte-level vocabulary are gguf_tiny's.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import math
 
 import gguf
 import numpy as np
-from gguf_tiny import tiny_vocab
+from gguf_tiny import add_shape_and_vocab
 
 ARCH = {"qwen3": "QWEN3", "gemma": "GEMMA", "gemma2": "GEMMA2", "gemma3_text": "GEMMA3", "phi3": "PHI3"}
 
@@ -32,18 +32,7 @@ def write_family_gguf(path, hf_model, family: str, qtype: str = "F32") -> None:
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     rope = _rope(cfg, family)
     w = gguf.GGUFWriter(str(path), gguf.MODEL_ARCH_NAMES[arch])
-    w.add_block_count(cfg.num_hidden_layers)
-    w.add_context_length(cfg.max_position_embeddings)
-    w.add_embedding_length(cfg.hidden_size)
-    w.add_feed_forward_length(cfg.intermediate_size)
-    w.add_head_count(cfg.num_attention_heads)
-    w.add_head_count_kv(cfg.num_key_value_heads)
-    w.add_key_length(head_dim)
-    w.add_value_length(head_dim)
-    w.add_rope_dimension_count(int(head_dim * rope.get("partial_rotary_factor", 1.0)))
-    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-    w.add_rope_freq_base(float(rope["rope_theta"]))
-    w.add_vocab_size(cfg.vocab_size)
+    add_shape_and_vocab(w, cfg, head_dim, int(head_dim * rope.get("partial_rotary_factor", 1.0)), rope["rope_theta"])
     if family == "gemma2":
         w.add_attn_logit_softcapping(cfg.attn_logit_softcapping)
         w.add_final_logit_softcapping(cfg.final_logit_softcapping)
@@ -59,12 +48,6 @@ def write_family_gguf(path, hf_model, family: str, qtype: str = "F32") -> None:
         w.add_rope_scaling_orig_ctx_len(orig)
         w.add_tensor("rope_factors_long.weight", np.asarray(rope["long_factor"], dtype=np.float32))
         w.add_tensor("rope_factors_short.weight", np.asarray(rope["short_factor"], dtype=np.float32))
-    tokens, merges = tiny_vocab(cfg.vocab_size)
-    w.add_tokenizer_model("gpt2")
-    w.add_token_list(tokens)
-    w.add_token_merges(merges)
-    w.add_bos_token_id(0)
-    w.add_eos_token_id(1)
     for name, p in hf_model.state_dict().items():
         if cfg.tie_word_embeddings and name == "lm_head.weight":
             continue

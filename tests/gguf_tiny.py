@@ -39,6 +39,29 @@ def tiny_vocab(n: int) -> tuple[list[str], list[str]]:
     return tokens, ['! "']
 
 
+def add_shape_and_vocab(w, cfg, head_dim: int, rotary_dim: int, theta: float) -> None:
+    """The metadata every architecture's converter writes (sizes, RoPE base), and the byte-level
+    vocabulary of `tiny_vocab` with BOS 0 and EOS 1."""
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(cfg.num_attention_heads)
+    w.add_head_count_kv(cfg.num_key_value_heads)
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    w.add_rope_dimension_count(rotary_dim)
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    w.add_rope_freq_base(float(theta))
+    w.add_vocab_size(cfg.vocab_size)
+    tokens, merges = tiny_vocab(cfg.vocab_size)
+    w.add_tokenizer_model("gpt2")
+    w.add_token_list(tokens)
+    w.add_token_merges(merges)
+    w.add_bos_token_id(0)
+    w.add_eos_token_id(1)
+
+
 def write_tiny_gguf(path, hf_model, arch: str = "llama", qtype: str = "F32", raw_blocks: dict | None = None,
                     extra_kv: dict | None = None, rope_freqs: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """Write hf_model (a tiny transformers Llama/Qwen2) as GGUF; returns what was written per tensor.
@@ -47,24 +70,7 @@ def write_tiny_gguf(path, hf_model, arch: str = "llama", qtype: str = "F32", raw
     rope_freqs: LLaMA 3.1's per-pair RoPE divisors, written as the converter writes them."""
     cfg = hf_model.config
     w = gguf.GGUFWriter(str(path), arch)
-    w.add_block_count(cfg.num_hidden_layers)
-    w.add_context_length(cfg.max_position_embeddings)
-    w.add_embedding_length(cfg.hidden_size)
-    w.add_feed_forward_length(cfg.intermediate_size)
-    w.add_head_count(cfg.num_attention_heads)
-    w.add_head_count_kv(cfg.num_key_value_heads)
-    w.add_key_length(cfg.head_dim)
-    w.add_value_length(cfg.head_dim)
-    w.add_rope_dimension_count(cfg.head_dim)
-    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-    w.add_rope_freq_base(float(cfg.rope_parameters["rope_theta"]))
-    w.add_vocab_size(cfg.vocab_size)
-    tokens, merges = tiny_vocab(cfg.vocab_size)
-    w.add_tokenizer_model("gpt2")
-    w.add_token_list(tokens)
-    w.add_token_merges(merges)
-    w.add_bos_token_id(0)
-    w.add_eos_token_id(1)
+    add_shape_and_vocab(w, cfg, cfg.head_dim, cfg.head_dim, cfg.rope_parameters["rope_theta"])
     for k, v in (extra_kv or {}).items():
         if isinstance(v, str):
             w.add_string(k, v)

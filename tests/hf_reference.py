@@ -55,3 +55,16 @@ def redraw(model, family: str, seed: int = 0):
             else:
                 p.copy_(0.15 * torch.randn(p.shape, generator=g))
     return model.eval()
+
+
+def max_logit_gap_at_offsets(hf, ours, vocab: int = 97, t: int = 24) -> float:
+    """max |logit difference| of `ours` against transformers' `hf` on two rows of t random tokens:
+    row 0 at positions 0..t-1, row 1 starting 3000 in with gaps of 7, so relative positions differ
+    from 0..t-1 and a wrong angle changes the logits (a constant offset alone would not)."""
+    ids = torch.randint(0, vocab, (2, t))
+    pos = torch.stack([torch.arange(t), 3000 + 7 * torch.arange(t)])
+    with torch.no_grad():
+        ref = hf(input_ids=ids, position_ids=pos).logits
+        got = ours(ids, position_ids=pos)
+    assert got.shape == ref.shape
+    return (got - ref).abs().max().item()
