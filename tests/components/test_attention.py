@@ -1,10 +1,11 @@
 """Grouped-query attention (section 15.5): GQA with n_kv = n_heads is MHA, bit for bit; the cache
 holds only the key-value heads; sliding window and ALiBi masks against explicit references."""
 
+import pytest
 import torch
 import torch.nn.functional as F
 
-from llamablock import Decoder, KVCache, ModelConfig
+from llamablock import Decoder, KVCache, ModelConfig, attention
 from llamablock.alibi import alibi_slopes
 from llamablock.attention import Attention, attention_inputs
 
@@ -116,3 +117,48 @@ def test_every_position_scheme_caches_consistently():
             cache = KVCache(cfg, 2, 16)
             steps = [model(ids[:, :4], cache=cache)] + [model(ids[:, i:i + 1], cache=cache) for i in range(4, 12)]
         assert (torch.cat(steps, 1) - full).abs().max().item() < 1e-5, position
+
+
+def _decode_bf16(cfg, ids, pad_mask=None, stale=False):
+    """Prefill 3 tokens, then decode the rest one at a time, in bfloat16; every step's logits."""
+    torch.manual_seed(0)
+    model = Decoder(cfg).to(torch.bfloat16).eval()
+    b, n = ids.shape
+    cache = KVCache(cfg, b, n, dtype=torch.bfloat16)
+    if stale:  # an older sequence's keys and values past `length`, as after KVCache.reset
+        for buf in cache.keys + cache.values:
+            buf.normal_()
+    pos = None if pad_mask is None else (pad_mask.cumsum(1) - 1).clamp(min=0)
+    steps = []
+    with torch.no_grad():
+        for a, z in [(0, 3)] + [(i, i + 1) for i in range(3, n)]:
+            kw = {} if pad_mask is None else dict(position_ids=pos[:, a:z], pad_mask=pad_mask[:, :z])
+            steps.append(model(ids[:, a:z], cache=cache, **kw)[:, -1])
+    return torch.stack(steps)
+
+
+@pytest.mark.parametrize("case", ["gqa", "stale", "padded-batch", "alibi", "ring", "softcap"])
+def test_bfloat16_decode_padded_to_key_buckets_is_bit_for_bit_unpadded(monkeypatch, case):
+    """Decode steps pad their keys to KEY_BUCKET slots (attention.bucketed_keys) so that oneDNN
+    builds a bounded set of kernels; the padding's weight is exactly 0, so every step's logits
+    equal the unpadded ones (KEY_BUCKET = 1) bit for bit, over several buckets, whatever the
+    unfilled slots hold, with each kind of mask a decode step can carry."""
+    kw = dict(vocab_size=50, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, max_seq_len=64)
+    kw |= {"alibi": dict(position="alibi"), "softcap": dict(attn_softcap=5.0),
+           "ring": dict(sliding_window=16, layer_types=["sliding", "full"])}.get(case, {})
+    cfg = ModelConfig(**kw)
+    ids = torch.randint(0, 50, (2 if case == "padded-batch" else 1, 21))
+    pad_mask = None
+    if case == "padded-batch":  # the second row left-padded by 2, as generate_batch does
+        pad_mask = torch.ones(ids.shape, dtype=torch.bool)
+        pad_mask[1, :2] = False
+    seen = []
+    real_attend = attention.Attention.attend
+    monkeypatch.setattr(attention.Attention, "attend",
+                        lambda self, q, k, v, inputs, keys=None: seen.append((k.shape[2], keys))
+                        or real_attend(self, q, k, v, inputs, keys))
+    monkeypatch.setattr(attention, "KEY_BUCKET", 8)
+    padded = _decode_bf16(cfg, ids, pad_mask, stale=case == "stale")
+    assert {(8, 4), (16, 9), (21, 17)} <= set(seen)  # buckets crossed; the last cut to the cache's 21
+    monkeypatch.setattr(attention, "KEY_BUCKET", 1)
+    assert torch.equal(padded, _decode_bf16(cfg, ids, pad_mask, stale=case == "stale"))

@@ -3,7 +3,12 @@
 A tiny random Llama (tests/hf_reference.py) in float32 stands in for a real model: these are
 properties of the loop, not of the weights. Sampling filters are checked against transformers'
 logits processors (TopKLogitsWarper, TopPLogitsWarper, RepetitionPenaltyLogitsProcessor).
+The memory a long generation adds is measured on the embedded SmolLM2, in a child process.
 """
+
+import json
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -138,3 +143,44 @@ def test_bad_requests(tiny):
         Sampling(temperature=-1)
     with pytest.raises(ValueError, match="top_p must be in"):
         Sampling(top_p=0)
+
+
+GROWTH = r"""
+import json, sys, torch
+torch.set_num_threads(1)
+from llamablock.fast.malloc import tune_allocator
+tune_allocator()  # as the command line runs: freed memory stays with the process
+from llamablock.fast.native import load_model
+from llamablock.runtime.generate import generate
+
+def kib(field):
+    return next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith(field + ":"))
+
+model, tok, _ = load_model(None, "auto")
+prompt = tok.encode("The capital of France is")
+generate(model, prompt, 20, eos_ids=())  # what any generation builds once
+open("/proc/self/clear_refs", "w").write("5")  # the peak (VmHWM) counts from here
+before = kib("VmRSS")
+g = generate(model, prompt, int(sys.argv[1]), eos_ids=())
+kv = model.cfg.kv_bytes_per_token(2) * (len(prompt) + len(g.tokens))  # the final cache, bfloat16
+print(json.dumps([(kib("VmHWM") - before) * 1024, kv, len(g.tokens)]))
+"""
+NEW_TOKENS, SLACK = 300, 16 << 20
+
+
+@pytest.mark.slow
+def test_a_long_generation_adds_about_its_kv_cache_not_memory_per_token():
+    """SmolLM2's Q4_1 file (`--dtype auto`: bfloat16 activations, int4 weights) generating
+    NEW_TOKENS tokens eagerly on one thread, after a short warm-up generation, in a child process:
+    the peak resident memory rises by at most twice the final KV cache's bytes plus SLACK.
+
+    Twice the cache: EagerEngine's cache starts at 256 slots and doubles, and under
+    tune_allocator the buffers it replaced (together smaller than the final ones) stay in the
+    heap. SLACK: the attention's oneDNN kernels, one pair per KEY_BUCKET of keys and one per
+    cache length (attention.bucketed_keys; two pairs here), and the heap's own slack. Without
+    the key buckets (KEY_BUCKET = 1) oneDNN keeps a pair of kernels for every key length, so the
+    growth is proportional to the tokens generated and many times this bound."""
+    out = subprocess.run([sys.executable, "-c", GROWTH, str(NEW_TOKENS)], capture_output=True, text=True, check=True)
+    grew, kv, n = json.loads(out.stdout.splitlines()[-1])
+    print(f"grew {grew / 2**20:.1f} MiB over {n} tokens; final KV cache {kv / 2**20:.1f} MiB")
+    assert n == NEW_TOKENS and grew <= 2 * kv + SLACK, (grew / 2**20, kv / 2**20)
