@@ -132,6 +132,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"llamablock bench: error: {e}", file=sys.stderr)
         return 2
+    from llamablock.fast.malloc import tune_allocator
+
+    tune_allocator()  # as the command line sets it up, so the in-process benchmarks time what users run
     output = args.output
     if output is None and not args.quick and not args.names:
         output = repo_root() / "BENCHMARKS.md"
