@@ -202,7 +202,7 @@ def test_cache_claims_fail_with_a_cache_sized_by_query_heads(monkeypatch):
     _broken(exp_blocks.exercise_cache())
 
 
-def _wrong_group_attend(self, q, k, v, inputs):
+def _wrong_group_attend(self, q, k, v, inputs, keys=None):
     """Query head j reads KV head j % n_kv instead of j // g."""
     g = self.h // self.n_kv
     k, v = k.repeat(1, g, 1, 1), v.repeat(1, g, 1, 1)
@@ -231,7 +231,7 @@ def test_attention_params_fail_with_kv_projections_sized_by_query_heads(monkeypa
 def test_decode_speed_rejects_an_attention_that_reads_every_query_head(monkeypatch):
     real = Attention.attend
 
-    def expanded(self, q, k, v, inputs):  # the cache read as if sized by query heads
+    def expanded(self, q, k, v, inputs, keys=None):  # the cache read as if sized by query heads
         g = self.h // self.n_kv
         n_kv, self.n_kv = self.n_kv, self.h
         try:

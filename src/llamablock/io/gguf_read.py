@@ -1,21 +1,17 @@
 """Reading a GGUF tensor's bytes into float rows (io/gguf.py loads models with these).
 
-Each tensor is read a chunk of about a million values at a time through the reader's memory map:
-the block kernels of the `gguf` package expand the chunk to float32, and the chunk's file pages
-are then dropped from the process (`_read`), so neither the file nor a whole tensor in float32
-is ever resident at once. `llamablock bench memory` measures the peak of a load.
+Each tensor is read a chunk of about a million values at a time, by read(2) at the offset the
+reader's memory map gives it (`_read`): the block kernels of the `gguf` package expand the chunk
+to float32, so neither the file nor a whole tensor in float32 is ever resident at once. `llamablock bench memory` measures the peak of a load.
 """
 
 from __future__ import annotations
-
-import mmap
 
 import numpy as np
 import torch
 
 # The quantization types this loader accepts: each is tested (tests/io/test_gguf.py).
 SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
-FAULT_AROUND = 1 << 16  # Linux's default fault_around_bytes: a read fault maps this aligned window
 
 
 def _row_blocks(tensor):
@@ -43,33 +39,30 @@ def _row_blocks(tensor):
 
 
 def _mapping(array: np.ndarray):
-    """(mapping, its address) for the read-only file mapping `array` views, else None."""
-    base, read_only = array, False
-    while base is not None and not isinstance(base, mmap.mmap):  # views of views of the np.memmap
-        read_only |= isinstance(base, np.memmap) and base.mode == "r"
+    """(file name, the file offset of the mapping's first byte, its address) for the read-only
+    np.memmap that `array` views, else None."""
+    base = array
+    while base is not None and not (isinstance(base, np.memmap) and base.mode == "r"):  # views of views
         base = getattr(base, "base", None)
-    if base is None or not read_only or not hasattr(mmap, "MADV_DONTNEED"):
+    if base is None or getattr(base, "filename", None) is None:
         return None
-    return base, np.frombuffer(base, dtype=np.uint8).ctypes.data
+    return base.filename, int(base.offset), base.ctypes.data
 
 
 def _read(chunk: np.ndarray, convert, mapped) -> np.ndarray:
-    """convert(chunk), a new array; then the chunk's file pages leave this process's resident set:
-    pages read through a mapping count in it (and its peak) until unmapped, so a whole model read
-    would hold the file's size beside the weights built from it. MADV_DONTNEED on a read-only
-    mapping drops them from this process only; the page cache keeps them (`llamablock bench memory`).
-    The range starts at the aligned window a page fault maps around itself (Linux's fault-around),
-    which brings back pages of the data before the chunk that were dropped already."""
-    out = convert(chunk)
-    if mapped is not None and chunk.flags.c_contiguous:
-        mapping, address = mapped
-        first = chunk.ctypes.data - address
-        start = first - first % max(FAULT_AROUND, mmap.PAGESIZE)
-        try:
-            mapping.madvise(mmap.MADV_DONTNEED, start, first + chunk.nbytes - start)
-        except (OSError, ValueError):  # a closed or foreign mapping: the pages just stay
-            pass
-    return out
+    """convert(chunk), a new array, with the chunk's bytes read from the file by read(2) into a
+    buffer of its own rather than through the reader's mapping: pages read through a mapping count
+    in this process's resident set (and its peak) until unmapped, so a whole model read that way
+    holds the file's size beside the weights built from it. Dropping them after the fact
+    (MADV_DONTNEED) is not reliable: where the page cache holds the file in large folios (a file
+    just written, as a fresh install's is), faults map and keep far more than the chunk. Read this
+    way, the file's pages are never mapped (`llamablock bench memory`)."""
+    if mapped is None or not chunk.flags.c_contiguous:
+        return convert(chunk)
+    name, offset, address = mapped
+    with open(name, "rb") as f:
+        data = np.fromfile(f, dtype=chunk.dtype, count=chunk.size, offset=offset + chunk.ctypes.data - address)
+    return convert(data.reshape(chunk.shape))
 
 
 def dequantize(tensor) -> np.ndarray:
