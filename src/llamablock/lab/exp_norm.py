@@ -127,6 +127,9 @@ def claim_speed_fused(quick: bool) -> Claim:
                         f"ms), eager {eager['median']:.2f}")
             if d == 4096:
                 verdict_row = r
+    if quick:  # two identical quick runs on an idle machine gave reproduced and differs
+        c.indicative = ("quick run: one width and 15 rounds, a ratio that moved across the claimed band between "
+                        "identical quick runs; `llamablock lab` times three widths with 40 rounds")
     return judge_ratio(c, verdict_row, 0.85, 0.90, "RMSNorm (llamablock.norm.rms_norm) against F.layer_norm, both "
                        "torch.compile'd (the same code generator), 2048 rows, float32, one thread, warm, ratios of "
                        "RMSNorm / LayerNorm: " + "; ".join(rows) + ". Eager, LayerNorm is one ATen kernel and "
