@@ -67,12 +67,15 @@ class AttentionInputs:
 
 def attention_inputs(position_ids: torch.Tensor, start: int, *, dtype: torch.dtype, rotary: Rotary | None = None,
                      alibi: ALiBi | None = None, window: int | None = None,
-                     pad_mask: torch.Tensor | None = None, key_slots: torch.Tensor | None = None) -> AttentionInputs:
+                     pad_mask: torch.Tensor | None = None, key_slots: torch.Tensor | None = None,
+                     fused_causal: bool = True) -> AttentionInputs:
     """The position and mask terms for new tokens at `position_ids` (b, t), after `start` cached ones.
 
     pad_mask (b, >= s) is True on real tokens, by cache slot (left-padded prompts batched together).
     key_slots (R,): the token index held by each cached key when the cache keeps only a window, in
     its ring's order (KVCache.key_slots); None when it holds tokens 0..start-1 in order.
+    fused_causal=False builds a plain causal prefill's mask as a bias too, for attention that
+    changes the scores before masking them (soft-capping), which SDPA's is_causal cannot take.
     """
     t = position_ids.shape[1]
     s = start + t
@@ -89,7 +92,7 @@ def attention_inputs(position_ids: torch.Tensor, start: int, *, dtype: torch.dty
             key_rope = rotary.cos_sin(torch.cat((before, position_ids), dim=1), dtype, seq_len=s)
     n_keys = cached.shape[0] + t
     window_bites = window is not None and n_keys > window
-    if t > 1 and start == 0 and alibi is None and not window_bites and pad_mask is None:
+    if fused_causal and t > 1 and start == 0 and alibi is None and not window_bites and pad_mask is None:
         return AttentionInputs(rope, key_rope, causal=True)
     if not (t > 1 or window_bites or alibi is not None or pad_mask is not None):
         return AttentionInputs(rope, key_rope)  # one new token, nothing to mask: the decode step
@@ -214,7 +217,10 @@ class Attention(nn.Module):
         (`bucketed_keys`); the rest are masked out. The masks in `inputs` cover the real keys."""
         b, h, t, hd = q.shape
         s = k.shape[2]
-        if inputs.causal and self.softcap is None:
+        if inputs.causal:
+            if self.softcap is not None:
+                raise ValueError("soft-capped scores need the causal mask as a bias: build the inputs with "
+                                 "attention_inputs(..., fused_causal=False), as the Decoder does")
             return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_kv != h,
                                                   scale=self.scale if self.query_scaled else None)
         g = h // self.n_kv
@@ -222,10 +228,6 @@ class Attention(nn.Module):
         scores = (qg @ k.transpose(-1, -2)) * self.scale  # (b, n_kv, g*t, s)
         if self.softcap is not None:  # Gemma 2: before the mask, as transformers' eager attention
             scores = torch.tanh(scores / self.softcap) * self.softcap
-        if inputs.causal:  # a causal prefill that SDPA could not take (soft-capped scores)
-            slot = torch.arange(s, device=q.device)
-            inputs = AttentionInputs(bias=torch.zeros(t, s, device=q.device).masked_fill(
-                ~allowed_slots(slot[s - t:], slot, None), float("-inf"))[None])
         if inputs.bias is not None:
             bias = _pad_keys(inputs.bias.to(scores.dtype), s)
             scores = scores + bias.expand(h, t, s).reshape(self.n_kv, g * t, s)

@@ -82,7 +82,8 @@ class Decoder(nn.Module):
         return attention_inputs(position_ids, cache.length if cache is not None else 0,
                                 dtype=dtype or self.embed.weight.dtype, rotary=self.rotaries[kind], alibi=self.alibi,
                                 window=self.cfg.sliding_window if sliding else None, pad_mask=pad_mask,
-                                key_slots=cache.key_slots() if sliding and cache is not None else None)
+                                key_slots=cache.key_slots() if sliding and cache is not None else None,
+                                fused_causal=self.cfg.attn_softcap is None)
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
                 cache: KVCache | None = None, pad_mask: torch.Tensor | None = None,
