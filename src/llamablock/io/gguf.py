@@ -199,7 +199,7 @@ def config_from_gguf(reader, rope_scaling: bool = True) -> ModelConfig:
     cfg = ModelConfig(**fields)
     _check_shapes(cfg, reader)
     factors = {t.name: torch.from_numpy(dequantize(t)) for t in reader.tensors if t.name in fam.ROPE_FACTORS}
-    scaling = fam.phi3_longrope(arch, meta, factors, cfg.max_seq_len)
+    scaling = fam.phi3_longrope(arch, meta, factors)
     if scaling is None and rope_scaling:
         scaling = rope_scaling_of(reader, cfg)
     return cfg if scaling is None or not rope_scaling else cfg.replace(rope_scaling=scaling)
@@ -216,7 +216,7 @@ def _check_shapes(cfg: ModelConfig, reader) -> None:
     want = {"token_embd.weight": (cfg.vocab_size, cfg.d_model)}
     gguf_of = {v: k for k, v in LAYER_NAMES.items()}
     want.update({f"blk.0.{gguf_of[ours]}.weight": shape for ours, shape in cfg.layer_shapes().items()
-                 if not fam.is_fused("phi3" if cfg.family == "phi3" else "", gguf_of[ours])})
+                 if not fam.is_fused(cfg.family, gguf_of[ours])})
     for name, shape in want.items():
         if name in shapes and shapes[name] != shape:
             raise ValueError(f"GGUF tensor {name!r} has shape {shapes[name]}, the metadata implies {shape}")
@@ -256,8 +256,8 @@ def gguf_tensors(reader, cfg: ModelConfig, expected: dict[str, torch.Size], dtyp
         if t.name == ROPE_FREQS or t.name in fam.ROPE_FACTORS:  # read into cfg.rope_scaling by config_from_gguf
             continue
         gguf_kind = t.name.split(".")[2] if t.name.startswith("blk.") else ""
-        if fam.is_fused(arch, gguf_kind):  # Phi-3: one tensor holds several of ours
-            parts = fam.split_rows(gguf_kind, f"layers.{t.name.split('.')[1]}", dequantize_to(t, dtype), cfg)
+        if fam.is_fused(cfg.family, gguf_kind):  # Phi-3: one tensor holds several of ours
+            parts = fam.split_fused(gguf_kind, f"layers.{t.name.split('.')[1]}", dequantize_to(t, dtype), cfg)
         else:
             name = our_name(t.name)
             chunk = name in chunked and name.split(".")[-2] not in ("wq", "wk")  # wq, wk are permuted whole

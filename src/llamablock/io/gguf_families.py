@@ -28,6 +28,8 @@ import math
 
 import torch
 
+from llamablock.io.hf_checkpoint import split_rows
+
 # GGUF architecture -> our family name.
 FAMILIES = {"gemma": "gemma", "gemma2": "gemma2", "gemma3": "gemma3_text", "qwen3": "qwen3", "phi3": "phi3"}
 LAYER_NAMES = {"attn_q_norm": "attn.q_norm", "attn_k_norm": "attn.k_norm", "post_attention_norm": "post_norm1",
@@ -74,7 +76,7 @@ def family_fields(arch: str, meta: dict, names: set[str], base: dict) -> dict:
     return out
 
 
-def phi3_longrope(arch: str, meta: dict, factors: dict[str, torch.Tensor], max_len: int) -> dict | None:
+def phi3_longrope(arch: str, meta: dict, factors: dict[str, torch.Tensor]) -> dict | None:
     """Phi-3's LongRoPE dict (transformers' form) from the factor tensors, or None without them."""
     if arch != "phi3" or not factors:
         return None
@@ -92,18 +94,15 @@ def phi3_longrope(arch: str, meta: dict, factors: dict[str, torch.Tensor], max_l
     return scaling
 
 
-def split_rows(gguf_kind: str, layer: str, w: torch.Tensor, cfg) -> list[tuple[str, torch.Tensor]]:
+def split_fused(gguf_kind: str, layer: str, w: torch.Tensor, cfg) -> list[tuple[str, torch.Tensor]]:
     """Phi-3's fused tensor `w` of `layer` ("layers.N") as (our name, rows) for each part, in row order."""
-    q, kv = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
-    sizes = (q, kv, kv) if gguf_kind == "attn_qkv" else (cfg.d_ff, cfg.d_ff)
-    if w.shape[0] != sum(sizes):
-        raise ValueError(f"GGUF tensor {gguf_kind} of {layer} has {w.shape[0]} rows; the metadata implies "
-                         f"{' + '.join(map(str, sizes))}")
-    return [(f"{layer}.{part}.weight", piece.contiguous()) for part, piece in zip(FUSED[gguf_kind], w.split(sizes))]
+    pieces = split_rows(w, FUSED[gguf_kind], cfg, f"blk.{layer.split('.')[1]}.{gguf_kind}.weight")
+    return [(f"{layer}.{part}.weight", piece.contiguous()) for part, piece in zip(FUSED[gguf_kind], pieces)]
 
 
-def is_fused(arch: str, gguf_kind: str) -> bool:
-    return arch == "phi3" and gguf_kind in FUSED
+def is_fused(family: str, gguf_kind: str) -> bool:
+    """Whether a GGUF tensor kind holds several of our tensors in this family's files (Phi-3's)."""
+    return family == "phi3" and gguf_kind in FUSED
 
 
 def unshift_norm(arch: str, name: str, w: torch.Tensor) -> torch.Tensor:

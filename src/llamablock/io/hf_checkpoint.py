@@ -52,17 +52,24 @@ def hf_name(name: str, sandwich: bool = False) -> str:
     return f"model.layers.{m.group(1)}.{table[m.group(2)]}.{m.group(3)}"
 
 
+def split_rows(w: torch.Tensor, parts: tuple[str, ...], cfg: ModelConfig, what: str) -> tuple[torch.Tensor, ...]:
+    """A fused weight's rows as our `parts` ("attn.wq", ...), each as many rows as cfg.layer_shapes
+    says, in order (views, no copy); `what` names the tensor in the error when the count differs.
+    Phi-3's fused projections, in a transformers directory and in a GGUF file (io/gguf_families.py)."""
+    sizes = [cfg.layer_shapes()[p][0] for p in parts]
+    if w.shape[0] != sum(sizes):
+        raise ValueError(f"tensor {what!r} has {w.shape[0]} rows; the config implies {sum(sizes)} "
+                         f"({' + '.join(map(str, sizes))})")
+    return w.split(sizes)
+
+
 def split_fused(cfg: ModelConfig, tensors: dict[str, torch.Tensor]) -> None:
     """Phi-3's fused projections replaced, in place, by the separate ones (views of their rows)."""
-    q, kv = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
-    sizes = {"self_attn.qkv_proj": (q, kv, kv), "mlp.gate_up_proj": (cfg.d_ff, cfg.d_ff)}
+    ours = {theirs: mine for mine, theirs in _LAYER.items()}
     for key in [k for k in tensors if any(f".{f}." in k for f in _FUSED)]:
         fused = next(f for f in _FUSED if f".{f}." in key)
-        t = tensors.pop(key)
-        if t.shape[0] != sum(sizes[fused]):
-            raise ValueError(f"tensor {key!r} has {t.shape[0]} rows; the config implies {sum(sizes[fused])} "
-                             f"({' + '.join(map(str, sizes[fused]))})")
-        for part, piece in zip(_FUSED[fused], t.split(sizes[fused])):
+        pieces = split_rows(tensors.pop(key), tuple(ours[p] for p in _FUSED[fused]), cfg, key)
+        for part, piece in zip(_FUSED[fused], pieces):
             tensors[key.replace(fused, part)] = piece
 
 
