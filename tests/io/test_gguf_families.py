@@ -6,8 +6,8 @@ written from, and against transformers reading the file; greedy ids equal. trans
 leaves some of a file's settings at its config defaults, so those are given to it explicitly, each
 said where it is: Qwen3's and Gemma's head width (it reads no key_length for them) and Gemma's
 query_pre_attn_scalar (llama.cpp's rule: the head width); Phi-3's window (llama.cpp reads it, transformers'
-reader does not) and pad id (its default is outside a 97-token vocabulary). LongRoPE's factor tensors it does not read at all, so that file is compared
-with the model it was written from only.
+reader does not) and pad id (its default is outside a 97-token vocabulary). LongRoPE's factor tensors it does not read at all, and Gemma 1 files not at all,
+so those are compared with the model they were written from only.
 """
 
 import pytest
@@ -24,6 +24,8 @@ LONG = dict(rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0, "sh
             original_max_position_embeddings=16, max_position_embeddings=4096)
 CASES = {
     "qwen3": ("qwen3", dict(n_heads=4, n_kv=2), dict(head_dim=16)),
+    # Gemma 1: transformers' GGUF reader has no `gemma` architecture, so against the source model only.
+    "gemma": ("gemma", dict(n_heads=4, n_kv=1, tied=True), None),
     "gemma2": ("gemma2", dict(n_heads=4, n_kv=2, sliding_window=6, tied=True, query_pre_attn_scalar=16),
                dict(head_dim=16, query_pre_attn_scalar=16)),
     "gemma3": ("gemma3_text", dict(n_heads=4, n_kv=1, sliding_window=6, num_hidden_layers=6, query_pre_attn_scalar=16),
