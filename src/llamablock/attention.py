@@ -115,9 +115,9 @@ def attention_inputs(position_ids: torch.Tensor, start: int, *, dtype: torch.dty
 
 # A reduced-precision CPU decode step pads its keys to a multiple of this many slots (`bucketed_keys`).
 # Why 256: a step then reads at most 255 keys more per layer, which cost less than building a
-# new pair of oneDNN kernels at every step did (eager decode tokens/s with and without, side by
-# side, on SmolLM2's Q4_1 file from 5 to 4,100 keys: `llamablock bench decode` runs the same
-# engine), while an 8,192-token context builds 32 pairs in all.
+# new pair of oneDNN kernels at every step did (timed side by side when it was chosen; the commit
+# that introduced it has the figures; no benchmark repeats that comparison), while an
+# 8,192-token context builds 32 pairs in all.
 KEY_BUCKET = 256
 _ONEDNN_DTYPES = (torch.bfloat16, torch.float16)  # CPU bmm by oneDNN (BMM_LIBRARY, benchmarks/bench_attention.py)
 
