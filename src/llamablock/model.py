@@ -46,6 +46,7 @@ class Decoder(nn.Module):
             self.rotaries["sliding"] = Rotary(spec, cfg.rope_layout)
         self.alibi = ALiBi(cfg.n_heads) if cfg.position == "alibi" else None
         self.kinds = cfg.layer_kinds
+        self.kinds_present = tuple(dict.fromkeys(self.kinds))  # each kind once: one set of attention inputs each
         self.layers = nn.ModuleList(make_block(cfg, i, self.rotaries[kind]) for i, kind in enumerate(self.kinds))
         # Post-LN already ends every block with a norm; pre-LN needs one before the head.
         pre = cfg.norm_placement == "pre"
@@ -97,7 +98,7 @@ class Decoder(nn.Module):
         elif position_ids.shape != input_ids.shape:
             raise ValueError(f"position_ids shape {tuple(position_ids.shape)} must equal input_ids shape {tuple(input_ids.shape)}")
         x = self.embed_tokens(input_ids, position_ids)  # (b, t, D)
-        inputs = {kind: self.attention_inputs(position_ids, cache, pad_mask, x.dtype, kind) for kind in set(self.kinds)}
+        inputs = {kind: self.attention_inputs(position_ids, cache, pad_mask, x.dtype, kind) for kind in self.kinds_present}
         for kind, layer in zip(self.kinds, self.layers):
             x = layer(x, inputs[kind], cache)
         if cache is not None:
