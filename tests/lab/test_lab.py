@@ -165,8 +165,10 @@ def test_param_claims_fail_with_an_rmsnorm_that_keeps_a_shift(monkeypatch):
 
 
 def test_norm_speed_claims_reject_broken_competitors(monkeypatch):
-    # six-op against itself: no effect, so not reproduced (differs or not measurable)
-    monkeypatch.setattr(exp_norm, "six_op_rmsnorm", lambda x, w: F.layer_norm(x, (x.shape[-1],), w, None, 1e-5))
+    # an "RMSNorm" that skips normalizing (one multiply) is faster than LayerNorm: the claim that
+    # six ops are slower must not be reproduced. (Not LayerNorm against itself: a null effect is
+    # judged by median against spread, and one CI run read 1.14 ± 0.07 for two identical kernels.)
+    monkeypatch.setattr(exp_norm, "six_op_rmsnorm", lambda x, w: x * w)
     _broken(exp_norm.claim_speed_eager(True))
     # an "RMSNorm" that does twice LayerNorm's work, both eager (no compiling in the test)
     monkeypatch.setattr(exp_norm, "_compile", lambda fn: fn)

@@ -16,13 +16,16 @@ import torch
 
 def interleaved(fns: dict[str, Callable[[], object]], repeats: int = 20, warmup: int = 3) -> dict[str, list[float]]:
     """Seconds per call of each zero-argument callable over `repeats` rounds, the callables in turn
-    within each round, so that a change in the machine's load hits all of them."""
+    within each round, so that a change in the machine's load hits all of them. Every other round
+    runs them in reverse order: a fixed order gave two identical LayerNorm calls a steady ~1% gap
+    (the one called second after the other's freed output), which a ratio would read as an effect."""
     for fn in fns.values():
         for _ in range(warmup):
             fn()
     samples: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
+    order = list(fns.items())
+    for round_ in range(repeats):
+        for name, fn in (order if round_ % 2 == 0 else order[::-1]):
             t0 = time.perf_counter()
             fn()
             samples[name].append(time.perf_counter() - t0)
