@@ -49,3 +49,32 @@ def test_row_chunks_cover_the_tensor_in_order():
         assert first == rows and torch.equal(block, whole[first:first + len(block)])
         rows += len(block)
     assert rows == whole.shape[0]
+
+
+def test_the_tensor_index_reads_what_the_reader_reads_and_lets_it_go():
+    import weakref
+
+    import numpy as np
+
+    from llamablock.io.gguf import tensor_index
+
+    path = str(resolve_model(None))
+    reader = open_gguf(path)
+    expected = [(t.name, t.tensor_type, t.shape.tolist(), t.data) for t in reader.tensors]
+    index = tensor_index(reader)
+    gone = weakref.ref(reader)
+    del reader
+    assert gone() is None  # nothing of the index keeps the reader (and its parse) alive
+    assert index.architecture == "llama" and len(index.tensors) == len(expected)
+    for t, (name, kind, shape, data) in zip(index.tensors, expected):
+        assert (t.name, t.tensor_type, t.shape.tolist(), t.data.shape, t.data.dtype) == (name, kind, shape, data.shape,
+                                                                                        data.dtype)
+    embed = index.tensors[0]  # the largest tensor, read by read(2) as the loaders read it
+    assert embed.name == "token_embd.weight" and embed.data.nbytes > 16 * 2**20
+    w = dequantize_to(embed, torch.float32)
+    assert _resident_kib(os.path.realpath(path)) * 1024 < embed.data.nbytes / 8  # its pages were never mapped
+    import gguf  # the reference: the gguf package's own kernel on the reader's view of the same bytes
+
+    assert torch.equal(w, torch.from_numpy(gguf.quants.dequantize(expected[0][3], expected[0][1])))
+    for i in (len(expected) // 2, -1):  # the same bytes as the reader's, through the index's own mapping
+        assert np.array_equal(index.tensors[i].data, expected[i][3])

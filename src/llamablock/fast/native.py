@@ -18,9 +18,10 @@ model never exists in float. Rounding to bfloat16 first is what the dequantize-t
 shared embedding differs from a bfloat16 one within the q8 step, as stated there).
 
 Memory (`llamablock bench memory` measures the peak against the file's size): the
-reader's parse of the vocabulary is dropped once the tokenizer is built, the file's pages leave
-the process as they are read (io/gguf_read.py), large temporaries get their own mappings while
-loading (fast/malloc.py), and an int4 layer holds its ids once (fast/int4pack.py).
+reader's parse of the header is dropped once the tokenizer is built, keeping only an index of
+the tensors (io/gguf_read.py TensorIndex), the file is read by read(2), never through a mapping
+(io/gguf_read.py), large temporaries get their own mappings while loading (fast/malloc.py), and
+an int4 layer holds its ids once (fast/int4pack.py).
 """
 
 from __future__ import annotations
@@ -44,9 +45,9 @@ from llamablock.fast.quant import (
 from llamablock.io.empty import empty_decoder
 from llamablock.io.gguf import (
     config_from_gguf,
-    drop_array_fields,
     gguf_tensors,
     open_gguf,
+    tensor_index,
 )
 from llamablock.io.resolve import resolve_model
 
@@ -116,12 +117,12 @@ def load_gguf_native(path_or_reader, rope_layout: str = "half", cfg=None):
     A tied embedding stored quantized becomes the q8 head, and the embedding table reads its
     rows (Int8Embedding): one int8 copy instead of a bfloat16 table beside an int8 head. Its
     rows are the head's, within the q8 step of the file's (`llamablock bench memory`)."""
-    own = not hasattr(path_or_reader, "tensors")
-    reader = open_gguf(path_or_reader) if own else path_or_reader
-    cfg = (cfg or config_from_gguf(reader)).replace(rope_layout=rope_layout)
-    if own:  # no one else reads this reader's vocabulary: its parse goes before the weights come
-        drop_array_fields(reader)
+    reader = path_or_reader
+    if not hasattr(reader, "tensors"):  # a path: the reader's parse goes before the weights come
+        reader = open_gguf(path_or_reader)
+        cfg, reader = cfg or config_from_gguf(reader), tensor_index(reader)
         release_free_memory()
+    cfg = (cfg or config_from_gguf(reader)).replace(rope_layout=rope_layout)
     model = empty_decoder(cfg)
     types = {t.tensor_type.name for t in reader.tensors if t.name.endswith(".weight") and len(t.shape) > 1}
     dtype = torch.float32 if types <= {"F32"} else torch.bfloat16
@@ -172,10 +173,11 @@ def load_model(path, choice: str = "auto", device: str = "cpu"):
     if choice == "auto" and not p.is_dir():
         reader = open_gguf(p)
         tok, cfg = tokenizer_from_gguf(reader), config_from_gguf(reader)
-        drop_array_fields(reader)  # the vocabulary's parse goes before the weights take its place
+        index = tensor_index(reader)
+        del reader  # the header's parse goes before the weights take its place
         release_free_memory()
-        model, used = load_gguf_native(reader, cfg=cfg)
-        del reader  # and its file mapping
+        model, used = load_gguf_native(index, cfg=cfg)
+        del index  # and its file mapping
         release_free_memory()
         what = ", ".join(f"{n} tensors {fmt}" for fmt, n in sorted(used.items()))
         return model, tok, f"the file's own precision: {what}"

@@ -41,6 +41,7 @@ from llamablock.io.empty import empty_decoder
 from llamablock.io.gguf_read import (  # noqa: F401 (public here)
     SUPPORTED_TYPES,
     RowChunks,
+    TensorIndex,
     dequantize,
     dequantize_to,
 )
@@ -124,6 +125,13 @@ def metadata(reader) -> dict:
             continue
         out[key] = field.contents()
     return out
+
+
+def tensor_index(reader) -> TensorIndex:
+    """The reader's tensors and architecture without its parse (io/gguf_read.py): drop the reader
+    after this, before reading weights."""
+    drop_array_fields(reader)
+    return TensorIndex(reader, metadata(reader)["general.architecture"])
 
 
 def drop_array_fields(reader) -> None:
@@ -234,7 +242,7 @@ def gguf_tensors(reader, cfg: ModelConfig, expected: dict[str, torch.Size], dtyp
     """The file's tensors one at a time, as (our name, GGUF type, tensor of `dtype` in `cfg.rope_layout`),
     each checked against `expected` (name -> shape): a loader holds one tensor in float at a time.
     The names in `chunked` (not wq/wk, which are permuted whole) come as RowChunks, not read yet."""
-    arch = metadata(reader)["general.architecture"]
+    arch = reader.architecture if isinstance(reader, TensorIndex) else metadata(reader)["general.architecture"]
     file_interleaved = ARCHITECTURES[arch][1]
     if cfg.rope_layout not in ("half", "interleaved"):
         raise ValueError(f"rope_layout must be 'half' or 'interleaved', got {cfg.rope_layout!r}")
