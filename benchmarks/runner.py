@@ -33,6 +33,7 @@ BENCHMARKS = {
     "huge_pages": "benchmarks.bench_huge_pages",
     "threads": "benchmarks.bench_threads",
     "memory": "benchmarks.bench_memory",
+    "generate_command": "benchmarks.bench_generate_command",
 }
 
 

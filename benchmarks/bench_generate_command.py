@@ -1,0 +1,160 @@
+"""The plain command as a user runs it: `llamablock generate --prompt ...` after one build.
+
+Issue 20's targets are about the command, not the engine inside it: after `llamablock compile`,
+the plain `llamablock generate --prompt P` (engine and format left to their defaults) should
+decode at least 3x transformers' bfloat16 speed and 1.5x llama.cpp on the same file, and print
+its first token within 5 s of the process starting. Each side runs as a fresh process, as a user
+would start it, on the embedded SmolLM2-135M-Instruct Q4_1 file, greedy, the same prompt:
+    llamablock    `python -m llamablock generate --prompt P --greedy --max-new-tokens 64 --threads T`,
+                  with its own, fresh cache directory (XDG_CACHE_HOME) built by `llamablock compile`;
+                  first token: the first bytes on its stdout (it streams and flushes each piece);
+                  decode: the tok/s of its summary line
+    transformers  a script: from_pretrained(the GGUF, dtype=bfloat16) and generate() with a streamer
+    llama.cpp     a script with llama-cpp-python (when installed; this project never installs it)
+Every process uses T torch/llama.cpp threads, the benchmark run's count; each is run 3 times in
+turn (the medians are reported). Greedy decoding may stop at end-of-sequence before 64 tokens:
+the rates are per generated token, so they compare regardless.
+--quick: the eager engine (no build), 8 tokens, one run, llamablock only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from importlib.util import find_spec
+
+import torch
+
+from benchmarks.common import Section, verdict
+
+NAME = "generate_command"
+CLAIM = ("after one build, the plain `llamablock generate --prompt ...` decodes >= 3x transformers' bfloat16 and "
+         ">= 1.5x llama.cpp on the same file, its first token within 5 s of the process starting")
+PROMPT = "The history of the city of Paris begins"
+
+_TRANSFORMERS = r"""
+import time
+t_start = time.perf_counter()
+import json, sys, torch, transformers
+path, new, threads = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+torch.set_num_threads(threads)
+from pathlib import Path
+p = Path(path)
+tok = transformers.AutoTokenizer.from_pretrained(p.parent, gguf_file=p.name)
+model = transformers.AutoModelForCausalLM.from_pretrained(p.parent, gguf_file=p.name, dtype=torch.bfloat16).eval()
+times = []
+class Clock(transformers.generation.streamers.BaseStreamer):
+    def put(self, value):
+        times.append(time.perf_counter())
+    def end(self):
+        pass
+ids = tok(sys.argv[4], return_tensors="pt").input_ids
+model.generate(ids, max_new_tokens=new, do_sample=False, streamer=Clock())
+first, last = times[1], times[-1]  # the streamer's first put is the prompt itself
+print(json.dumps({"first": first - t_start, "decode": (len(times) - 2) / (last - first), "tokens": len(times) - 1}))
+"""
+
+_LLAMACPP = r"""
+import time
+t_start = time.perf_counter()
+import json, sys
+from llama_cpp import Llama
+path, new, threads = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+llm = Llama(model_path=path, n_ctx=512, n_threads=threads, verbose=False)
+ids = llm.tokenize(sys.argv[4].encode())
+llm.eval(ids)
+tok = llm.sample(temp=0.0)
+first = time.perf_counter()
+steps = 0
+while steps < new - 1 and tok != llm.token_eos():
+    llm.eval([tok])
+    tok = llm.sample(temp=0.0)
+    steps += 1
+print(json.dumps({"first": first - t_start, "decode": steps / (time.perf_counter() - first), "tokens": steps + 1}))
+"""
+
+
+def _script(code: str, *args: str) -> dict:
+    out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(f"benchmark child failed (exit status {out.returncode}): {out.stderr.strip()[-1500:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _ours(argv: list[str], env: dict) -> dict:
+    """Seconds from spawning the command to its first stdout bytes, and its summary line's rates."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-m", "llamablock", *argv], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=env)
+    proc.stdout.read(1)
+    first = time.perf_counter() - t0
+    _, err = proc.communicate()
+    if proc.returncode != 0:
+        raise RuntimeError(f"llamablock {argv[0]} failed (exit status {proc.returncode}): {err.decode()[-1500:]}")
+    summary = err.decode().strip().splitlines()[-1]
+    decode = re.search(r"decode ([\d.]+) tok/s", summary)
+    tokens = re.search(r"(\d+) new tokens", summary)
+    return {"first": first, "decode": float(decode.group(1)), "tokens": int(tokens.group(1)),
+            "compiled": "compiled decode" in summary, "summary": summary}
+
+
+def run(quick: bool = False) -> list[Section]:
+    from llamablock.io.resolve import resolve_model
+
+    path = str(resolve_model(None))
+    threads, new, runs = torch.get_num_threads(), 8 if quick else 64, 1 if quick else 3
+    sec = Section(f"`llamablock generate --prompt \"{PROMPT}\"` from process start, SmolLM2-135M-Instruct Q4_1, "
+                  f"greedy, at most {new} tokens, {threads} thread(s), medians of {runs} run(s)",
+                  ["command", "build (s)", "first token at (s)", "decode tok/s", "tokens"])
+    cmd = ["generate", "--prompt", PROMPT, "--greedy", "--max-new-tokens", str(new), "--threads", str(threads)]
+    with tempfile.TemporaryDirectory() as cache:
+        env = {**os.environ, "XDG_CACHE_HOME": cache}
+        build = ""
+        if quick:
+            cmd += ["--engine", "eager"]
+        else:
+            t0 = time.perf_counter()
+            subprocess.run([sys.executable, "-m", "llamablock", "compile", "--threads", str(threads)], env=env,
+                           check=True, capture_output=True)
+            build = f"{time.perf_counter() - t0:.0f}"
+        sides = {"llamablock generate (defaults after `llamablock compile`)": lambda: _ours(cmd, env)}
+        if not quick:
+            sides["transformers bfloat16 (from_pretrained + generate)"] = (
+                lambda: _script(_TRANSFORMERS, path, str(new), str(threads), PROMPT))
+            if find_spec("llama_cpp") is not None:
+                sides["llama.cpp (llama-cpp-python, the Q4_1 file)"] = (
+                    lambda: _script(_LLAMACPP, path, str(new), str(threads), PROMPT))
+        results = {name: [] for name in sides}
+        for _ in range(runs):  # in turn, so that a change in load hits every side
+            for name, fn in sides.items():
+                results[name].append(fn())
+    med = {name: {k: statistics.median(r[k] for r in rs) for k in ("first", "decode", "tokens")}
+           for name, rs in results.items()}
+    for name, m in med.items():
+        sec.rows.append([name, build if name.startswith("llamablock") else "", f"{m['first']:.2f}",
+                         f"{m['decode']:.1f}", f"{m['tokens']:.0f}"])
+        build = ""
+    ours_name = next(iter(med))
+    ours = med[ours_name]
+    engines = {r["compiled"] for r in results[ours_name]}
+    sec.notes.append("llamablock's summary line said: " + results[ours_name][-1]["summary"])
+    if not quick and engines != {True}:
+        sec.notes.append("The command did not run the compiled engine in every run: the targets below do not apply.")
+    if quick:
+        return [sec]
+    sec.notes.append(verdict("first token of a warm run from process start", ours["first"], 5.0,
+                             higher_is_better=False, unit=" s"))
+    tf = next(m for n, m in med.items() if n.startswith("transformers"))
+    sec.notes.append(verdict("plain command's decode vs transformers bfloat16", ours["decode"] / tf["decode"], 3.0))
+    cpp = next((m for n, m in med.items() if n.startswith("llama.cpp")), None)
+    if cpp is None:
+        sec.notes.append("llama.cpp: llama-cpp-python is not installed, so the 1.5x target is not measured in this run.")
+    else:
+        sec.notes.append(verdict("plain command's decode vs llama.cpp on the same file", ours["decode"] / cpp["decode"], 1.5))
+    return [sec]
