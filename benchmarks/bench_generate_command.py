@@ -144,6 +144,9 @@ def run(quick: bool = False) -> list[Section]:
     ours = med[ours_name]
     engines = {r["compiled"] for r in results[ours_name]}
     sec.notes.append("llamablock's summary line said: " + results[ours_name][-1]["summary"])
+    sec.notes.append("Each rate here is one generation in a fresh process, as a user runs it, for every side alike; "
+                     "the `decode` tables time the engines inside one process, best of 3 after a warm-up, which "
+                     "gives every side a higher rate than a single cold generation.")
     if not quick and engines != {True}:
         sec.notes.append("The command did not run the compiled engine in every run: the targets below do not apply.")
     if quick:

@@ -19,20 +19,19 @@ SIZE_KEYS = ("block_count", "embedding_length", "feed_forward_length", "attentio
              "attention.head_count_kv", "rope.dimension_count")
 
 
-def write_scaled(src: Path, out: Path, d_model: int, n_layers: int, n_heads: int, d_ff: int) -> Path:
-    """`out`: `src`'s metadata and tensor types at d_model / n_layers / n_heads (as many KV heads as the
-    source's ratio gives) / d_ff; every matrix random, every norm ones."""
+def write_scaled(src: Path, out: Path, d_model: int, n_layers: int, n_heads: int, n_kv_heads: int, d_ff: int) -> Path:
+    """`out`: `src`'s metadata and tensor types at d_model / n_layers / n_heads / n_kv_heads / d_ff;
+    every matrix random, every norm ones."""
     import gguf
 
     reader = gguf.GGUFReader(src)
     arch = reader.fields["general.architecture"].contents()
     meta = {k: f.contents() for k, f in reader.fields.items()}
-    kv_heads = n_heads * meta[f"{arch}.attention.head_count_kv"] // meta[f"{arch}.attention.head_count"]
     head_dim = d_model // n_heads
-    sizes = dict(zip(SIZE_KEYS, (n_layers, d_model, d_ff, n_heads, kv_heads, head_dim)))
+    sizes = dict(zip(SIZE_KEYS, (n_layers, d_model, d_ff, n_heads, n_kv_heads, head_dim)))
     vocab = meta[f"{arch}.vocab_size"] if f"{arch}.vocab_size" in meta else len(meta["tokenizer.ggml.tokens"])
-    shapes = {"token_embd": (vocab, d_model), "attn_q": (d_model, d_model), "attn_k": (kv_heads * head_dim, d_model),
-              "attn_v": (kv_heads * head_dim, d_model), "attn_output": (d_model, d_model), "ffn_gate": (d_ff, d_model),
+    shapes = {"token_embd": (vocab, d_model), "attn_q": (d_model, d_model), "attn_k": (n_kv_heads * head_dim, d_model),
+              "attn_v": (n_kv_heads * head_dim, d_model), "attn_output": (d_model, d_model), "ffn_gate": (d_ff, d_model),
               "ffn_up": (d_ff, d_model), "ffn_down": (d_model, d_ff)}
     types = {t.name.split(".")[-2]: t.tensor_type for t in reader.tensors}  # e.g. "ffn_up" -> Q4_1
 
