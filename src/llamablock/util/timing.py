@@ -17,8 +17,8 @@ import torch
 def interleaved(fns: dict[str, Callable[[], object]], repeats: int = 20, warmup: int = 3) -> dict[str, list[float]]:
     """Seconds per call of each zero-argument callable over `repeats` rounds, the callables in turn
     within each round, so that a change in the machine's load hits all of them. Every other round
-    runs them in reverse order: a fixed order gave two identical LayerNorm calls a steady ~1% gap
-    (the one called second after the other's freed output), which a ratio would read as an effect."""
+    runs them in reverse order: in a fixed order, the position alone shifted the ratio of two
+    LayerNorm calls steadily, which a ratio would read as an effect of the code."""
     for fn in fns.values():
         for _ in range(warmup):
             fn()
