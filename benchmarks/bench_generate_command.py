@@ -145,8 +145,8 @@ def run(quick: bool = False) -> list[Section]:
     engines = {r["compiled"] for r in results[ours_name]}
     sec.notes.append("llamablock's summary line said: " + results[ours_name][-1]["summary"])
     sec.notes.append("Each rate here is one generation in a fresh process, as a user runs it, for every side alike; "
-                     "the `decode` tables time the engines inside one process, best of 3 after a warm-up, which "
-                     "gives every side a higher rate than a single cold generation.")
+                     "the `decode` tables time the engines another way (inside one process; llama.cpp best of 3 after "
+                     "a warm-up), at another moment of the machine's load, so compare ratios within a table.")
     if not quick and engines != {True}:
         sec.notes.append("The command did not run the compiled engine in every run: the targets below do not apply.")
     if quick:
