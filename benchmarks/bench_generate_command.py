@@ -139,7 +139,6 @@ def run(quick: bool = False) -> list[Section]:
     for name, m in med.items():
         sec.rows.append([name, build if name.startswith("llamablock") else "", f"{m['first']:.2f}",
                          f"{m['decode']:.1f}", f"{m['tokens']:.0f}"])
-        build = ""
     ours_name = next(iter(med))
     ours = med[ours_name]
     engines = {r["compiled"] for r in results[ours_name]}

@@ -7,10 +7,19 @@ that mapping resident in this process (the page cache itself is not counted).
 from __future__ import annotations
 
 import os
+import weakref
 
+import gguf
+import numpy as np
 import torch
 
-from llamablock.io.gguf import RowChunks, dequantize, dequantize_to, open_gguf
+from llamablock.io.gguf import (
+    RowChunks,
+    dequantize,
+    dequantize_to,
+    open_gguf,
+    tensor_index,
+)
 from llamablock.io.resolve import resolve_model
 
 
@@ -52,12 +61,6 @@ def test_row_chunks_cover_the_tensor_in_order():
 
 
 def test_the_tensor_index_reads_what_the_reader_reads_and_lets_it_go():
-    import weakref
-
-    import numpy as np
-
-    from llamablock.io.gguf import tensor_index
-
     path = str(resolve_model(None))
     reader = open_gguf(path)
     expected = [(t.name, t.tensor_type, t.shape.tolist(), t.data) for t in reader.tensors]
@@ -73,8 +76,7 @@ def test_the_tensor_index_reads_what_the_reader_reads_and_lets_it_go():
     assert embed.name == "token_embd.weight" and embed.data.nbytes > 16 * 2**20
     w = dequantize_to(embed, torch.float32)
     assert _resident_kib(os.path.realpath(path)) * 1024 < embed.data.nbytes / 8  # its pages were never mapped
-    import gguf  # the reference: the gguf package's own kernel on the reader's view of the same bytes
-
+    # the reference: the gguf package's own kernel on the reader's view of the same bytes
     assert torch.equal(w, torch.from_numpy(gguf.quants.dequantize(expected[0][3], expected[0][1])))
     for i in (len(expected) // 2, -1):  # the same bytes as the reader's, through the index's own mapping
         assert np.array_equal(index.tensors[i].data, expected[i][3])

@@ -2,7 +2,8 @@
 
 Each tensor is read a chunk of about a million values at a time, by read(2) at the offset the
 reader's memory map gives it (`_read`): the block kernels of the `gguf` package expand the chunk
-to float32, so neither the file nor a whole tensor in float32 is ever resident at once. `llamablock bench memory` measures the peak of a load.
+to float32, so neither the file nor a whole tensor in float32 is ever resident at once.
+`llamablock bench memory` measures the peak of a load.
 """
 
 from __future__ import annotations
@@ -112,10 +113,9 @@ class TensorIndex:
     def __init__(self, reader, architecture: str):
         from types import SimpleNamespace
 
-        path = _mapping(reader.data)[0]
         self.architecture = architecture
-        self.data = np.memmap(path, mode="r").view(np.ndarray)  # a plain view: slicing it runs no Python hook
+        file = np.memmap(_mapping(reader.data)[0], mode="r").view(np.ndarray)  # plain: slicing runs no Python hook
         self.tensors = [SimpleNamespace(name=str(t.name), tensor_type=t.tensor_type, shape=t.shape.copy(),
-                                        data=self.data[t.data_offset:t.data_offset + t.n_bytes]
+                                        data=file[t.data_offset:t.data_offset + t.n_bytes]
                                         .view(t.data.dtype).reshape(t.data.shape))
                         for t in reader.tensors]
