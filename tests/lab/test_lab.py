@@ -30,7 +30,7 @@ from llamablock.lab.record import (
     VERDICTS,
     Claim,
 )
-from llamablock.lab.report import fmt, headline
+from llamablock.lab.report import fmt, headline, render_report
 from llamablock.positions import LearnedPositions
 
 FIELDS = {"id", "section", "claim", "source_value", "measured", "unit", "tolerance", "verdict", "details",
@@ -72,8 +72,20 @@ def test_headline_counts_definitions_apart():
     claims = [Claim("a", "15.1", "", 1).judge(True), Claim("b", "15.1", "", 1).define(),
               Claim("c", "15.1", "", 1).judge(False)]
     text = headline(claims)
-    assert "3 claims: 1 reproduced, 1 differs; and 1 definitions" in text
+    assert "3 claims: 1 reproduced, 1 differs; and 1 definition (true" in text
     assert fmt(10922.67) == "10922.67" and fmt([16448, 9280]) == "16,448, 9,280" and fmt({"a": 0.5}) == "a: 0.5"
+
+
+def test_report_tables_print_a_column_at_one_precision_and_missing_entries_blank():
+    from llamablock.lab.record import Claim
+
+    c = Claim("a", "beyond", "", 1).judge(True)
+    c.table = [{"scheme": "x", "loss": 2.79, "sd": 0.014, "far": float("nan")},
+               {"scheme": "y", "loss": 2.5477, "sd": 0.0065, "far": 1.5}]
+    env = {"date": "d", "python": "3", "torch": "t", "machine": "m", "processor": "", "threads": 1}
+    text = render_report([c], env, quick=False)
+    assert "| x | 2.7900 | 0.0140 |  |" in text and "| y | 2.5477 | 0.0065 | 1.5 |" in text
+    assert "## Beyond the module" in text and "1 thread (" in text
 
 
 # Broken implementations: 15.1 --------------------------------------------------------------------

@@ -44,7 +44,7 @@ def long_context_claims(quick: bool, out) -> list[Claim]:
     dims = {**long_context.SIZE, **(p.get("size") or {})}
     size = (f"models of width {dims['d_model']}, {dims['n_layers']} layers, trained {p['steps']} steps at L = {L}, "
             "one seed")
-    table = [{"scheme": n, f"0-{L}": round(inside.get(n, float("nan")), 3), f"{ft_band} (at {ft})":
+    table = [{"scheme": n, f"0-{L}": round(inside[n], 3) if n in inside else "", f"{ft_band} (at {ft})":
               round(at_ft[n], 3) if n in at_ft else "", f"{far_band} (at {8 * L})": round(far[n], 3) if n in far else ""}
              for n in s]
     rope_far = [v for n, v in far.items() if n.startswith("rope")]

@@ -106,7 +106,8 @@ def headline(claims: list[Claim]) -> str:
     counts = Counter(c.verdict for c in claims)
     measured = [v for v in (REPRODUCED, DIFFERS, NOT_MEASURABLE) if counts[v]]
     text = (f"{len(claims)} claims: " + ", ".join(f"{counts[v]} {v}" for v in measured)
-            + (f"; and {counts[DEFINITION]} definitions (true by construction, shown but not counted as reproduced)"
+            + (f"; and {counts[DEFINITION]} definition{'s' if counts[DEFINITION] != 1 else ''} (true by construction, "
+               "shown but not counted as reproduced)"
                if counts[DEFINITION] else "") + ".")
     indicative = sum(1 for c in claims if c.indicative)
     if indicative:
@@ -118,10 +119,34 @@ def headline(claims: list[Claim]) -> str:
     return text
 
 
+def _decimals(column: list) -> int | None:
+    """The decimals a column of floats needs: the most that `fmt` gives any of them, so 2.79 prints as
+    2.790 beside 2.949 and a column reads at one precision. None when a value is in e-notation."""
+    places = 0
+    for v in column:
+        if isinstance(v, float) and not isinstance(v, bool) and v == v:
+            text = fmt(v)
+            if "e" in text:
+                return None
+            places = max(places, len(text.partition(".")[2]))
+    return places
+
+
 def _table(rows: list[dict]) -> list[str]:
+    """A structured value as a markdown table; floats aligned to one precision per column, a missing or NaN
+    entry blank (not measured there)."""
     keys = list(rows[0])
+    places = {k: _decimals([r.get(k) for r in rows]) for k in keys}
+
+    def cell(k, v):
+        if isinstance(v, float) and v != v:
+            return ""
+        if isinstance(v, float) and places[k] is not None:
+            return f"{v:.{places[k]}f}"
+        return _cell("" if v is None else v)
+
     return (["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
-            + ["| " + " | ".join(_cell(r.get(k, "")) for k in keys) + " |" for r in rows])
+            + ["| " + " | ".join(cell(k, r.get(k, "")) for k in keys) + " |" for r in rows])
 
 
 def meaning(section: str, part: list[Claim]) -> str:
@@ -141,7 +166,7 @@ def render_report(claims: list[Claim], env: dict, quick: bool, timings: dict[str
         "# The LLaMA Block, measured",
         "",
         (f"llamablock lab{' --quick' if quick else ''}, {env['date']}; Python {env['python']}, torch {env['torch']}, "
-         f"{' '.join(x for x in (env['machine'], env['processor']) if x)}, {env['threads']} threads "
+         f"{' '.join(x for x in (env['machine'], env['processor']) if x)}, {env['threads']} thread{'s' if env['threads'] != 1 else ''} "
          "(timing claims run on one)."),
         "",
         headline(claims),
@@ -161,13 +186,14 @@ def render_report(claims: list[Claim], env: dict, quick: bool, timings: dict[str
         part = [c for c in claims if c.section == section]
         if not part:
             continue
-        lines += [f"## {section} {title}" if section != "exercises" else f"## {title}", "", intro, "",
+        lines += [f"## {section} {title}" if section.startswith("15.") else f"## {title}", "", intro, "",
                   "| id | claim | module | measured | verdict |", "|---|---|---|---|---|"]
         lines += [f"| `{c.id}` | {_cell(c.claim)} | {_cell(c.source_value)} | {_cell(c.measured)}"
                   f"{(' (' + _cell(c.unit) + ')') if c.unit else ''} | {_verdict(c)} |" for c in part]
         lines.append("")
         for c in part:
-            lines += [f"- `{c.id}` ({c.tolerance or 'no tolerance'}): {c.details}"
+            details = c.details + ("." if c.details and not c.details.endswith((".", "!", "?")) else "")
+            lines += [f"- `{c.id}` ({c.tolerance or 'no tolerance'}): {details}"
                       + (f" *Indicative: {c.indicative}.*" if c.indicative else "")]
             if c.table:
                 lines += [""] + ["  " + row for row in _table(c.table)] + [""]
