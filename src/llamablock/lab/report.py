@@ -166,8 +166,8 @@ def render_report(claims: list[Claim], env: dict, quick: bool, timings: dict[str
         "# The LLaMA Block, measured",
         "",
         (f"llamablock lab{' --quick' if quick else ''}, {env['date']}; Python {env['python']}, torch {env['torch']}, "
-         f"{' '.join(x for x in (env['machine'], env['processor']) if x)}, {env['threads']} thread{'s' if env['threads'] != 1 else ''} "
-         "(timing claims run on one)."),
+         f"{' '.join(x for x in (env['machine'], env['processor']) if x)}, {env['threads']} "
+         f"thread{'s' if env['threads'] != 1 else ''} (timing claims run on one)."),
         "",
         headline(claims),
         "",
