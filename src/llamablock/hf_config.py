@@ -102,17 +102,21 @@ def _optional(hf: dict[str, Any], key: str, default: float | None) -> float | No
     return _typed(hf, key, float, default)
 
 
-def _gemma3_rope(hf: dict[str, Any]) -> tuple[dict[str, Any], float]:
-    """Gemma 3's two RoPEs: a view of `hf` holding the full layers' settings, and the local layers' base."""
+def _gemma3_rope(hf: dict[str, Any]) -> tuple[dict[str, Any], float | None]:
+    """Gemma 3's two RoPEs: a view of `hf` holding the full layers' settings, and the local layers' base
+    (None when the sliding layers share the full layers' scaled RoPE, as config_to_hf writes a model
+    whose local_rope_theta is None)."""
     params = hf.get("rope_parameters")
     if isinstance(params, dict) and {"full_attention", "sliding_attention"} & set(params):
         full, local = params.get("full_attention") or {}, params.get("sliding_attention") or {}
         if not isinstance(full, dict) or not isinstance(local, dict):
             raise ValueError("config.json rope_parameters must map full_attention and sliding_attention to objects")
+        view = {**hf, "rope_parameters": {"rope_theta": 1_000_000.0, **full}, "rope_scaling": None}
         if local.get("rope_type", "default") != "default":
+            if local == full:  # one scaled RoPE for every layer; transformers computes each type's alike
+                return view, None
             raise ValueError(f"gemma3 sliding layers with rope_type {local['rope_type']!r} are not supported "
                              "(Gemma 3 scales only its global layers)")
-        view = {**hf, "rope_parameters": {"rope_theta": 1_000_000.0, **full}, "rope_scaling": None}
         return view, _typed(local, "rope_theta", float, 10_000.0)
     view = {**hf, "rope_theta": hf.get("rope_theta", 1_000_000.0)}  # v4 form; transformers' defaults
     return view, _typed(hf, "rope_local_base_freq", float, 10_000.0)
@@ -248,7 +252,9 @@ def _descendants_to_hf(cfg, rope: dict[str, Any]) -> dict[str, Any]:
         # Phi3Config keeps its own top-level original length (default 4096), which wins over the dict's.
         out["original_max_position_embeddings"] = cfg.rope_scaling["original_max_position_embeddings"]
     if family == "gemma3_text":
-        local = {"rope_type": "default", "rope_theta": cfg.local_rope_theta or cfg.rope_theta}
+        # local_rope_theta None: the sliding layers rotate with the full layers' RoPE, scaling included
+        local = (dict(rope) if cfg.local_rope_theta is None and cfg.rope_scaling
+                 else {"rope_type": "default", "rope_theta": cfg.local_rope_theta or cfg.rope_theta})
         out["rope_parameters"] = {"full_attention": rope, "sliding_attention": local}
     return out
 

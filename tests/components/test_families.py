@@ -33,6 +33,9 @@ CASES = {
         layer_types=[SLIDING, SLIDING, FULL, SLIDING],
         rope_parameters={FULL: {"rope_type": "linear", "factor": 8.0, "rope_theta": 1_000_000.0},
                          SLIDING: {"rope_type": "default", "rope_theta": 10_000.0}})),
+    "gemma3-one-scaled-rope": ("gemma3_text", dict(  # what a model with local_rope_theta None saves as
+        n_heads=4, n_kv=2, num_hidden_layers=2, sliding_window=6, layer_types=[SLIDING, FULL],
+        rope_parameters={k: {"rope_type": "linear", "factor": 4.0, "rope_theta": 10_000.0} for k in (FULL, SLIDING)})),
     "gemma3-final-cap": ("gemma3_text", dict(n_heads=4, n_kv=4, sliding_window=6, final_logit_softcapping=3.0)),
     "phi3-longrope": ("phi3", dict(n_heads=4, n_kv=2, **LONG)),
     "phi3-window-mha": ("phi3", dict(n_heads=4, n_kv=4, sliding_window=6)),
@@ -79,7 +82,8 @@ def test_cached_decode_equals_full_forward(tmp_path, name):
             assert (step - ours(ids[:, : i + 1])[:, -1]).abs().max().item() <= 1e-5, i
 
 
-@pytest.mark.parametrize("name", ["qwen3-gqa", "qwen2-window-upper-layers", "gemma2-capped", "gemma3-mixed-two-ropes", "phi3-longrope"])
+@pytest.mark.parametrize("name", ["qwen3-gqa", "qwen2-window-upper-layers", "gemma2-capped", "gemma3-mixed-two-ropes",
+                                  "gemma3-one-scaled-rope", "phi3-longrope"])
 def test_our_save_loads_in_transformers(tmp_path, name):
     import transformers
 
@@ -151,3 +155,14 @@ def test_the_text_model_of_a_multimodal_gemma3_checkpoint(tmp_path):
     ids = torch.randint(0, 90, (1, 20))
     with torch.no_grad():
         assert (ours(ids) - hf(input_ids=ids).logits).abs().max().item() <= 1e-4
+
+
+def test_gemma3_with_one_scaled_rope_round_trips(tmp_path):
+    """A Gemma 3 whose sliding layers share the full layers' scaled RoPE (local_rope_theta None) is
+    written with the scaled RoPE for both layer types, and reads back as the same config; before,
+    the sliding layers were written unscaled (tests above compare the logits with transformers)."""
+    _, ours = _load_pair(tmp_path, "gemma3-one-scaled-rope")
+    assert ours.cfg.local_rope_theta is None and ours.cfg.rope_scaling["rope_type"] == "linear"
+    hf = ours.cfg.to_hf()
+    assert hf["rope_parameters"]["sliding_attention"] == hf["rope_parameters"]["full_attention"]
+    assert llamablock.ModelConfig.from_hf(hf).replace(extra={}) == ours.cfg.replace(extra={})
