@@ -59,3 +59,21 @@ def test_the_eager_summary_says_how_to_build_the_compiled_engine(capsys, tmp_pat
 def test_compile_refuses_more_tokens_than_the_context(capsys, tiny):
     assert cli.main(["compile", "--model", str(tiny), "--tokens", "65"]) == 2
     assert "exceeds the model's context of 64" in capsys.readouterr().err
+
+
+def test_a_build_by_other_code_is_not_used_and_the_summary_says_to_rebuild(capsys, tmp_path, monkeypatch):
+    """After an upgrade or an edit of llamablock (or another torch), the packages of an earlier build
+    no longer match the code; auto must run eager and say so, not compile for minutes in the foreground."""
+    f = tmp_path / "built.gguf"
+    write_tiny_gguf(f, tiny_hf_model("llama", n_heads=4, n_kv=2, max_position_embeddings=64))
+    package = tmp_path / "package"
+    package.mkdir()  # a package directory on disk, as a real build leaves
+    with monkeypatch.context() as m:
+        m.setattr(builds, "_code", lambda: "torch 0.0 llamablock earlier")
+        builds.record(f, "float32", 64, [package], 1.0)
+        assert builds.built_length(f, "float32") == 64 and builds.any_build(f)
+    assert builds.built_length(f, "float32") is None and not builds.any_build(f) and builds.stale_build(f)
+    out = _generate(capsys, f, "--max-new-tokens", "2")
+    assert out["weights"].startswith("the file's own precision")  # eager
+    assert cli.main(["generate", "--model", str(f), "--prompt", "abc", "--max-new-tokens", "2"]) == 0
+    assert "the compiled one was built by another llamablock or torch" in capsys.readouterr().err

@@ -173,8 +173,10 @@ def _choose_engine(args) -> None:
     if args.engine == "auto":
         args.engine = "compiled" if args.built else "eager"
         if args.built is None:
-            args.hint = (f"eager engine: `llamablock compile{' --model ' + str(args.model) if args.model else ''}` "
-                         "builds the compiled one once, then generate uses it")
+            command = f"`llamablock compile{' --model ' + str(args.model) if args.model else ''}`"
+            args.hint = (f"eager engine: the compiled one was built by another llamablock or torch; {command} "
+                         "builds it again" if builds.stale_build(path) else
+                         f"eager engine: {command} builds the compiled one once, then generate uses it")
 
 
 @torch.no_grad()  # scoped, not torch.set_grad_enabled(False): callers in the same process keep autograd

@@ -7,9 +7,12 @@ the file's identity (path, size, modification time) instead, so that `llamablock
 choose the compiled engine by default when one exists and the eager model otherwise
 (`--engine auto`). It also keeps how long each build took, for the next build's progress line.
 
-    <package dir>/builds.json   {"<path>|<size>|<mtime>|<format>": {"lengths": {L: [package, ...]},
-                                                                    "seconds": last build}}
-An entry counts only while its packages are still on disk (pruning may delete them).
+    <package dir>/builds.json   {"<path>|<size>|<mtime>|<code>|<format>": {"lengths": {L: [package, ...]},
+                                                                           "seconds": last build}}
+An entry counts only while its packages are still on disk (pruning may delete them), and only for
+the code that built it (`<code>`: torch's version and llamablock's source digest, which the
+packages' own names hash too): after an upgrade or an edit, `--engine auto` runs the eager model
+and says to rebuild, instead of compiling in the foreground for minutes.
 """
 
 from __future__ import annotations
@@ -26,9 +29,21 @@ def _index_file() -> Path:
     return package_dir() / "builds.json"
 
 
-def _key(path: Path, fmt: str) -> str:
+def _file(path: Path) -> str:
     st = Path(path).stat()
-    return f"{Path(path).resolve()}|{st.st_size}|{st.st_mtime_ns}|{fmt}"
+    return f"{Path(path).resolve()}|{st.st_size}|{st.st_mtime_ns}"
+
+
+def _code() -> str:
+    import torch
+
+    from llamablock.fast.aoti_step import source_digest
+
+    return f"torch {torch.__version__} llamablock {source_digest()}"
+
+
+def _key(path: Path, fmt: str) -> str:
+    return f"{_file(path)}|{_code()}|{fmt}"
 
 
 def _read() -> dict:
@@ -52,11 +67,22 @@ def record(path: Path, fmt: str, length: int, packages: list[Path], seconds: flo
 
 
 def any_build(path: Path) -> bool:
-    """Whether the index names any build of this file, in any format (cheap: no look into the file)."""
+    """Whether the index names any build of this file by this code, in any format (cheap: no look
+    into the file)."""
     if not Path(path).exists():
         return False  # the loader says what is wrong with the path
-    prefix = _key(path, "").rsplit("|", 1)[0] + "|"
+    prefix = _key(path, "")
     return any(k.startswith(prefix) for k in _read())
+
+
+def stale_build(path: Path) -> bool:
+    """Whether the index names a build of this file by other code only (another torch or
+    llamablock): its packages cannot serve, and `llamablock compile` builds them again."""
+    if not Path(path).exists():
+        return False
+    mine, prefix = _key(path, ""), _file(path) + "|"
+    keys = [k for k in _read() if k.startswith(prefix)]
+    return bool(keys) and not any(k.startswith(mine) for k in keys)
 
 
 def built_length(path: Path, fmt: str) -> int | None:
