@@ -14,7 +14,8 @@ from gguf_tiny import write_tiny_gguf
 from hf_reference import tiny_hf_model
 
 from llamablock import cli
-from llamablock.fast import builds
+from llamablock.fast import builds, native
+from llamablock.io import gguf as gguf_io
 
 
 @pytest.fixture(scope="module")
@@ -30,15 +31,19 @@ def _generate(capsys, tiny, *more):
 
 
 @pytest.mark.slow
-def test_auto_uses_the_compiled_engine_once_it_is_built(capsys, tiny):
+def test_auto_uses_the_compiled_engine_once_it_is_built(capsys, tiny, monkeypatch):
     torch._dynamo.reset()
     before = _generate(capsys, tiny, "--max-new-tokens", "8")
     assert before["weights"] == "the file's own precision: 21 tensors float32"  # eager: nothing built yet
     assert cli.main(["compile", "--model", str(tiny), "--tokens", "64", "--no-autotune"]) == 0
     out = capsys.readouterr().out
     assert "the decode step" in out and "done:" in out and builds.built_length(tiny, "float32") == 64
+    opened, real = [], gguf_io.open_gguf
+    for module in (gguf_io, native):  # native imported the name: patched where each caller looks it up
+        monkeypatch.setattr(module, "open_gguf", lambda path: opened.append(path) or real(path))
     after = _generate(capsys, tiny, "--max-new-tokens", "8")
     assert after["weights"] == "float32, compiled" and after["tokens"] == before["tokens"]
+    assert len(opened) == 1  # choosing the engine and loading its weights share one parse of the header
     # Without --max-new-tokens the compiled engine stops where its cache ends (64 slots): no new build.
     bounded = _generate(capsys, tiny)
     assert bounded["weights"] == "float32, compiled" and bounded["prompt_tokens"] + bounded["new_tokens"] <= 64

@@ -163,12 +163,15 @@ def _choose_engine(args) -> None:
 
     if args.compile is not None:
         args.engine = "compiled" if args.compile else "eager"
-    args.built, args.fmt, args.hint = None, None, None
+    args.built, args.fmt, args.hint, args.reader = None, None, None, None
     if args.engine == "eager":
         return
     path = resolve_model(args.model)
-    if args.engine == "compiled" or builds.any_build(path):  # the file's format costs a read of its metadata
-        args.fmt = engine_format(path, args.dtype)
+    if args.engine == "compiled" or builds.any_build(path):  # the file's format costs a read of its metadata,
+        from llamablock.io.gguf import open_gguf
+
+        args.reader = None if path.is_dir() else open_gguf(path)  # which the compiled engine then loads from
+        args.fmt = engine_format(path, args.dtype, args.reader)
         args.built = builds.built_length(path, args.fmt)
     if args.engine == "auto":
         args.engine = "compiled" if args.built else "eager"
@@ -215,11 +218,13 @@ def run(args) -> int:
         from llamablock.fast.quant import load_dtype
 
         fmt = args.fmt
-        model, tok = load_model_and_tokenizer(args.model, load_dtype(fmt))
+        model, tok = load_model_and_tokenizer(args.model, load_dtype(fmt), args.reader)
+        args.reader = None  # the parse is done with: its vocabulary objects go
         engine, args.weights = AOTIEngine(model, fmt), f"{fmt}, compiled"
     else:
         from llamablock.fast.native import load_model
 
+        args.reader = None  # the eager load drops its parse before the weights (fast/native.py)
         model, tok, args.weights = load_model(args.model, args.dtype, args.device)
     history = [{"role": "system", "content": args.system}] if args.system else []
     if args.prompt is not None:

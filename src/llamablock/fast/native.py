@@ -196,15 +196,17 @@ def hf_dtype_of(path) -> str:
     return "float32" if types <= {"F32"} else "bfloat16"
 
 
-def engine_format(path, choice: str = "auto") -> str:
+def engine_format(path, choice: str = "auto", reader=None) -> str:
     """The one format a compiled engine runs `path` in (it quantizes its fused weights itself): for
-    `auto`, the format most of a GGUF's linear weights map to, or a directory's own dtype."""
+    `auto`, the format most of a GGUF's linear weights map to, or a directory's own dtype. `reader`:
+    the GGUF already open, whose parse the caller then loads from too (parsing SmolLM2's header is a
+    large part of a warm start: `llamablock bench generate_command`)."""
     if choice != "auto":
         return choice
     p = resolve_model(path)
     if p.is_dir():
         return hf_dtype(p)
-    reader = open_gguf(p)
+    reader = reader or open_gguf(p)
     linear = Counter(GGUF_FORMATS.get(t.tensor_type.name, "float32") for t in reader.tensors
                      if t.name.startswith("blk.") and t.name.endswith(".weight") and len(t.shape) > 1)
     return linear.most_common(1)[0][0] if linear else "float32"

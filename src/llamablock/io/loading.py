@@ -33,8 +33,9 @@ def load_pretrained(path: str | Path | None = None, dtype: torch.dtype | None = 
     raise FileNotFoundError(f"{p} is neither a checkpoint directory nor a .gguf file")
 
 
-def load_model_and_tokenizer(path: str | Path | None = None, dtype: torch.dtype | None = None):
-    """(Decoder, Tokenizer) for a model name, GGUF file or transformers directory; a GGUF is read once."""
+def load_model_and_tokenizer(path: str | Path | None = None, dtype: torch.dtype | None = None, reader=None):
+    """(Decoder, Tokenizer) for a model name, GGUF file or transformers directory; a GGUF is read once
+    (`reader`: the GGUF's, when the caller has it open already)."""
     from llamablock.io.tokenizer import tokenizer_from_dir, tokenizer_from_gguf
 
     p = resolve_model(path)
@@ -44,7 +45,7 @@ def load_model_and_tokenizer(path: str | Path | None = None, dtype: torch.dtype 
         return load_pretrained(p, dtype), tokenizer_from_dir(p)
     from llamablock.io.gguf import load_gguf, open_gguf
 
-    reader = open_gguf(p)
+    reader = reader or open_gguf(p)
     return load_gguf(reader, dtype=dtype or torch.float32), tokenizer_from_gguf(reader)
 
 
