@@ -29,6 +29,7 @@ from llamablock.norm import make_norm
 from llamablock.positions import LearnedPositions, SinusoidalPositions
 from llamablock.rope import Rotary
 from llamablock.rope_scaling import RopeSpec
+from llamablock.util.finite import all_finite
 
 
 class Decoder(nn.Module):
@@ -115,7 +116,7 @@ class Decoder(nn.Module):
         real storage this way), re-tie the head, switch to eval. Loaders check names and shapes
         first, so that their errors can name the tensor; non-finite values are refused here, by name,
         since a model with a NaN weight loads and runs and only its outputs are wrong."""
-        bad = next((n for n, t in state.items() if t.is_floating_point() and not torch.isfinite(t).all()), None)
+        bad = next((n for n, t in state.items() if t.is_floating_point() and not all_finite(t)), None)
         if bad is not None:
             raise ValueError(f"the checkpoint's {bad} holds non-finite values (NaN or infinity); it is damaged")
         self.load_state_dict(state, strict=False, assign=True)

@@ -32,6 +32,7 @@ from safetensors.torch import load_file, save_file, save_model
 
 from llamablock.io.resolve import latest_checkpoint, read_state  # noqa: F401 (the run layout's reader)
 from llamablock.util.files import atomic_write, replace_dir
+from llamablock.util.finite import all_finite
 
 KEEP = 2  # complete checkpoints kept on disk
 
@@ -129,7 +130,7 @@ def verify(path: str | Path) -> str | None:
             tensors = load_file(str(path / f))
         except Exception as e:  # safetensors raises its own error types on torn files
             return f"{f} is unreadable ({type(e).__name__}: {e})"
-        bad = next((k for k, t in tensors.items() if t.is_floating_point() and not torch.isfinite(t).all()), None)
+        bad = next((k for k, t in tensors.items() if t.is_floating_point() and not all_finite(t)), None)
         if bad is not None:
             return f"{f} holds non-finite values ({bad})"
     return None
