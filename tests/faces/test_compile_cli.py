@@ -78,7 +78,12 @@ def test_a_build_by_other_code_is_not_used_and_the_summary_says_to_rebuild(capsy
         builds.record(f, "float32", 64, [package], 1.0)
         assert builds.built_length(f, "float32") == 64 and builds.any_build(f)
     assert builds.built_length(f, "float32") is None and not builds.any_build(f) and builds.stale_build(f)
+    assert builds.last_build_seconds(f, "float32") == 1.0  # for the rebuild's progress line
     out = _generate(capsys, f, "--max-new-tokens", "2")
     assert out["weights"].startswith("the file's own precision")  # eager
     assert cli.main(["generate", "--model", str(f), "--prompt", "abc", "--max-new-tokens", "2"]) == 0
     assert "the compiled one was built by another llamablock or torch" in capsys.readouterr().err
+    builds.record(f, "float32", 64, [package], 2.0)  # the rebuild replaces the other code's entry
+    assert builds.built_length(f, "float32") == 64 and not builds.stale_build(f)
+    assert [k for k in json.loads(builds._index_file().read_text()) if k.startswith(builds._file(f))] == [
+        builds._key(f, "float32")]

@@ -55,8 +55,9 @@ def _read() -> dict:
 
 
 def record(path: Path, fmt: str, length: int, packages: list[Path], seconds: float) -> None:
-    """Note that the engine for `path` in `fmt` at cache `length` lives in `packages`."""
-    index = _read()
+    """Note that the engine for `path` in `fmt` at cache `length` lives in `packages`; entries of
+    this file and format by other code go (their packages can no longer serve)."""
+    index = {k: v for k, v in _read().items() if k == _key(path, fmt) or not _same_file_and_format(k, path, fmt)}
     entry = index.setdefault(_key(path, fmt), {"lengths": {}, "seconds": None})
     entry["lengths"][str(length)] = [str(p) for p in packages]
     if seconds > 0:
@@ -92,5 +93,12 @@ def built_length(path: Path, fmt: str) -> int | None:
     return max(ok) if ok else None
 
 
+def _same_file_and_format(key: str, path: Path, fmt: str) -> bool:
+    return key.startswith(_file(path) + "|") and key.endswith("|" + fmt)
+
+
 def last_build_seconds(path: Path, fmt: str) -> float | None:
-    return _read().get(_key(path, fmt), {}).get("seconds")
+    """How long the last build of `path` in `fmt` took, by this code or, after an upgrade, the code before."""
+    index = _read()
+    same = [v for k, v in index.items() if _same_file_and_format(k, path, fmt)]
+    return index.get(_key(path, fmt), same[0] if same else {}).get("seconds")
