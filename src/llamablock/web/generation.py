@@ -172,10 +172,11 @@ def load_served(model: str | None = None, max_queue: int = 8, compile_tokens: in
 
     m, tok, _ = load_model(model, "auto", device)
     path = resolve_model(model)
-    fmt = engine_format(path)
     if compile_tokens and device != "cpu":
         raise ValueError(f"the compiled engine runs on the CPU; serve with --device cpu to use --compile, not {device}")
-    tokens = compile_tokens or (builds.built_length(path, fmt) if device == "cpu" else None)
+    # the format costs another parse of a GGUF's header: only where an engine is asked for or built
+    fmt = engine_format(path) if compile_tokens or (device == "cpu" and builds.any_build(path)) else None
+    tokens = compile_tokens or (builds.built_length(path, fmt) if fmt else None)
     compiled = None
     if tokens:
         from llamablock.fast.compiled_decode import AOTIEngine
