@@ -154,24 +154,26 @@ def _messages(stream):
             yield text
 
 
-def _choose_engine(args) -> None:
+def _choose_engine(args):
     """Settle args.engine to eager or compiled (auto: compiled when llamablock.fast.builds knows a
-    build for this model file and format) and args.built, the built cache length or None."""
+    build for this model file and format) and args.built, the built cache length or None. Returns
+    the GGUF reader opened to learn the format when the engine is compiled, for its load to reuse
+    (one parse of the header), else None: the eager load drops its own parse before the weights."""
     from llamablock.fast import builds
     from llamablock.fast.native import engine_format
     from llamablock.io.resolve import resolve_model
 
     if args.compile is not None:
         args.engine = "compiled" if args.compile else "eager"
-    args.built, args.fmt, args.hint, args.reader = None, None, None, None
+    args.built, args.fmt, args.hint, reader = None, None, None, None
     if args.engine == "eager":
-        return
+        return None
     path = resolve_model(args.model)
-    if args.engine == "compiled" or builds.any_build(path):  # the file's format costs a read of its metadata,
+    if args.engine == "compiled" or builds.any_build(path):  # the file's format costs a read of its metadata
         from llamablock.io.gguf import open_gguf
 
-        args.reader = None if path.is_dir() else open_gguf(path)  # which the compiled engine then loads from
-        args.fmt = engine_format(path, args.dtype, args.reader)
+        reader = None if path.is_dir() else open_gguf(path)
+        args.fmt = engine_format(path, args.dtype, reader)
         args.built = builds.built_length(path, args.fmt)
     if args.engine == "auto":
         args.engine = "compiled" if args.built else "eager"
@@ -180,6 +182,7 @@ def _choose_engine(args) -> None:
             args.hint = (f"eager engine: the compiled one was built by another llamablock or torch; {command} "
                          "builds it again" if builds.stale_build(path) else
                          f"eager engine: {command} builds the compiled one once, then generate uses it")
+    return reader if args.engine == "compiled" else None
 
 
 @torch.no_grad()  # scoped, not torch.set_grad_enabled(False): callers in the same process keep autograd
@@ -211,20 +214,19 @@ def run(args) -> int:
         raise UsageError(f"the compiled engine runs on the CPU; use --device cpu, or --engine eager on {args.device}")
     if args.device != "cpu":
         args.engine = "eager"
-    _choose_engine(args)
+    reader = _choose_engine(args)
     engine = None
     if args.engine == "compiled":  # the engine fuses the float weights, then quantizes them itself
         from llamablock.fast.compiled_decode import AOTIEngine
         from llamablock.fast.quant import load_dtype
 
         fmt = args.fmt
-        model, tok = load_model_and_tokenizer(args.model, load_dtype(fmt), args.reader)
-        args.reader = None  # the parse is done with: its vocabulary objects go
+        model, tok = load_model_and_tokenizer(args.model, load_dtype(fmt), reader)
+        reader = None  # the parse is done with: its vocabulary objects go before generation
         engine, args.weights = AOTIEngine(model, fmt), f"{fmt}, compiled"
     else:
         from llamablock.fast.native import load_model
 
-        args.reader = None  # the eager load drops its parse before the weights (fast/native.py)
         model, tok, args.weights = load_model(args.model, args.dtype, args.device)
     history = [{"role": "system", "content": args.system}] if args.system else []
     if args.prompt is not None:
