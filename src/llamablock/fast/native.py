@@ -199,8 +199,8 @@ def hf_dtype_of(path) -> str:
 def engine_format(path, choice: str = "auto", reader=None) -> str:
     """The one format a compiled engine runs `path` in (it quantizes its fused weights itself): for
     `auto`, the format most of a GGUF's linear weights map to, or a directory's own dtype. `reader`:
-    the GGUF already open, whose parse the caller then loads from too (parsing SmolLM2's header is a
-    large part of a warm start: `llamablock bench generate_command`)."""
+    the GGUF already open, whose parse the caller then loads from too, rather than parsing the
+    header (the whole vocabulary) a second time."""
     if choice != "auto":
         return choice
     p = resolve_model(path)

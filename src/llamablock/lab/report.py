@@ -124,7 +124,7 @@ def _decimals(column: list) -> int | None:
     2.790 beside 2.949 and a column reads at one precision. None when a value is in e-notation."""
     places = 0
     for v in column:
-        if isinstance(v, float) and not isinstance(v, bool) and v == v:
+        if isinstance(v, float) and v == v:  # NaN (v != v) prints blank
             text = fmt(v)
             if "e" in text:
                 return None

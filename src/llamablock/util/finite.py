@@ -2,10 +2,9 @@
 
 Loaders refuse a checkpoint with a NaN or infinite weight (such a model loads and runs; only its
 outputs are wrong), so every float tensor of a model is checked on every load. `isfinite(t).all()`
-writes a boolean tensor as large as `t` and then reduces it; summing reads `t` once and allocates
-nothing, and a NaN or an infinity in `t` makes the sum NaN or infinite (inf + -inf is NaN). The
-sum can also overflow for finite values near the dtype's largest; only then is the exact check run.
-The plain command's warm start loads SmolLM2 this way (`llamablock bench generate_command`).
+writes a boolean tensor as large as `t` and then reduces it; a sum is one reduction without it,
+and a NaN or an infinity in `t` makes the sum NaN or infinite (inf + -inf is NaN). The sum can
+also overflow for finite values near the dtype's largest; only then is the exact check run.
 """
 
 from __future__ import annotations
