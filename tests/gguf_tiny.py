@@ -131,3 +131,15 @@ def random_kquant_blocks(kind: str, rows: int, cols: int, seed: int = 0) -> np.n
 
 def to_torch(a: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(a))
+
+
+def count_gguf_opens(monkeypatch) -> list:
+    """The paths `open_gguf` is called with from now on (a parse of the header each), for tests of how
+    often a command reads it. fast.native imported the name, so it is patched there too."""
+    from llamablock.fast import native
+    from llamablock.io import gguf as gguf_io
+
+    opened, real = [], gguf_io.open_gguf
+    for module in (gguf_io, native):
+        monkeypatch.setattr(module, "open_gguf", lambda path: opened.append(path) or real(path))
+    return opened

@@ -10,12 +10,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from gguf_tiny import write_tiny_gguf
+from gguf_tiny import count_gguf_opens, write_tiny_gguf
 from hf_reference import tiny_hf_model
 
 from llamablock import cli
-from llamablock.fast import builds, native
-from llamablock.io import gguf as gguf_io
+from llamablock.fast import builds
 
 
 @pytest.fixture(scope="module")
@@ -38,9 +37,7 @@ def test_auto_uses_the_compiled_engine_once_it_is_built(capsys, tiny, monkeypatc
     assert cli.main(["compile", "--model", str(tiny), "--tokens", "64", "--no-autotune"]) == 0
     out = capsys.readouterr().out
     assert "the decode step" in out and "done:" in out and builds.built_length(tiny, "float32") == 64
-    opened, real = [], gguf_io.open_gguf
-    for module in (gguf_io, native):  # native imported the name: patched where each caller looks it up
-        monkeypatch.setattr(module, "open_gguf", lambda path: opened.append(path) or real(path))
+    opened = count_gguf_opens(monkeypatch)
     after = _generate(capsys, tiny, "--max-new-tokens", "8")
     assert after["weights"] == "float32, compiled" and after["tokens"] == before["tokens"]
     assert len(opened) == 1  # choosing the engine and loading its weights share one parse of the header

@@ -312,17 +312,12 @@ def test_load_served_takes_a_run_directory(server):
 def test_load_served_parses_a_gguf_once_when_no_engine_is_built(tmp_path, monkeypatch):
     """Without a build or --compile, the format a compiled engine would run in is not needed: the
     header (the vocabulary's parse, a large part of a start) is read once, by the load."""
-    from gguf_tiny import write_tiny_gguf
+    from gguf_tiny import count_gguf_opens, write_tiny_gguf
     from hf_reference import tiny_hf_model
-
-    from llamablock.fast import native
-    from llamablock.io import gguf as gguf_io
 
     f = tmp_path / "tiny.gguf"
     write_tiny_gguf(f, tiny_hf_model("llama", n_heads=4, n_kv=2))
-    opened, real = [], gguf_io.open_gguf
-    for module in (gguf_io, native):  # native imported the name: patched where each caller looks it up
-        monkeypatch.setattr(module, "open_gguf", lambda path: opened.append(path) or real(path))
+    opened = count_gguf_opens(monkeypatch)
     served = load_served(str(f), max_queue=1)
     served.worker.close()
     assert len(opened) == 1 and served.worker.compiled is None
