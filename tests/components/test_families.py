@@ -159,8 +159,8 @@ def test_the_text_model_of_a_multimodal_gemma3_checkpoint(tmp_path):
 
 def test_gemma3_with_one_scaled_rope_round_trips(tmp_path):
     """A Gemma 3 whose sliding layers share the full layers' scaled RoPE (local_rope_theta None) is
-    written with the scaled RoPE for both layer types, and reads back as the same config; before,
-    the sliding layers were written unscaled (tests above compare the logits with transformers)."""
+    written with the scaled RoPE for both layer types, not unscaled sliding layers, and reads back
+    as the same config (tests above compare the logits with transformers)."""
     _, ours = _load_pair(tmp_path, "gemma3-one-scaled-rope")
     assert ours.cfg.local_rope_theta is None and ours.cfg.rope_scaling["rope_type"] == "linear"
     hf = ours.cfg.to_hf()
