@@ -1,7 +1,7 @@
 """The compiled engine's cold build against its decode speed: autotuned GEMM templates or not.
 
 `llamablock compile` autotunes by default (inductor's max-autotune restricted to its C++ GEMM
-templates, llamablock.fast.compiled_decode.inductor_options); `--no-autotune` keeps inductor's
+templates, llamablock.fast.build_options.inductor_options); `--no-autotune` keeps inductor's
 default kernels. Each row is a child process with its own empty inductor cache that builds
 AOTIEngine for the format `llamablock generate` would use (the file's own, `engine_format`),
 timing the cold build (`engine.build`, every package compiled), then decodes 64 tokens greedily

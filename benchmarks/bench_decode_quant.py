@@ -119,7 +119,8 @@ class _Compiled:
 
     def __init__(self, model, fmt: str, steps: int, autotune: bool, backend: str = "aoti", compile_prefill: bool = True,
                  **inductor):
-        from llamablock.fast.compiled_decode import AOTIEngine, InductorEngine
+        from llamablock.fast.compiled_decode import AOTIEngine
+        from llamablock.fast.inductor_engine import InductorEngine
 
         if backend == "inductor":
             self.engine = InductorEngine(model, fmt, autotune=autotune, inductor=inductor)

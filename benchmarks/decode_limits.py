@@ -87,7 +87,7 @@ def _step_weights(static) -> list[torch.Tensor]:
 def float32_gemvs(static, repeats: int = 7) -> tuple[Section, float]:
     """-> (table, median seconds in 2 MiB pages) of one float32 step's weight matrix-vector
     products, each F.linear at one row (MKL's sgemv, what the compiled float32 step calls:
-    compiled_decode.step_options), on the weights in 4 KiB pages and on a copy moved into 2 MiB
+    build_options.step_options), on the weights in 4 KiB pages and on a copy moved into 2 MiB
     pages as the compiled step's are (llamablock.fast.huge_pages), alternating."""
     weights = _step_weights(static)
     copies = [w.clone() for w in weights]

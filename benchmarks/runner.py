@@ -56,10 +56,12 @@ def machine() -> list[str]:
     except OSError:
         pass
     from llamablock.fast.malloc import allocator_state
+    from llamablock.util.cpu import this_cpu
 
     load = " / ".join(f"{x:.1f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "n/a"
     return [f"- Date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
             f"- CPU: {cpu}, {os.cpu_count()} logical cores, torch threads {torch.get_num_threads()}",
+            f"- CPU features: {this_cpu().describe()}; kind {this_cpu().kind} (llamablock.util.cpu)",
             f"- Load average at start (1 / 5 / 15 min): {load}",
             f"- Python {platform.python_version()}, torch {torch.__version__}, transformers {transformers.__version__}",
             f"- Allocator: {allocator_state()}"]

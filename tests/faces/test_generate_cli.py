@@ -41,6 +41,13 @@ def test_generate_streams_and_summarizes(capsys, tiny_gguf):
     assert "7 prompt tokens, 5 new tokens" in err and "decode" in err  # a b c space d e f
 
 
+def test_generate_verbose_names_the_cpu_first(capsys, tiny_gguf):
+    from llamablock.util.cpu import this_cpu
+
+    code, _, err = _run(capsys, "generate", "--model", tiny_gguf, "--prompt", "abc", "--max-new-tokens", "2", "--verbose")
+    assert code == 0 and err.startswith(f"[cpu: {this_cpu().describe()}; kind {this_cpu().kind}]")
+
+
 def test_generate_json(capsys, tiny_gguf):
     code, out, _ = _run(capsys, "generate", "--model", tiny_gguf, "--prompt", "abc", "--max-new-tokens", "6",
                         "--temperature", "0.8", "--top-k", "10", "--top-p", "0.9", "--seed", "3", "--json")

@@ -21,9 +21,9 @@ from llamablock.config import ModelConfig
 from llamablock.fast.compiled_decode import (
     PREFILL_MIN,
     AOTIEngine,
-    InductorEngine,
     StaticEngine,
 )
+from llamablock.fast.inductor_engine import InductorEngine
 from llamablock.fast.static_decode import (
     MIN_CACHE,
     StaticDecoder,
@@ -337,9 +337,9 @@ def test_package_key_names_the_source(tiny, monkeypatch, tmp_path):
 def test_float32_step_calls_mkl_gemv_and_equals_eager(tiny):
     """The float32 step's default settings swap the C++ GEMM templates for aten.mm on unpacked
     weights, the other formats keep the templates as they are, and every format keeps pointwise
-    results of more than 8 ops as buffers (compiled_decode.step_options); the float32 step's logits
+    results of more than 8 ops as buffers (build_options.step_options); the float32 step's logits
     equal the eager model's (1e-4)."""
-    from llamablock.fast.compiled_decode import inductor_options, step_options
+    from llamablock.fast.build_options import inductor_options, step_options
 
     assert step_options("float32", inductor_options(True)) == {"freezing": True, "cpp.weight_prepack": False,
                                                                "realize_opcount_threshold": 8}

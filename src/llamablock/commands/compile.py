@@ -43,7 +43,6 @@ def run(args) -> int:
     model = load_pretrained(path, load_dtype(fmt))
     if args.tokens > model.cfg.max_seq_len:
         raise ValueError(f"--tokens {args.tokens} exceeds the model's context of {model.cfg.max_seq_len}")
-    engine = AOTIEngine(model, fmt, autotune=not args.no_autotune)
     last = builds.last_build_seconds(path, fmt)
     start = time.perf_counter()
     print(f"compiling {path.name} in {fmt}" + (f" (the last build took {last:.0f} s)" if last else ""), flush=True)
@@ -51,10 +50,16 @@ def run(args) -> int:
     def report(stage: str) -> None:
         print(f"  [{time.perf_counter() - start:6.1f} s] {stage}", flush=True)
 
+    engine = AOTIEngine(model, fmt, autotune=not args.no_autotune, notify=report)
     with torch.no_grad():
         seconds = engine.build(args.tokens, report)
-    builds.record(path, fmt, engine.length, engine.packages(), seconds)
-    print(f"  [{time.perf_counter() - start:6.1f} s] done: {seconds:.0f} s compiling, the rest loaded from the cache; "
-          f"`llamablock generate --model {args.model or path.name}` now uses it for up to {engine.length} tokens",
-          file=sys.stdout, flush=True)
+    if engine.running.get("step") == "eager":
+        print(f"  [{time.perf_counter() - start:6.1f} s] no compiled decode step builds on this CPU in {fmt} "
+              "(the lines above say why): `llamablock generate` runs the eager engine; another --dtype may build",
+              flush=True)
+        return 0
+    builds.record(path, fmt, engine.length, engine.packages(), seconds, autotune=not args.no_autotune)
+    print(f"  [{time.perf_counter() - start:6.1f} s] done: {engine.describe()}; {seconds:.0f} s compiling, the rest "
+          f"loaded from the cache; `llamablock generate --model {args.model or path.name}` now uses it for up to "
+          f"{engine.length} tokens", file=sys.stdout, flush=True)
     return 0

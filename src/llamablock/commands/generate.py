@@ -62,6 +62,8 @@ def add_arguments(p) -> None:
                    help="where the model runs (default: auto, the best available: cuda, then mps, then cpu); "
                         "the packed q8/q4 formats and the compiled engine run on the CPU")
     p.add_argument("--json", action="store_true", help="print token ids and text as JSON instead of streaming")
+    p.add_argument("--verbose", action="store_true",
+                   help="print the CPU's features and kind (the choices that depend on them) on stderr first")
 
 
 def _summary(g, engine=None, weights: str | None = None, hint: str | None = None) -> str:
@@ -103,18 +105,21 @@ def _one(model, tok, text: str, args, sampling, chat_history=None, engine=None):
         from llamablock.fast import builds
         from llamablock.io.resolve import resolve_model
 
-        builds.record(resolve_model(args.model), engine.fmt, engine.length, engine.packages(), seconds)
+        if engine.running.get("step") != "eager":  # a step that runs eagerly is no build to choose by default
+            builds.record(resolve_model(args.model), engine.fmt, engine.length, engine.packages(), seconds,
+                          autotune=engine.autotune)
+    weights = engine.describe() if engine is not None else getattr(args, "weights", None)
     g = generate(model if engine is None else engine, ids, new, sampling, seed=args.seed, eos_ids=tok.eos_ids,
                  stop_strings=args.stop, tokenizer=tok, on_text=on_text)
     if args.json:
         print(json.dumps({"prompt_ids": ids, "tokens": g.tokens, "text": g.text, "stop_reason": g.stop_reason,
-                          "weights": getattr(args, "weights", None),
+                          "weights": weights,
                           "prompt_tokens": g.prompt_tokens, "new_tokens": len(g.tokens),
                           "prefill_tokens_per_s": g.prefill_tokens_per_s, "decode_tokens_per_s": g.decode_tokens_per_s},
                          ensure_ascii=False))
     else:
         print(flush=True)
-        print(_summary(g, engine, getattr(args, "weights", None), getattr(args, "hint", None)), file=sys.stderr, flush=True)
+        print(_summary(g, engine, weights, getattr(args, "hint", None)), file=sys.stderr, flush=True)
     return g
 
 
@@ -214,6 +219,10 @@ def run(args) -> int:
         raise UsageError(f"the compiled engine runs on the CPU; use --device cpu, or --engine eager on {args.device}")
     if args.device != "cpu":
         args.engine = "eager"
+    if args.verbose:
+        from llamablock.util.cpu import this_cpu
+
+        print(f"[cpu: {this_cpu().describe()}; kind {this_cpu().kind}]", file=sys.stderr, flush=True)
     reader = _choose_engine(args)
     engine = None
     if args.engine == "compiled":  # the engine fuses the float weights, then quantizes them itself
@@ -223,7 +232,11 @@ def run(args) -> int:
         fmt = args.fmt
         model, tok = load_model_and_tokenizer(args.model, load_dtype(fmt), reader)
         reader = None  # the parse is done with: its vocabulary objects go before generation
-        engine, args.weights = AOTIEngine(model, fmt), f"{fmt}, compiled"
+        from llamablock.fast import builds
+        from llamablock.io.resolve import resolve_model
+
+        # the settings of the recorded build (`compile --no-autotune` or not): the packages' names hash them
+        engine = AOTIEngine(model, fmt, autotune=builds.autotuned(resolve_model(args.model), fmt))
     else:
         from llamablock.fast.native import load_model
 

@@ -46,6 +46,7 @@ import torch
 from torch import nn
 
 from llamablock.fast.huge_pages import collapse, tensor_ranges
+from llamablock.util.files import atomic_write
 
 
 class _WithCacheInputs(nn.Module):
@@ -181,6 +182,24 @@ def _library(directory: Path) -> Path | None:
     return found[0] if len(found) == 1 else None
 
 
+class BuildFailed(RuntimeError):
+    """A program that inductor could not build with the settings given (the message says why in one line)."""
+
+
+def failure_marker(package: Path) -> Path:
+    """`<package>.failed`, beside where the package would be: written when a compile with these
+    settings fails, so that later processes go straight to the next settings instead of spending
+    the same minutes failing again. Its name is the package's key, which hashes the weights, the
+    settings, torch and llamablock's source: an upgrade or an edit tries again."""
+    return package.with_name(package.name + ".failed")
+
+
+def one_line(error: BaseException, width: int = 200) -> str:
+    """The error's type and the first line of its message, for a one-line report."""
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else ''}"[:width]
+
+
 class AOTIProgram:
     """One method of a StaticDecoder compiled: `program(*args) -> logits (b, vocab)`, the caches
     passed in behind `args`. method "step": args (ids (b, 1), pos (1,)); "prefill": (ids (b, t),
@@ -198,8 +217,19 @@ class AOTIProgram:
         self.compile_seconds = 0.0
         library = _library(self.path)
         if library is None:
+            failed = failure_marker(self.path)
+            if failed.is_file():  # tried before with these exact settings, weights, torch and source
+                raise BuildFailed(failed.read_text().strip())
             t = time.perf_counter()
-            self._compile(static, options)
+            try:
+                self._compile(static, options)
+            except (OSError, MemoryError):  # the machine's state, not the settings: nothing remembered
+                raise
+            except Exception as e:  # inductor's errors have no common base class short of Exception
+                reason = one_line(e)
+                failed.parent.mkdir(parents=True, exist_ok=True)
+                atomic_write(failed, lambda f: f.write_text(reason + "\n"))
+                raise BuildFailed(reason) from e
             self.compile_seconds = time.perf_counter() - t
             library = _library(self.path)
             prune(self.path.parent, keep=self.path)
@@ -215,7 +245,7 @@ class AOTIProgram:
             self.huge_page_bytes = collapse(tensor_ranges(self.runner.extract_constants_map(False).values()))
 
     def _compile(self, static, options: dict) -> None:
-        """options: inductor settings (llamablock.fast.compiled_decode.inductor_options)."""
+        """options: inductor settings (llamablock.fast.build_options)."""
         import torch._inductor
 
         wrapper = _WithCacheInputs(static, self.method, len(self.example))

@@ -8,11 +8,14 @@ choose the compiled engine by default when one exists and the eager model otherw
 (`--engine auto`). It also keeps how long each build took, for the next build's progress line.
 
     <package dir>/builds.json   {"<path>|<size>|<mtime>|<code>|<format>": {"lengths": {L: [package, ...]},
-                                                                           "seconds": last build}}
+                                                                           "seconds": last build,
+                                                                           "autotune": bool}}
 An entry counts only while its packages are still on disk (pruning may delete them), and only for
 the code that built it (`<code>`: torch's version and llamablock's source digest, which the
 packages' own names hash too): after an upgrade or an edit, `--engine auto` runs the eager model
-and says to rebuild, instead of compiling in the foreground for minutes.
+and says to rebuild, instead of compiling in the foreground for minutes. `autotune` is how the
+build was made (`llamablock compile --no-autotune` or not): the packages' names hash the settings,
+so `generate` must ask for the same ones to find them.
 """
 
 from __future__ import annotations
@@ -54,14 +57,18 @@ def _read() -> dict:
     return d if isinstance(d, dict) else {}
 
 
-def record(path: Path, fmt: str, length: int, packages: list[Path], seconds: float) -> None:
-    """Note that the engine for `path` in `fmt` at cache `length` lives in `packages`; entries of
-    this file and format by other code go (their packages can no longer serve)."""
+def record(path: Path, fmt: str, length: int, packages: list[Path], seconds: float, autotune: bool = True) -> None:
+    """Note that the engine for `path` in `fmt` at cache `length` lives in `packages`, built with
+    `autotune` or not; entries of this file and format by other code go (their packages can no
+    longer serve)."""
     index = {k: v for k, v in _read().items() if k == _key(path, fmt) or not _same_file_and_format(k, path, fmt)}
     entry = index.setdefault(_key(path, fmt), {"lengths": {}, "seconds": None})
     entry["lengths"][str(length)] = [str(p) for p in packages]
     if seconds > 0:
         entry["seconds"] = seconds
+    if entry.get("autotune", autotune) != autotune:  # the other setting's packages are not these
+        entry["lengths"] = {str(length): entry["lengths"][str(length)]}
+    entry["autotune"] = autotune
     f = _index_file()
     f.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(f, lambda p: p.write_text(json.dumps(index, indent=1)))
@@ -91,6 +98,11 @@ def built_length(path: Path, fmt: str) -> int | None:
     entry = _read().get(_key(path, fmt), {})
     ok = [int(n) for n, dirs in entry.get("lengths", {}).items() if dirs and all(Path(d).is_dir() for d in dirs)]
     return max(ok) if ok else None
+
+
+def autotuned(path: Path, fmt: str) -> bool:
+    """Whether the recorded build of `path` in `fmt` was autotuned (True when there is none: the default)."""
+    return bool(_read().get(_key(path, fmt), {}).get("autotune", True))
 
 
 def _same_file_and_format(key: str, path: Path, fmt: str) -> bool:

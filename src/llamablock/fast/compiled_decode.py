@@ -3,7 +3,7 @@
     StaticEngine(model, fmt)     the static layout run eagerly: what the compiled engines are
                                  tested against
     InductorEngine(model, fmt)   its decode step compiled by torch.compile in this process
-                                 (prefill eager); re-traced in every new process
+                                 (prefill eager; llamablock.fast.inductor_engine, for benchmarks)
     AOTIEngine(model, fmt)       step and prefill compiled ahead of time by AOTInductor into
                                  packages on disk that later processes load (llamablock.fast.aoti_step):
                                  the engine of `llamablock generate --compile`
@@ -17,18 +17,22 @@ layout at the next power-of-two length (static_decode.cache_length) from it.
 
 Compilation uses inductor with freezing (weights become constants, prepacked for the CPU's GEMMs)
 and, with `autotune`, max-autotune restricted to its C++ GEMM templates, which fuse the int8 and
-int4 scales into the matmul; `step_options` and `prefill_options` adjust that per program
-(`llamablock bench decode` measures each choice). `inductor` adds inductor settings (e.g.
+int4 scales into the matmul (llamablock.fast.build_options; `llamablock bench decode` measures each
+choice). Where a setting cannot build on this CPU, AOTIEngine tries the next of
+build_options.attempts and, when none builds, runs that program eagerly: one line (`notify`) says
+what failed and what runs instead, never a traceback. `inductor` adds inductor settings (e.g.
 {"cpp.enable_kernel_profile": True} for a per-kernel profile). `compile_seconds` adds up the time
 spent compiling (0 for packages loaded from disk).
 """
 
 from __future__ import annotations
 
+import sys
 import time
 
 import torch
 
+from llamablock.fast.build_options import attempts
 from llamablock.fast.quant import (
     DTYPE_CHOICES,
     FORMATS,
@@ -47,44 +51,6 @@ from llamablock.fast.static_decode import (
 # minimum: q8/q4 layers switch to dequantized bfloat16 GEMMs at llamablock.fast.quant.PREFILL_ROWS
 # rows, a branch on the length that a program for every length cannot hold (export would fix it).
 PREFILL_MIN = PREFILL_ROWS
-REALIZE_OPS = 8  # the decode step's realize_opcount_threshold (step_options says why)
-
-
-def inductor_options(autotune: bool, extra: dict | None = None) -> dict:
-    """The inductor settings of both compiled engines: freezing, and with `autotune` the C++ GEMM templates."""
-    options = {"freezing": True}
-    if autotune:
-        options.update({"max_autotune": True, "max_autotune_gemm_backends": "CPP"})
-    return {**options, **(extra or {})}
-
-
-def prefill_options(options: dict) -> dict:
-    """The prefill's settings: with autotuning, ATen's GEMMs (oneDNN, MKL) compete with the C++
-    templates, since its matmuls have t rows, not one. The templates are tuned for a length of L / 2."""
-    if options.get("max_autotune"):
-        return {**options, "max_autotune_gemm_backends": "CPP,ATEN"}
-    return options
-
-
-def step_options(fmt: str, options: dict) -> dict:
-    """The decode step's settings, chosen by side-by-side runs of SmolLM2's step (`llamablock bench decode`).
-
-    float32 with autotuning: MKL's matrix-vector product (aten.mm on the weights as they are,
-    `cpp.weight_prepack` off) in place of the C++ templates, which stream float32 weights slower at
-    one row. The other formats keep the templates, which fuse the int8/int4 scales into the matmul.
-    Every format, with autotuning: inductor keeps a pointwise result as a buffer once it takes more
-    than REALIZE_OPS ops (`realize_opcount_threshold`, default 30) instead of recomputing it where it
-    is read; with the default, the attention kernel recomputed q's RoPE for every cached key inside
-    the scores' reduction. The useful window is narrow: a change to the step's RoPE expression
-    should measure it again (the generated attention kernel shows whether q is loaded or recomputed
-    inside the loop over cached keys)."""
-    if not options.get("max_autotune"):
-        return options
-    options = {**options, "realize_opcount_threshold": REALIZE_OPS}
-    if fmt == "float32":
-        kept = {k: v for k, v in options.items() if not k.startswith("max_autotune")}
-        return {**kept, "cpp.weight_prepack": False}
-    return options
 
 
 class StaticEngine:
@@ -176,40 +142,6 @@ class StaticEngine:
         return self.static.step(ids, pos)
 
 
-class InductorEngine(StaticEngine):
-    """The step compiled by torch.compile in this process, once per cache length; prefill eager."""
-
-    def __init__(self, model, fmt: str | None = None, *, autotune: bool = True, inductor: dict | None = None):
-        super().__init__(model, fmt)
-        self.options = step_options(self.fmt, inductor_options(autotune, inductor))
-        self._compiled = None
-        self._compiled_lengths: set[int] = set()
-
-    def _built(self) -> None:
-        self._compiled = torch.compile(self.static.step, fullgraph=True, dynamic=False)
-
-    def _ready(self) -> bool:
-        return self.length in self._compiled_lengths
-
-    def _warm_up(self) -> None:
-        self.step(torch.zeros(1, 1, dtype=torch.long), 0)  # slot 0, overwritten by the next prefill
-
-    def _step(self, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        import torch._inductor.config
-
-        first = self.length not in self._compiled_lengths
-        t = time.perf_counter()
-        # A config patch in force at every call (should dynamo ever recompile): compilation happens
-        # inside the first call, and torch.compile(options=...) did not apply freezing (weights
-        # stayed graph inputs, and the C++ GEMM templates, which need constant weights, offered nothing).
-        with torch._inductor.config.patch(self.options):
-            out = self._compiled(ids, pos)
-        if first:
-            self.compile_seconds += time.perf_counter() - t
-            self._compiled_lengths.add(self.length)
-        return out
-
-
 class AOTIEngine(StaticEngine):
     """Step and prefill as AOTInductor programs (llamablock.fast.aoti_step), loaded from the disk
     cache or compiled on first use at each cache length.
@@ -219,18 +151,24 @@ class AOTIEngine(StaticEngine):
     for the program's lengths. Each program's library carries its own copy of the frozen weights.
     `huge_pages` (default on) moves the step's copy of the weights into 2 MiB pages when it is
     loaded (llamablock.fast.huge_pages; `llamablock bench huge_pages` measures it side by side).
+    A program whose settings fail to build falls back through build_options.attempts, then to the
+    eager static layout; `notify` gets one line each time (default: printed on stderr), and
+    `describe()` says what runs.
     """
 
     def __init__(self, model, fmt: str | None = None, *, autotune: bool = True, inductor: dict | None = None,
-                 compile_prefill: bool = True, huge_pages: bool = True):
+                 compile_prefill: bool = True, huge_pages: bool = True, notify=None):
         super().__init__(model, fmt)
-        self.options = inductor_options(autotune, inductor)
+        self.autotune, self.inductor = autotune, inductor
         self.compile_prefill, self.huge_pages = compile_prefill, huge_pages
+        self.notify = notify or (lambda line: print(line, file=sys.stderr, flush=True))
         self._step_program = self._prefill_program = None
         self._digest: str | None = None
+        self.running: dict[str, str] = {}  # method -> the attempt's name that runs it, or "eager"
 
     def _built(self) -> None:
         self._step_program = self._prefill_program = self._digest = None
+        self.running = {}
 
     def _compiles_prefill(self) -> bool:
         """Whether prefill runs as a compiled program: a cache long enough for its lengths
@@ -238,7 +176,7 @@ class AOTIEngine(StaticEngine):
         return self.compile_prefill and self.length > 2 * PREFILL_MIN
 
     def _ready(self) -> bool:
-        return self._step_program is not None and (self._prefill_program is not None or not self._compiles_prefill())
+        return "step" in self.running and ("prefill" in self.running or not self._compiles_prefill())
 
     def _warm_up(self) -> None:
         self.build(self.length)
@@ -257,38 +195,66 @@ class AOTIEngine(StaticEngine):
         return self.compile_seconds - before
 
     def packages(self) -> list:
-        """The package directories of the programs built so far."""
+        """The package directories of the programs built so far (none for a program run eagerly)."""
         return [p.path for p in (self._step_program, self._prefill_program) if p is not None]
 
-    def _program(self, method: str):
-        """The AOTInductor program for `method` at this length: loaded from the cache or compiled."""
-        from llamablock.fast.aoti_step import AOTIProgram, weights_digest
+    def describe(self) -> str:
+        """What runs, for the summary line: the format, and each program's settings where they are
+        not the first choice (a fallback), were chosen for this CPU, or run eagerly."""
+        said = []
+        for method, name in self.running.items():
+            first = attempts(self.fmt, method, self.autotune, self.inductor)[0]
+            if name != first.name or first.why:
+                why = f" ({first.why})" if name == first.name else ""
+                said.append(f"{'decode step' if method == 'step' else method}: {name}{why}")
+        return f"{self.fmt}, compiled" + (f" ({'; '.join(said)})" if said else "")
 
-        if method == "step" and self._step_program is not None:
-            return self._step_program
-        if method == "prefill" and self._prefill_program is not None:
-            return self._prefill_program
+    def _program(self, method: str):
+        """The AOTInductor program for `method` at this length: loaded from the cache or compiled,
+        with the first of build_options.attempts that builds; None when none does (eager)."""
+        from llamablock.fast.aoti_step import AOTIProgram, BuildFailed, weights_digest
+
+        if method in self.running:
+            return self._step_program if method == "step" else self._prefill_program
         if self._digest is None:
-            self._digest = weights_digest(self.static)  # one hash of the weights for both programs
+            self._digest = weights_digest(self.static)  # one hash of the weights for every program
         if method == "step":
-            program = AOTIProgram(self.static, self.fmt, step_options(self.fmt, self.options), "step",
-                                  (self._ids, self._pos), self._digest, huge_pages=self.huge_pages)
-            self._step_program = program
+            example, lengths, huge = (self._ids, self._pos), None, self.huge_pages
         else:
             example = (torch.zeros(1, self.length // 2, dtype=torch.long), torch.zeros(1, dtype=torch.long))
-            program = AOTIProgram(self.static, self.fmt, prefill_options(self.options), "prefill", example,
-                                  self._digest, lengths=(PREFILL_MIN, self.length - 1))
+            lengths, huge = (PREFILL_MIN, self.length - 1), False
+        program, tried = None, attempts(self.fmt, method, self.autotune, self.inductor)
+        what = "the decode step" if method == "step" else "the prefill"
+        for i, attempt in enumerate(tried):
+            t = time.perf_counter()
+            try:
+                program = AOTIProgram(self.static, self.fmt, attempt.options, method, example, self._digest,
+                                      lengths=lengths, huge_pages=huge)
+            except BuildFailed as e:
+                self.compile_seconds += time.perf_counter() - t
+                instead = tried[i + 1].name if i + 1 < len(tried) else "the static layout run eagerly"
+                self.notify(f"[{what} in {self.fmt} cannot be built with {attempt.name} on this CPU ({e}); "
+                            f"trying {instead} instead]")
+                continue
+            self.compile_seconds += program.compile_seconds
+            self.running[method] = attempt.name
+            break
+        else:
+            self.running[method] = "eager"
+        if method == "step":
+            self._step_program = program
+        else:
             self._prefill_program = program
-        self.compile_seconds += program.compile_seconds
         return program
 
     def _prefill(self, ids: torch.Tensor) -> torch.Tensor:
         t = ids.shape[1]
-        if not self._compiles_prefill():
+        if not self._compiles_prefill() or self._program("prefill") is None:
             return self.static.prefill(ids)
         if t < PREFILL_MIN:  # padded at its end (StaticDecoder.prefill says why that is safe)
             ids = torch.cat([ids, ids.new_zeros(1, PREFILL_MIN - t)], dim=1)
         return self._program("prefill")(ids.contiguous(), torch.tensor([t - 1]))
 
     def _step(self, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        return self._program("step")(ids, pos)
+        program = self._program("step")
+        return self.static.step(ids, pos) if program is None else program(ids, pos)

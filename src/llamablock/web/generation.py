@@ -182,9 +182,10 @@ def load_served(model: str | None = None, max_queue: int = 8, compile_tokens: in
         from llamablock.fast.compiled_decode import AOTIEngine
         from llamablock.fast.quant import load_dtype
 
-        compiled = AOTIEngine(load_pretrained(path, load_dtype(fmt)), fmt)
+        compiled = AOTIEngine(load_pretrained(path, load_dtype(fmt)), fmt, autotune=builds.autotuned(path, fmt))
         seconds = compiled.prepare(min(tokens, m.cfg.max_seq_len))
-        builds.record(path, fmt, compiled.length, compiled.packages(), seconds)
+        if compiled.running.get("step") != "eager":
+            builds.record(path, fmt, compiled.length, compiled.packages(), seconds, autotune=compiled.autotune)
     arg = model or DEFAULT_MODEL
     name = arg if arg in EMBEDDED else Path(arg).name
     return ServedModel(name, m, tok, GenerationWorker(m, tok, max_queue, compiled), int(time.time()), (arg,))

@@ -1,0 +1,132 @@
+"""A compiled engine whose settings cannot build on this CPU falls back, one line each, never a traceback.
+
+The missing template is simulated the way an AVX2 CPU without AVX-512 meets it: inductor's own
+check for a C++ GEMM template answers no for the int4 matmul (`use_cpp_gemm_template`, read by
+its int4 lowering at each call), so the autotuned settings restricted to the templates end in
+inductor's real NoValidChoicesError, as they do there (`ATEN_CPU_CAPABILITY=avx2` on an AVX-512
+machine shows the same error). Reference for the tokens: the eager Decoder, greedy.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from gguf_tiny import write_tiny_gguf
+from hf_reference import tiny_hf_model
+
+import llamablock
+from llamablock import cli
+from llamablock.fast import aoti_step, builds
+from llamablock.fast.build_options import attempts, inductor_options
+from llamablock.fast.compiled_decode import AOTIEngine
+from llamablock.runtime.generate import generate
+from llamablock.util import cpu
+
+PROMPT = [5, 17, 3, 88, 42, 9, 61]
+
+
+def _no_int4_template(monkeypatch):
+    """Inductor finds no C++ GEMM template for the int4 matmul (its packed weight is uint8)."""
+    import torch._inductor.lowering  # first: importing the lowerings module on its own is circular
+    import torch._inductor.quantized_lowerings as lowerings
+
+    real = lowerings.use_cpp_gemm_template
+
+    def check(layout, mat1, mat2, *args, **kwargs):
+        return False if mat2.get_dtype() == torch.uint8 else real(layout, mat1, mat2, *args, **kwargs)
+
+    monkeypatch.setattr(lowerings, "use_cpp_gemm_template", check)
+
+
+@pytest.fixture(autouse=True)
+def _fresh(tmp_path, monkeypatch):
+    torch._dynamo.reset()
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))  # no package or marker of another test
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tiny")
+    tiny_hf_model("llama", n_heads=4, n_kv=2, max_position_embeddings=256).save_pretrained(d)
+    return d
+
+
+def test_attempts_go_from_the_templates_to_inductors_defaults():
+    names = [a.name for a in attempts("q4", "step", cpu_kind="AVX-512")]
+    assert names == ["autotuned C++ GEMM templates", "autotuned, ATen's GEMMs beside the templates",
+                     "inductor's default kernels"]
+    assert [a.name for a in attempts("q4", "step", autotune=False)] == ["inductor's default kernels"]
+    # float32's step already leaves the templates for MKL, and the prefill already has ATen beside them
+    assert len(attempts("float32", "step", cpu_kind="AMX")) == 2 and len(attempts("q4", "prefill", cpu_kind="AMX")) == 2
+    assert attempts("q4", "step", cpu_kind="AMX")[-1].options == inductor_options(False)
+
+
+@pytest.mark.parametrize("kind", ["AMX", "AVX-512", "AVX2", "NEON", "other"])
+@pytest.mark.parametrize("fmt", ["float32", "bfloat16", "q8", "q4"])
+def test_the_first_attempt_per_cpu_kind(kind, fmt):
+    """Only q4 on a CPU without inductor's int4 templates (they exist for AVX-512 and AMX) skips
+    the templates-only settings, and says why; every other format and CPU starts as tuned."""
+    first = attempts(fmt, "step", cpu_kind=kind)[0]
+    if fmt == "q4" and kind not in ("AMX", "AVX-512"):
+        assert first.name == "autotuned, ATen's GEMMs beside the templates" and kind in first.why
+        assert first.options["max_autotune_gemm_backends"] == "CPP,ATEN"
+    else:
+        assert first == attempts(fmt, "step", cpu_kind="AMX")[0] and first.why == ""
+
+
+@torch.no_grad()
+def test_when_nothing_builds_the_static_layout_runs_eagerly(tiny_dir, monkeypatch):
+    def fail(self, static, options):
+        raise RuntimeError("simulated: no kernel for this CPU")
+
+    monkeypatch.setattr(aoti_step.AOTIProgram, "_compile", fail)
+    model = llamablock.load_pretrained(tiny_dir)
+    lines = []
+    engine = AOTIEngine(model, "float32", notify=lines.append)
+    tokens = generate(engine, PROMPT, max_new_tokens=8).tokens
+    assert engine.running == {"step": "eager", "prefill": "eager"} and engine.packages() == []
+    assert len(lines) == len(attempts("float32", "step")) + len(attempts("float32", "prefill"))
+    assert all("simulated: no kernel" in line for line in lines) and "run eagerly" in lines[1]
+    assert tokens == generate(model, PROMPT, max_new_tokens=8).tokens
+
+
+@pytest.mark.slow
+def test_compile_with_a_missing_template_then_generate_loads_it(tmp_path, monkeypatch, capsys):
+    """`llamablock compile` says in one line what failed and what was built instead, records it,
+    and the plain `generate` then loads that build: nothing compiled in the foreground."""
+    _no_int4_template(monkeypatch)
+    # a CPU that inductor has int4 templates for, so the templates are tried (and fail, simulated)
+    monkeypatch.setattr(cpu, "this_cpu", lambda: cpu.cpu_from({"avx512_f": True}, "AVX512"))
+    f = tmp_path / "tiny-q4.gguf"
+    write_tiny_gguf(f, tiny_hf_model("llama", n_heads=4, n_kv=2, max_position_embeddings=64,
+                                     hidden_size=64, intermediate_size=128), qtype="Q4_0")
+    assert cli.main(["compile", "--model", str(f), "--tokens", "64"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("cannot be built with autotuned C++ GEMM templates") == 1 and "done: q4, compiled (decode step: autotuned, ATen's" in out
+    assert "Traceback" not in out and builds.built_length(f, "q4") == 64
+    compiled = []
+    real = aoti_step.AOTIProgram._compile
+    monkeypatch.setattr(aoti_step.AOTIProgram, "_compile", lambda *a: (compiled.append(a), real(*a)))
+    assert cli.main(["generate", "--model", str(f), "--prompt", "abc", "--max-new-tokens", "4", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)  # a later process: the failed settings are not tried again
+    assert result["weights"].startswith("q4, compiled (decode step: autotuned, ATen's") and compiled == []
+    assert cli.main(["generate", "--model", str(f), "--prompt", "abc", "--max-new-tokens", "4", "--json",
+                     "--engine", "eager"]) == 0
+    assert json.loads(capsys.readouterr().out)["tokens"] == result["tokens"]  # the eager q4 model's greedy tokens
+
+
+@pytest.mark.slow
+def test_a_build_without_autotune_is_what_generate_loads(tmp_path, monkeypatch, capsys):
+    """`compile --no-autotune` records its setting; generate asks for the same packages instead of
+    compiling autotuned ones in the foreground."""
+    f = tmp_path / "tiny.gguf"
+    write_tiny_gguf(f, tiny_hf_model("llama", n_heads=4, n_kv=2, max_position_embeddings=64))
+    assert cli.main(["compile", "--model", str(f), "--tokens", "64", "--no-autotune"]) == 0
+    assert not builds.autotuned(f, "float32")
+    capsys.readouterr()
+    compiled = []
+    monkeypatch.setattr(aoti_step.AOTIProgram, "_compile", lambda *a: compiled.append(a))
+    assert cli.main(["generate", "--model", str(f), "--prompt", "abc", "--max-new-tokens", "4", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["weights"] == "float32, compiled" and compiled == []
