@@ -37,29 +37,70 @@ def evaluate(model: torch.nn.Module, windows: torch.Tensor, batch_size: int = 16
     return total / len(windows)
 
 
-@torch.no_grad()
-def sliding_perplexity(model, ids: list[int], context: int, stride: int, progress: bool = False) -> tuple[float, int]:
-    """(perplexity, tokens scored) of `ids` under `model`."""
+def _windows(n: int, context: int, stride: int):
+    """(begin, end, new) of each window over n tokens: tokens begin..end-1 go in, and the last `new`
+    targets (positions end-new .. end-1) are the ones no earlier window scored."""
+    starts, prev_end = [0], 1
+    while starts[-1] + context < n:  # the last window ends at the last token
+        starts.append(starts[-1] + stride)
+    for begin in starts:
+        end = min(begin + context, n)
+        if end - prev_end > 0:
+            yield begin, end, end - prev_end
+            prev_end = end
+
+
+def _check(model, ids: list[int], context: int, stride: int) -> None:
     if len(ids) < 2:
         raise ValueError(f"need at least 2 tokens to measure perplexity, the text has {len(ids)}")
     if not 2 <= context <= model.cfg.max_seq_len:
         raise ValueError(f"--context must be in 2..{model.cfg.max_seq_len} (the model's context), got {context}")
     if not 1 <= stride <= context:
         raise ValueError(f"--stride must be in 1..{context} (the context), got {stride}")
+
+
+@torch.no_grad()
+def sliding_perplexity(model, ids: list[int], context: int, stride: int, progress: bool = False) -> tuple[float, int]:
+    """(perplexity, tokens scored) of `ids` under `model`."""
+    _check(model, ids, context, stride)
     from tqdm import tqdm
 
     x = torch.tensor(ids, device=next(model.parameters()).device)[None]  # (1, n), where the model is
-    n, nll, scored, prev_end = len(ids), 0.0, 0, 1
-    starts = [0]
-    while starts[-1] + context < n:  # the last window ends at the last token
-        starts.append(starts[-1] + stride)
-    for begin in tqdm(starts, desc="perplexity", unit="window", disable=not progress):
-        end = min(begin + context, n)
-        new = end - prev_end  # targets not scored yet: positions prev_end .. end-1
-        if new <= 0:
-            continue
+    nll, scored = 0.0, 0
+    windows = list(_windows(len(ids), context, stride))
+    for begin, end, new in tqdm(windows, desc="perplexity", unit="window", disable=not progress):
         logits = model(x[:, begin:end])[0, -new - 1:-1].float()  # (new, V): predictions of those targets
         nll += F.cross_entropy(logits, x[0, end - new:end], reduction="sum").item()
         scored += new
-        prev_end = end
     return math.exp(nll / scored), scored
+
+
+@torch.no_grad()
+def compare_to_reference(model, reference, ids: list[int], context: int, stride: int,
+                         progress: bool = False) -> dict:
+    """How far `model` (a quantized format, say) strays from `reference` (the same weights in float32:
+    the file's exact dequantization) on the same windows, as llama.cpp's `llama-perplexity
+    --kl-divergence` reports it: both perplexities and their ratio, the mean over scored tokens of
+    KL(reference || model) of the next-token distributions in nats, and how often both put the same
+    token first. Each token's distributions come from the same window of history in both models."""
+    _check(model, ids, context, stride)
+    from tqdm import tqdm
+
+    x = torch.tensor(ids)[None]  # (1, n); the packed formats and their float reference run on the CPU
+    nll = {"model": 0.0, "reference": 0.0}
+    kl, same, scored = 0.0, 0, 0
+    windows = list(_windows(len(ids), context, stride))
+    for begin, end, new in tqdm(windows, desc="compare", unit="window", disable=not progress):
+        targets = x[0, end - new:end]
+        logp = {}
+        for name, m in (("model", model), ("reference", reference)):
+            logp[name] = F.log_softmax(m(x[:, begin:end])[0, -new - 1:-1].double(), dim=-1)  # (new, V)
+            nll[name] -= logp[name].gather(1, targets[:, None]).sum().item()
+        ref = logp["reference"]
+        kl += (ref.exp() * (ref - logp["model"])).sum().item()  # sum over tokens of KL(ref || model)
+        same += (ref.argmax(-1) == logp["model"].argmax(-1)).sum().item()
+        scored += new
+    ppl = {name: math.exp(v / scored) for name, v in nll.items()}
+    return {"perplexity": ppl["model"], "reference_perplexity": ppl["reference"],
+            "perplexity_ratio": ppl["model"] / ppl["reference"], "mean_kl": kl / scored,
+            "top1_agreement": same / scored, "tokens_scored": scored}

@@ -1,0 +1,54 @@
+"""compare_to_reference: a format's distance from its float reference, as llama.cpp's --kl-divergence.
+
+References: a model against itself (KL exactly 0, every top-1 equal, ratio 1); a perturbed copy
+(KL > 0); torch's own F.kl_div on the same windows' log-probabilities for the value; and
+sliding_perplexity for both perplexities (the same windows score the same tokens)."""
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hf_reference import tiny_hf_model
+
+import llamablock
+from llamablock.runtime.evaluate import _windows, compare_to_reference, sliding_perplexity
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tiny")
+    tiny_hf_model("llama", n_heads=4, n_kv=2, max_position_embeddings=64).save_pretrained(d)
+    model = llamablock.load_pretrained(d)
+    other = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in other.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    return model, other
+
+
+IDS = torch.randint(0, 97, (150,), generator=torch.Generator().manual_seed(1)).tolist()
+
+
+def test_a_model_against_itself_is_identical(pair):
+    model, _ = pair
+    r = compare_to_reference(model, model, IDS, context=48, stride=24)
+    assert r["mean_kl"] == 0 and r["top1_agreement"] == 1 and r["perplexity_ratio"] == 1
+    assert r["tokens_scored"] == len(IDS) - 1
+
+
+def test_a_perturbed_copy_against_torchs_kl_div(pair):
+    model, other = pair
+    r = compare_to_reference(other, model, IDS, context=48, stride=24)
+    assert r["mean_kl"] > 1e-4 and r["top1_agreement"] < 1
+    x = torch.tensor(IDS)[None]
+    kl, n = 0.0, 0
+    with torch.no_grad():
+        for begin, end, new in _windows(len(IDS), 48, 24):
+            p = F.log_softmax(model(x[:, begin:end])[0, -new - 1:-1].double(), -1)
+            q = F.log_softmax(other(x[:, begin:end])[0, -new - 1:-1].double(), -1)
+            kl += F.kl_div(q, p, log_target=True, reduction="sum").item()  # KL(p || q)
+            n += new
+    assert r["mean_kl"] == pytest.approx(kl / n, rel=1e-9)
+    for key, m in (("perplexity", other), ("reference_perplexity", model)):
+        assert r[key] == pytest.approx(sliding_perplexity(m, IDS, 48, 24)[0], rel=1e-6)  # float64 here, float32 there
