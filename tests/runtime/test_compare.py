@@ -12,7 +12,11 @@ import torch.nn.functional as F
 from hf_reference import tiny_hf_model
 
 import llamablock
-from llamablock.runtime.evaluate import _windows, compare_to_reference, sliding_perplexity
+from llamablock.runtime.evaluate import (
+    _windows,
+    compare_to_reference,
+    sliding_perplexity,
+)
 
 
 @pytest.fixture(scope="module")
