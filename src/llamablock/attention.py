@@ -84,12 +84,16 @@ def attention_inputs(position_ids: torch.Tensor, start: int, *, dtype: torch.dty
     q_slot = torch.arange(start, s, device=device)  # (t,)
     rope = key_rope = None
     if rotary is not None:
-        rope = rotary.cos_sin(position_ids, dtype, seq_len=s)
+        # The length that length-dependent frequencies (dynamic NTK, LongRoPE) follow: the largest
+        # position + 1, as transformers' dynamic_rope_update reads it; s, the number of keys, only
+        # equals it when the positions start at 0. The others ignore it (no host read for them).
+        length = int(position_ids.max()) + 1 if rotary.late_keys else s
+        rope = rotary.cos_sin(position_ids, dtype, seq_len=length)
         if rotary.late_keys:
             # Key positions: the new tokens' own ids, after the cached ones, which continue the
             # new ones' numbering backwards (the cache keeps no positions).
             before = position_ids[:, :1] - start + cached  # (b, cached keys)
-            key_rope = rotary.cos_sin(torch.cat((before, position_ids), dim=1), dtype, seq_len=s)
+            key_rope = rotary.cos_sin(torch.cat((before, position_ids), dim=1), dtype, seq_len=length)
     n_keys = cached.shape[0] + t
     window_bites = window is not None and n_keys > window
     if fused_causal and t > 1 and start == 0 and alibi is None and not window_bites and pad_mask is None:

@@ -132,8 +132,7 @@ def dynamic_base(base: float, factor: float, dim: int, seq_len: int | None, orig
 
 def _dynamic(cfg, seq_len: int | None) -> tuple[torch.Tensor, float]:
     """L is `max_position_embeddings` (cfg.max_seq_len), as transformers; the length n is the
-    number of tokens seen (the cache length), which equals transformers' max(position_ids) + 1
-    for ordinary left-to-right generation."""
+    largest position + 1 (attention.attention_inputs passes it), as transformers' max(position_ids) + 1."""
     dim, factor, original = cfg.rotary_dim, _p(cfg)["factor"], cfg.max_seq_len
     dynamic_base(cfg.rope_theta, factor, dim, seq_len, original)  # raises on a non-positive base
     if seq_len is None or seq_len <= original:

@@ -57,7 +57,7 @@ def test_logits_match_transformers_beyond_original_length(tmp_path, name):
         got = ours(ids)
     assert (got - ref).abs().max().item() <= 1e-4
     if SCALINGS[name]["rope_type"] in ("dynamic", "longrope"):
-        return  # their frequencies follow the sequence length; offsets are covered by generation below
+        return  # their frequencies follow the largest position: offsets have their own test below
     # Offset, gapped positions far past the original length: a wrong angle changes the logits.
     pos = torch.stack([torch.arange(48), 3000 + 7 * torch.arange(48)])
     with torch.no_grad():
@@ -66,6 +66,21 @@ def test_logits_match_transformers_beyond_original_length(tmp_path, name):
         ref = hf(input_ids=ids, position_ids=pos, attention_mask=torch.ones_like(ids)).logits
         got = ours(ids, position_ids=pos)
     assert (got - ref).abs().max().item() <= 1e-4
+
+
+@pytest.mark.parametrize("name", ["dynamic", "longrope"])
+@pytest.mark.parametrize("start", [4, 40, 3000])
+def test_length_dependent_frequencies_follow_the_largest_position(tmp_path, name, start):
+    """A chunk of 12 tokens (inside the original 16) at positions start..start+11, no cache: like
+    transformers, the frequencies follow the largest position + 1 (16 and past it: the scaled
+    ones), not the number of tokens (12: the unscaled ones). A fresh transformers model each time
+    (its dynamic type keeps the largest length it has seen)."""
+    hf, ours = _pair(tmp_path, SCALINGS[name])
+    ids = torch.randint(0, 97, (1, 12))
+    pos = start + torch.arange(12)[None]
+    with torch.no_grad():
+        ref = hf(input_ids=ids, position_ids=pos, attention_mask=torch.ones_like(ids)).logits
+        assert (ours(ids, position_ids=pos) - ref).abs().max().item() <= 1e-4
 
 
 def test_static_ntk_model_equals_transformers_with_the_raised_base(tmp_path):
