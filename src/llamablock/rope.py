@@ -39,7 +39,7 @@ def rope_cos_sin(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin tables of shape (b, t, r/2), one angle per pair, scaled by the attention factor.
 
-    `cfg` is a ModelConfig or a RopeSpec (rope_scaling.py). `seq_len` is the total sequence length the model has seen, read by the types whose frequencies
+    `cfg` is a ModelConfig or a RopeSpec (rope_scaling.py). `seq_len` is the largest position + 1 (transformers' reading), read by the types whose frequencies
     depend on it: dynamic NTK, and longrope (short or long factors).
     """
     inv_freq, attention_factor = rope_frequencies(cfg, seq_len=seq_len)  # (r/2,) float32, on the CPU
