@@ -134,7 +134,10 @@ def _layer_types(hf: dict[str, Any], family: str, n_layers: int) -> list[str] | 
         return ["sliding" if (i + 1) % 2 else "full" for i in range(n_layers)]
     if family == "gemma3_text":
         every = _typed(hf, "sliding_window_pattern", int, 6)
-        return ["sliding" if every <= 0 or (i + 1) % every else "full" for i in range(n_layers)]
+        if every <= 0:  # transformers divides by it (0: ZeroDivisionError) to place the global layers
+            raise ValueError(f"config.json sliding_window_pattern must be a positive integer (one global layer "
+                             f"every so many), got {every}")
+        return ["sliding" if (i + 1) % every else "full" for i in range(n_layers)]
     if family in ("qwen2", "qwen3"):
         first = _typed(hf, "max_window_layers", int, 28)
         return ["sliding" if i >= first else "full" for i in range(n_layers)]
@@ -147,9 +150,14 @@ def _descendant_fields(hf: dict[str, Any], family: str, n_layers: int) -> dict[s
         window = _typed(hf, "sliding_window", int, None)
     elif family in ("qwen2", "qwen3") and not _typed(hf, "use_sliding_window", bool, False):
         window = None
+    elif family in ("gemma2", "gemma3_text", "qwen2", "qwen3"):
+        # absent: transformers' default 4096; null: no window at all (its attention then passes None)
+        window = None if "sliding_window" in hf and hf["sliding_window"] is None else _typed(hf, "sliding_window", int, 4096)
     else:
-        window = _typed(hf, "sliding_window", int, 4096) if family in ("gemma2", "gemma3_text", "qwen2", "qwen3") else None
-    kinds = _layer_types(hf, family, n_layers) if window is not None else None
+        window = None
+    # checked even where no window uses them: transformers validates these families' layer_types too
+    kinds = _layer_types(hf, family, n_layers) if family in ("gemma2", "gemma3_text", "qwen2", "qwen3") else None
+    kinds = kinds if window is not None else None
     if kinds is not None and "sliding" not in kinds:
         window, kinds = None, None  # no layer uses the window
     elif kinds is not None and "full" not in kinds:

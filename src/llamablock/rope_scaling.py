@@ -333,7 +333,8 @@ def validate_rope_scaling(cfg) -> None:
                 raise ValueError(
                     f"rope_scaling.{key} must be a list of rotary_dim/2 = {cfg.rotary_dim // 2} numbers, got {n}"
                 )
-            if not all(isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0 for x in v):
-                raise ValueError(f"rope_scaling.{key} must hold positive numbers only")
+            if not all(isinstance(x, (int, float)) and not isinstance(x, bool) and 0 < x < math.inf for x in v):
+                raise ValueError(f"rope_scaling.{key} must hold positive finite numbers only (Infinity or NaN "
+                                 "would turn its pairs' frequencies to 0 or NaN)")
     if kind == "dynamic":  # the base must be positive at every length the config allows
         dynamic_base(cfg.rope_theta, p["factor"], cfg.rotary_dim, cfg.max_seq_len, cfg.max_seq_len)

@@ -38,6 +38,7 @@ import torch
 from llamablock.config import ModelConfig
 from llamablock.io import gguf_families as fam
 from llamablock.io.empty import empty_decoder
+from llamablock.io.gguf_meta import REQUIRED, Metadata, number, read_metadata
 from llamablock.io.gguf_read import (  # noqa: F401 (public here)
     SUPPORTED_TYPES,
     RowChunks,
@@ -115,16 +116,9 @@ def open_gguf(path: str | Path):
     return reader
 
 
-def metadata(reader) -> dict:
-    """All scalar and string metadata; arrays (the tokenizer's vocabulary...) are left out."""
-    import gguf
-
-    out = {}
-    for key, field in reader.fields.items():
-        if not field.types or field.types[0] == gguf.GGUFValueType.ARRAY:
-            continue
-        out[key] = field.contents()
-    return out
+def metadata(reader) -> Metadata:
+    """All scalar and string metadata; arrays (the tokenizer's vocabulary...) only named (io/gguf_meta.py)."""
+    return read_metadata(reader)
 
 
 def tensor_index(reader) -> TensorIndex:
@@ -167,37 +161,37 @@ def config_from_gguf(reader, rope_scaling: bool = True) -> ModelConfig:
     family, _ = ARCHITECTURES[arch]
     names = _tensor_names(reader)
 
-    def get(key, default=None):
-        value = meta.get(f"{arch}.{key}", default)
-        if value is None:
-            raise ValueError(f"GGUF metadata lacks {arch}.{key}, needed to build the model")
-        if isinstance(default, int) or key in INTEGER_KEYS:
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise ValueError(f"GGUF metadata {arch}.{key} must be an integer, got {value!r}")
-        return value
+    def get(key, default=REQUIRED, kind: type = int, positive: bool = False):
+        return number(meta, f"{arch}.{key}", kind, default, positive=positive)
 
-    d_model, n_heads = int(get("embedding_length")), int(get("attention.head_count"))
+    d_model, n_heads = get("embedding_length", positive=True), get("attention.head_count", positive=True)
     blocks = {t.name.split(".")[1] for t in reader.tensors if t.name.startswith("blk.")}
-    if int(get("block_count")) != len(blocks):  # before any module exists: the file bounds the model
+    if get("block_count") != len(blocks):  # before any module exists: the file bounds the model
         raise ValueError(f"GGUF metadata says {arch}.block_count = {get('block_count')}, the file holds tensors "
                          f"for {len(blocks)} blocks")
-    if n_heads <= 0 or d_model <= 0:
-        raise ValueError(f"GGUF metadata {arch}.attention.head_count and embedding_length must be positive, "
-                         f"got {n_heads} and {d_model}")
-    head_dim = int(get("attention.key_length", d_model // n_heads))
-    if head_dim <= 0:
-        raise ValueError(f"GGUF metadata {arch}.attention.key_length must be positive, got {head_dim}")
+    head_dim = get("attention.key_length", d_model // n_heads, positive=True)
+    value_dim = get("attention.value_length", head_dim)
+    if value_dim != head_dim:
+        raise ValueError(f"GGUF metadata {arch}.attention.value_length ({value_dim}) differs from key_length "
+                         f"({head_dim}); llamablock's attention, as llama.cpp's for these architectures, needs them equal")
     tokens = reader.get_field("tokenizer.ggml.tokens")
-    vocab = meta.get(f"{arch}.vocab_size") or (len(tokens.data) if tokens is not None else None)
+    vocab = get("vocab_size", None)
+    if vocab is not None and vocab <= 0:
+        raise ValueError(f"GGUF metadata {arch}.vocab_size must be positive, got {vocab}")
+    if vocab is None:
+        vocab = len(tokens.data) if tokens is not None else None
     if vocab is None:
         vocab = next(t for t in reader.tensors if t.name == "token_embd.weight").shape[-1]
-    rot = int(meta.get(f"{arch}.rope.dimension_count", head_dim))
+    rot = get("rope.dimension_count", head_dim)
+    if not 0 < rot <= head_dim or rot % 2:
+        raise ValueError(f"GGUF metadata {arch}.rope.dimension_count must be an even number of features in "
+                         f"1..{head_dim} (the head width), got {rot}")
     fields = dict(
-        vocab_size=int(vocab), d_model=d_model, n_layers=int(get("block_count")), n_heads=n_heads,
-        n_kv_heads=int(get("attention.head_count_kv", n_heads)), head_dim=head_dim,
-        d_ff=int(get("feed_forward_length")), norm="rmsnorm", norm_placement="pre",
-        norm_eps=float(get("attention.layer_norm_rms_epsilon")), ffn="swiglu", position="rope",
-        max_seq_len=int(get("context_length", 2048)), rope_theta=float(meta.get(f"{arch}.rope.freq_base", 10000.0)),
+        vocab_size=int(vocab), d_model=d_model, n_layers=get("block_count"), n_heads=n_heads,
+        n_kv_heads=get("attention.head_count_kv", n_heads), head_dim=head_dim,
+        d_ff=get("feed_forward_length"), norm="rmsnorm", norm_placement="pre",
+        norm_eps=get("attention.layer_norm_rms_epsilon", kind=float), ffn="swiglu", position="rope",
+        max_seq_len=get("context_length", 2048), rope_theta=get("rope.freq_base", 10000.0, float),
         rope_layout="half", partial_rotary_factor=rot / head_dim,
         qkv_bias="blk.0.attn_q.bias" in names, o_bias="blk.0.attn_output.bias" in names,
         tie_embeddings="output.weight" not in names, family=family,
@@ -211,10 +205,6 @@ def config_from_gguf(reader, rope_scaling: bool = True) -> ModelConfig:
     if scaling is None and rope_scaling:
         scaling = rope_scaling_of(reader, cfg)
     return cfg if scaling is None or not rope_scaling else cfg.replace(rope_scaling=scaling)
-
-
-INTEGER_KEYS = ("embedding_length", "attention.head_count", "attention.head_count_kv", "attention.key_length",
-                "block_count", "feed_forward_length", "context_length", "vocab_size", "rope.dimension_count")
 
 
 def _check_shapes(cfg: ModelConfig, reader) -> None:

@@ -28,6 +28,7 @@ import math
 
 import torch
 
+from llamablock.io.gguf_meta import number
 from llamablock.io.hf_checkpoint import split_rows
 
 # GGUF architecture -> our family name.
@@ -49,7 +50,7 @@ def family_fields(arch: str, meta: dict, names: set[str], base: dict) -> dict:
         return f"{arch}.{k}"
 
     n_layers, d_model = base["n_layers"], base["d_model"]
-    out: dict = {"family": FAMILIES[arch], "qk_norm": "blk.0.attn_q_norm.weight" in names}
+    out: dict = {"family": FAMILIES[arch], "qk_norm": _qk_norms(names, n_layers)}
     if is_gemma(arch):
         out.update(ffn="geglu", norm_offset=1.0, embed_scale=math.sqrt(d_model))
     if arch in ("gemma2", "gemma3"):
@@ -70,10 +71,23 @@ def family_fields(arch: str, meta: dict, names: set[str], base: dict) -> dict:
                 raise ValueError(f"GGUF metadata {key(theirs)} must be a positive number, got {value!r}")
             out[ours] = float(value)
     if arch == "gemma3":
-        out["local_rope_theta"] = float(meta.get(key("rope.freq_base_swa"), 10_000.0))
-    if arch == "phi3" and meta.get(key("attention.sliding_window")) is not None:
-        out["sliding_window"] = meta[key("attention.sliding_window")]
+        out["local_rope_theta"] = number(meta, key("rope.freq_base_swa"), float, 10_000.0, positive=True)
+    if arch == "phi3":
+        out["sliding_window"] = number(meta, key("attention.sliding_window"), int, None, positive=True)
     return out
+
+
+def _qk_norms(names: set[str], n_layers: int) -> bool:
+    """Whether the blocks norm q and k per head (Qwen 3, Gemma 3): all of them or none. A file with
+    some of these tensors missing is refused naming the first one missing (deciding by block 0
+    alone reported an unused tensor elsewhere)."""
+    wanted = [f"blk.{i}.attn_{x}_norm.weight" for i in range(n_layers) for x in ("q", "k")]
+    present = [n for n in wanted if n in names]
+    if present and len(present) != len(wanted):
+        missing = next(n for n in wanted if n not in names)
+        raise ValueError(f"GGUF file lacks tensor {missing!r}: other blocks norm q and k per head "
+                         f"({len(present)} of the {len(wanted)} tensors are present); the file is incomplete")
+    return bool(present)
 
 
 def phi3_longrope(arch: str, meta: dict, factors: dict[str, torch.Tensor]) -> dict | None:
@@ -82,15 +96,13 @@ def phi3_longrope(arch: str, meta: dict, factors: dict[str, torch.Tensor]) -> di
         return None
     if set(factors) != set(ROPE_FACTORS):
         raise ValueError(f"GGUF file holds {sorted(factors)} but LongRoPE needs both {list(ROPE_FACTORS)}")
-    original = meta.get(f"{arch}.rope.scaling.original_context_length")
-    if not isinstance(original, int) or original <= 0:
-        raise ValueError(f"GGUF metadata lacks {arch}.rope.scaling.original_context_length, which LongRoPE needs")
+    original = number(meta, f"{arch}.rope.scaling.original_context_length", int, positive=True)
     scaling = {"rope_type": "longrope", "original_max_position_embeddings": original,
                "long_factor": [float(x) for x in factors["rope_factors_long.weight"].reshape(-1)],
                "short_factor": [float(x) for x in factors["rope_factors_short.weight"].reshape(-1)]}
-    attn = meta.get(f"{arch}.rope.scaling.attn_factor")
+    attn = number(meta, f"{arch}.rope.scaling.attn_factor", float, None, positive=True)
     if attn is not None:
-        scaling["attention_factor"] = float(attn)
+        scaling["attention_factor"] = attn
     return scaling
 
 

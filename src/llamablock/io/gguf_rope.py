@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from llamablock.config import ModelConfig
+from llamablock.io.gguf_meta import number
 from llamablock.rope_scaling import default_inv_freq, rope_frequencies
 
 # LLaMA 3.x's llama3 constants (config.json of Llama 3.1, 3.2 and 3.3; llama-models' apply_scaling).
@@ -67,8 +68,7 @@ def llama3_from_divisors(cfg: ModelConfig, divisors: np.ndarray) -> dict | None:
 
 
 def _number(meta: dict, key: str):
-    value = meta.get(key)
-    return None if value is None else float(value)
+    return number(meta, key, float, None)  # a string or an array there is refused, naming the key
 
 
 def scaling_from_metadata(meta: dict, arch: str, context_length: int) -> dict | None:

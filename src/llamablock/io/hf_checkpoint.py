@@ -105,12 +105,19 @@ def _tensor_files(path: Path) -> list[Path]:
 
 
 def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of the checkpoint's files. A name held by two shards must hold the same values
+    in both: which copy a reader takes would otherwise decide what the model computes."""
     tensors: dict[str, torch.Tensor] = {}
+    where: dict[str, Path] = {}
     for f in _tensor_files(path):
         try:
             with safe_open(str(f), framework="pt") as fh:
                 for k in fh.keys():
-                    tensors[k] = fh.get_tensor(k)
+                    t = fh.get_tensor(k)
+                    if k in tensors and not (t.dtype == tensors[k].dtype and torch.equal(t, tensors[k])):
+                        raise ValueError(f"tensor {k!r} is in both {where[k].name} and {f.name} with different "
+                                         f"values; remove one copy from the checkpoint")
+                    tensors[k], where[k] = t, f
         except (SafetensorError, OSError) as e:
             raise ValueError(f"{f} is not a readable safetensors file (truncated or corrupt?): {e}") from None
     return tensors
@@ -170,6 +177,9 @@ def load_hf_dir(path: str | Path, dtype: torch.dtype | None = None) -> Decoder:
         if key not in tensors:
             raise ValueError(f"checkpoint {path} lacks tensor {key!r} (needed for {name})")
         t = tensors.pop(key)
+        if not t.is_floating_point():  # an int64 or bool norm would be converted silently below
+            raise ValueError(f"tensor {key!r} is stored as {t.dtype}; weights must be floating point (float32, "
+                             "float16, bfloat16)")
         if tuple(t.shape) != tuple(p.shape):
             raise ValueError(f"tensor {key!r} has shape {tuple(t.shape)}, the config implies {tuple(p.shape)}")
         state[name] = t.to(dtype) if dtype is not None else t
