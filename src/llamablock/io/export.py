@@ -164,7 +164,7 @@ def _finish(tmp: Path, out: Path, fmt: str) -> None:
         for f in tmp.iterdir():  # on disk before the rename makes the export visible
             with open(f, "rb") as fh:
                 os.fsync(fh.fileno())
-    replace_dir(tmp, out)
+    replace_dir(tmp, out, EXPORT_MARKER)
 
 
 def is_gguf_export(path: Path) -> bool:

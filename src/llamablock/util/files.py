@@ -61,22 +61,35 @@ def _exchange(a: Path, b: Path) -> bool:
     raise OSError(e, os.strerror(e), str(b))
 
 
-def replace_dir(tmp: str | Path, final: str | Path) -> None:
+def replace_dir(tmp: str | Path, final: str | Path, marker: str | None = None) -> None:
     """Move the finished folder `tmp` to `final`, replacing what is there atomically: the two are
-    swapped in one rename and the old one, now at `tmp`'s name, is removed only then. Where the
-    swap is unavailable the old one is first renamed aside (to a staging name that the next
+    swapped in one rename and the old one, now at `tmp`'s name, is removed only then (`marker`
+    last, so a kill during the removal leaves a folder `clean_stale` still knows as ours). Where
+    the swap is unavailable the old one is first renamed aside (to a staging name that the next
     `clean_stale` removes), so a kill in between leaves the new one whole under `tmp`'s name."""
     tmp, final = Path(tmp), Path(final)
     if not final.exists():
         os.replace(tmp, final)
         return
     if _exchange(tmp, final):
-        shutil.rmtree(tmp)
+        _remove(tmp, marker)
         return
     aside = final.with_name(f".{final.name}{_STAGE}old-{os.getpid()}")
     os.replace(final, aside)
     os.replace(tmp, final)
-    shutil.rmtree(aside)
+    _remove(aside, marker)
+
+
+def _remove(folder: Path, marker: str | None) -> None:
+    """rmtree, with `marker` removed after everything else."""
+    if marker is None or not (folder / marker).is_file():
+        shutil.rmtree(folder)
+        return
+    for p in folder.iterdir():
+        if p.name != marker:
+            shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+    (folder / marker).unlink()
+    folder.rmdir()
 
 
 def staging_dir(final: str | Path, marker: str) -> Path:
@@ -116,7 +129,8 @@ def clean_stale(final: str | Path, marker: str) -> None:
             continue
         if p.is_dir() and not p.is_symlink():
             if (p / marker).is_file():
-                shutil.rmtree(p, ignore_errors=True)
+                with contextlib.suppress(OSError):
+                    _remove(p, marker)
             else:
                 with contextlib.suppress(OSError):
                     p.rmdir()  # only when empty: killed between mkdir and the marker
