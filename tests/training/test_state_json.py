@@ -14,7 +14,7 @@ import json
 import resource
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from tiny_run import copy_run, listing, make_run, refused
 
@@ -129,8 +129,13 @@ FIELDS = [("step",), ("sha256",), ("sha256", "model.safetensors"), ("sha256", ".
           ("optimizer", "param_groups"), ("model_config", "tie_embeddings")]
 
 
-@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(edits=st.lists(st.tuples(st.sampled_from(FIELDS), JSON), min_size=1, max_size=3))
+@example(edits=[(("sha256",), 5)])  # the probe's cases, always tried
+@example(edits=[(("sha256",), ["0" * 64])])
+@example(edits=[(("step",), -4)])
+@example(edits=[(("model_config", "n_layers"), 10**6)])
+@example(edits=[(("sha256", "../state.json"), "0" * 64)])
 def test_any_edit_of_state_json_is_refused_cleanly_or_accepted(made, tmp_path_factory, edits):
     folder = tmp_path_factory.mktemp("ck") / "step-000004"
     import shutil
