@@ -75,7 +75,7 @@ def _file_shapes(file: Path) -> dict[str, tuple]:
         with safe_open(str(file), "pt") as f:
             return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
     except Exception as e:  # safetensors raises its own error types on a torn file
-        raise ValueError(f"{file.name} is not a readable safetensors file ({e})") from None
+        raise ValueError(f"{file.name} is not a readable safetensors file (truncated or corrupt?): {e}") from None
 
 
 def _check_shapes(cfg, file: Path) -> None:

@@ -174,17 +174,17 @@ def owned_dir(out: str | Path, marker: str, what: str, allow_in: Path | None = N
     p = check_out_path(out)
     run = enclosing_run(p)
     if run is not None and not (allow_in is not None and Path(os.path.abspath(allow_in)) == run):
-        raise ValueError(f"{out} is inside the training run or checkpoint {run}; writing there could destroy it: "
+        raise ValueError(f"OUT {out} is inside the training run or checkpoint {run}; writing there could destroy it: "
                          f"give a path outside it")
     if p.is_symlink() or (p.exists() and not p.is_dir()):
-        raise ValueError(f"{out} exists and is not a folder; a {what} is a folder: give a new path")
+        raise ValueError(f"OUT {out} is an existing file, not a folder; a {what} is a folder: give a new path")
     if p.is_dir() and any(p.iterdir()):
         if not (p / marker).is_file():
-            raise ValueError(f"{out} exists and holds files llamablock did not write as a {what} (no {marker} in "
+            raise ValueError(f"OUT {out} exists and holds files llamablock did not write as a {what} (no {marker} in "
                              f"it); llamablock replaces only its own: give a new path, or empty it yourself")
         inner = next((d for d, _, _ in os.walk(p) if is_run_dir(Path(d)) or is_checkpoint_dir(Path(d))), None)
         if inner is not None:
-            raise ValueError(f"{out} holds the training run or checkpoint {inner}; replacing it would destroy it: "
+            raise ValueError(f"OUT {out} holds the training run or checkpoint {inner}; replacing it would destroy it: "
                              "give another path")
     return p
 
