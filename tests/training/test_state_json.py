@@ -158,3 +158,12 @@ def test_any_edit_of_state_json_is_refused_cleanly_or_accepted(made, tmp_path_fa
         assert str(folder / "state.json") in str(e) or str(folder) in str(e)
     assert ckpt.verify(folder) is None or isinstance(ckpt.verify(folder), str)
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak < 200_000  # KiB
+
+
+def test_a_run_saved_before_checksums_is_still_read_for_generation(run):
+    """Checksums are required to resume or export, not to generate: load_checkpoint without verify."""
+    _every_checkpoint(run, lambda s: s.pop("sha256"))
+    model, _, state = load_checkpoint(ckpt.latest_checkpoint(run))
+    assert state["step"] == 4 and model.cfg.n_layers == 1
+    with pytest.raises(ValueError, match="sha256 is missing"):
+        load_checkpoint(ckpt.latest_checkpoint(run), verify=True)

@@ -55,7 +55,15 @@ from llamablock.io.resolve import (
 )
 from llamablock.model import Decoder
 from llamablock.rope import permute_qk
-from llamablock.util.files import EXPORT_MARKER, disk_full, enclosing_run, owned_dir, replace_dir, staging_dir
+from llamablock.util.files import (
+    EXPORT_MARKER,
+    check_out_path,
+    disk_full,
+    enclosing_run,
+    owned_dir,
+    replace_dir,
+    staging_dir,
+)
 
 FORMATS = ("auto", "hf", "gguf", "llamablock")
 # The corpus's layout (training/data.py): "SPEAKER:\nthe speech\n\n"; every character is in its alphabet.
@@ -185,16 +193,14 @@ def export_target(out: str | Path, fmt: str) -> Path:
     an existing folder or file llamablock did not write as an export, or a path in or around a run."""
     if fmt != "gguf":
         return owned_dir(out, EXPORT_MARKER, "export")
-    p = Path(os.path.abspath(out)) if str(out).strip() else None
-    if p is None or p.name == "":
-        raise ValueError("OUT is empty: give the path of the .gguf file to write")
+    p = check_out_path(out)
     run = enclosing_run(p.parent)
     if run is not None:
-        raise ValueError(f"{out} is inside the training run or checkpoint {run}; give a path outside it")
+        raise ValueError(f"OUT {out} is inside the training run or checkpoint {run}; give a path outside it")
     if p.is_symlink() or (p.exists() and not p.is_file()):
-        raise ValueError(f"{out} exists and is not a file; a GGUF export is one file: give a new path")
+        raise ValueError(f"OUT {out} exists and is not a file; a GGUF export is one file: give a new path")
     if p.exists() and not is_gguf_export(p):
-        raise ValueError(f"{out} exists and is not a GGUF file llamablock exported (no llamablock.export key); "
+        raise ValueError(f"OUT {out} exists and is not a GGUF file llamablock exported (no llamablock.export key); "
                          "llamablock replaces only its own: give a new path, or remove it yourself")
     return p
 
@@ -308,11 +314,12 @@ def load_weights(model: Decoder, file: Path, config: str) -> None:
 def load_checkpoint(path: Path, verify: bool = False) -> tuple[Decoder, object, dict]:
     """(model in eval mode, Tokenizer, state) of one training checkpoint folder. Its state.json is
     checked (typed, shapes bounded by the weights' headers) before any model is built; with
-    `verify` the weights must also match their recorded checksum (export does; a resume checks
-    both tensor files, training.checkpoint.verify)."""
+    `verify` it must record checksums and the weights must match theirs (export does; a resume
+    checks both tensor files, training.checkpoint.verify). Without, checksums may be absent:
+    generate and serve still read a run saved before they were recorded."""
     from llamablock.training.state_check import checked_checkpoint, checked_state
 
-    state = checked_checkpoint(path, ("model.safetensors",)) if verify else checked_state(path)
+    state = checked_checkpoint(path, ("model.safetensors",)) if verify else checked_state(path, need_sums=False)
     where = Path(path) / "state.json"
     model = Decoder(model_config(state.get("model_config"), f"{where}: model_config"))
     load_weights(model, Path(path) / "model.safetensors", f"{where}'s model_config")

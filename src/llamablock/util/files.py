@@ -140,8 +140,9 @@ def clean_stale(final: str | Path, marker: str) -> None:
 
 # Ownership ------------------------------------------------------------------------------------
 def is_run_dir(path: Path) -> bool:
-    """A training run folder: our marker, or (runs written before the marker) a checkpoints folder."""
-    return (path / RUN_MARKER).is_file() or (path / "checkpoints").is_dir()
+    """A training run folder: our marker, or (runs written before the marker) checkpoints/latest
+    (not any `checkpoints` folder: a home folder may hold one of another tool's)."""
+    return (path / RUN_MARKER).is_file() or (path / "checkpoints" / "latest").is_file()
 
 
 def is_checkpoint_dir(path: Path) -> bool:
