@@ -18,7 +18,6 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from tiny_run import copy_run, listing, make_run, refused
 
-from llamablock import cli
 from llamablock.io.export import load_checkpoint
 from llamablock.training import checkpoint as ckpt
 from llamablock.training import state_check

@@ -12,6 +12,9 @@ Atomicity: a checkpoint is written into a hidden temporary folder and renamed in
 (os.replace), then `latest` is rewritten the same way (write a temporary file, rename). A writer
 killed at any point leaves `latest` naming the previous complete checkpoint, so it stays loadable;
 the half-written folder is ignored and removed by the next save.
+Trust: state.json records the sha256 of both tensor files; `verify` (before a resume) refuses a
+checkpoint without them, with a mistyped or unbounded state.json (training.state_check) or with
+bytes that differ, and the resume falls back to the newest checkpoint that passes.
 Reading the layout (`latest_checkpoint`, `read_state`) lives in llamablock.io.resolve, beneath
 training, so that the loaders of io/ (generate, serve, export) can take a run directory too.
 """

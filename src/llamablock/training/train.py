@@ -15,7 +15,10 @@ repeats the uninterrupted one exactly (on the same machine and thread count).
 Loss: mean cross-entropy of next-token prediction, in nats per token (runtime.evaluate.lm_loss).
 Export: a run that reaches its last step also writes `<run dir>/export`, a transformers directory
 for models a transformers class computes (the 2024 model) and a llamablock directory otherwise
-(the 2017 model), by llamablock.io.export; `llamablock export` writes the other formats.
+(the 2017 model), by llamablock.io.export; `llamablock export` writes the other formats. A run
+whose final export failed (a full disk) writes it at the next --resume.
+The run folder: a new run claims only a new or empty folder (training.run_dir), and a run is
+refused before anything is allocated when it cannot fit in memory (training.budget).
 """
 
 from __future__ import annotations
@@ -37,8 +40,8 @@ from llamablock.runtime.evaluate import evaluate, lm_loss
 from llamablock.training import checkpoint as ckpt
 from llamablock.training import data as D
 from llamablock.training import distributed as dd
-from llamablock.training.recipe import SEED_LIMIT, TrainConfig  # noqa: F401  (callers import them from here)
 from llamablock.training.budget import check_fits
+from llamablock.training.recipe import SEED_LIMIT, TrainConfig  # noqa: F401  (callers import them from here)
 from llamablock.training.run_dir import check_resume_dir, claim_new_run
 from llamablock.util.files import EXPORT_MARKER, atomic_write, disk_full
 from llamablock.util.plots import figure, save_png
