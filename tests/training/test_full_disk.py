@@ -80,6 +80,7 @@ def test_a_final_export_that_failed_is_written_by_the_next_resume(tmp_path, caps
         sys.exit(cli.main({["train", *FLAGS, "--steps", "2", "--out", str(out)]!r}))
     """, limit=False)
     _one_line_full(p, out / "export" / "model.safetensors")
+    assert f"llamablock train --resume --out {out}` writes the missing export" in p.stderr
     assert not (out / "export").exists() and (out / "checkpoints" / "latest").read_text() == "step-000002"
     checkpoints = listing(out / "checkpoints")
     assert cli.main(["train", "--resume", "--out", str(out), "--no-progress"]) == 0

@@ -256,7 +256,11 @@ def _loop(model, net, opt, t: TrainConfig, cfg: ModelConfig, tok, data, val_wind
     if run_dir is not None and info.is_main:
         plot_curves(history, run_dir / "curves.png", title=f"{cfg.position}/{cfg.norm}-{cfg.norm_placement}/{cfg.ffn}")
         if end == t.steps:  # a failure here (a full disk) is repaired by the next --resume (_export_finished)
-            export_model(model, tok.to_dict(), run_dir / "export", own=True)
+            try:
+                export_model(model, tok.to_dict(), run_dir / "export", own=True)
+            except ValueError as e:
+                raise ValueError(f"{e}; the run's checkpoints are whole, and `llamablock train --resume --out "
+                                 f"{run_dir}` writes the missing export") from None
     vals = [r["val_loss"] for r in history if "val_loss" in r]
     return {"model": model, "tokenizer": tok, "config": cfg, "train_config": t, "history": history,
             "val_loss": vals[-1] if vals else None, "step": end, "params": model.num_parameters(),
