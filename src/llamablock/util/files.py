@@ -177,8 +177,8 @@ def owned_dir(out: str | Path, marker: str, what: str, allow_in: Path | None = N
     if run is not None and not (allow_in is not None and Path(os.path.abspath(allow_in)) == run):
         raise ValueError(f"OUT {out} is inside the training run or checkpoint {run}; writing there could destroy it: "
                          f"give a path outside it")
-    if p.is_symlink() or (p.exists() and not p.is_dir()):
-        raise ValueError(f"OUT {out} is an existing file, not a folder; a {what} is a folder: give a new path")
+    if p.is_symlink() or (p.exists() and not p.is_dir()):  # a link: replacing it would write where it points
+        raise ValueError(f"OUT {out} is an existing file or link, not a folder; a {what} is a folder: give a new path")
     if p.is_dir() and any(p.iterdir()):
         if not (p / marker).is_file():
             raise ValueError(f"OUT {out} exists and holds files llamablock did not write as a {what} (no {marker} in "
