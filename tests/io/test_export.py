@@ -54,7 +54,8 @@ def test_hf_export_loads_in_transformers_with_equal_logits(run2024, tmp_path):
     run, model, tok = run2024
     fmt, out = export_run(run, tmp_path / "hf", "hf")
     assert fmt == "hf" and {p.name for p in out.iterdir()} == {
-        "config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "generation_config.json"}
+        "config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "generation_config.json",
+        ".llamablock-export"}
     hf = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
     hf_tok = transformers.AutoTokenizer.from_pretrained(out)
     ids = _ids(tok)
@@ -144,8 +145,10 @@ def test_a_run_directory_loads_its_latest_checkpoint(run2024):
 
 
 def test_export_replaces_a_previous_export_whole(run2024, tmp_path):
+    """An earlier export (its marker file says so) is replaced whole; a foreign folder is refused
+    (tests/io/test_export_ownership.py)."""
     out = tmp_path / "hf"
-    out.mkdir()
+    export_model(run2024[1], run2024[2].to_dict(), out, "hf")
     (out / "stale.bin").write_text("old")
     export_model(run2024[1], run2024[2].to_dict(), out, "hf")
     assert not (out / "stale.bin").exists() and (out / "model.safetensors").is_file()

@@ -4,12 +4,11 @@ The latest checkpoint of a run directory (`llamablock train --out`) becomes a tr
 directory, a GGUF file or a llamablock directory (llamablock.io.export says what each holds).
 "auto" writes transformers where a transformers class computes exactly what the model computes
 (the 2024 model) and a llamablock directory otherwise (the 2017 model: post-LN LayerNorm, learned
-positions, biases), and says which it wrote and why.
+positions, biases), and says which it wrote and why. OUT is written only when it is new or an
+earlier export (llamablock.io.export.export_target); the checkpoint only when it passes its checks.
 """
 
 from __future__ import annotations
-
-from pathlib import Path
 
 from llamablock.commands import UsageError
 
@@ -17,7 +16,8 @@ from llamablock.commands import UsageError
 def add_arguments(p) -> None:
     p.add_argument("run", metavar="RUN_DIR",
                    help="a training run directory (its latest checkpoint) or one checkpoint folder in it")
-    p.add_argument("out", metavar="OUT", help="the directory to write (hf, llamablock) or the .gguf file (gguf)")
+    p.add_argument("out", metavar="OUT", help="the directory to write (hf, llamablock) or the .gguf file (gguf): a new "
+                                              "path, or an earlier export, which is replaced whole")
     p.add_argument("--format", choices=("auto", "hf", "gguf", "llamablock"), default="auto",
                    help="hf: transformers directory; gguf: one llama.cpp file; llamablock: our own directory; "
                         "auto: hf when a transformers class matches the model, llamablock otherwise "
@@ -25,25 +25,18 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from llamablock.io.export import export_model, load_checkpoint, transformers_family
+    from llamablock.io.export import export_model, export_target, load_checkpoint, transformers_family
     from llamablock.io.resolve import is_checkpoint, resolve_model
 
     source = resolve_model(args.run)
     if not is_checkpoint(source):
         raise UsageError(f"{args.run} is not a training run directory (no checkpoints/latest) nor a checkpoint "
                          "folder (state.json and model.safetensors); train one with `llamablock train --out DIR`")
-    out = Path(args.out)
-    if args.format == "gguf" and out.suffix != ".gguf":
-        raise UsageError(f"a GGUF export is one file: give OUT ending in .gguf, got {out}")
-    if out.resolve() == Path(args.run).resolve():
-        raise UsageError("OUT must differ from RUN_DIR")
-    if args.format == "gguf" and out.is_dir():
-        raise UsageError(f"OUT {out} is a directory; a GGUF export is one file: give a path ending in .gguf")
-    if args.format != "gguf" and out.exists() and not out.is_dir():
-        raise UsageError(f"OUT {out} is an existing file; this export is a directory: give a new path (an existing "
-                         "directory is replaced whole)")
-    model, _, state = load_checkpoint(source)
-    fmt, path = export_model(model, state["tokenizer"], out, args.format)
+    if args.format == "gguf" and not args.out.endswith(".gguf"):
+        raise UsageError(f"a GGUF export is one file: give OUT ending in .gguf, got {args.out!r}")
+    export_target(args.out, args.format)  # refused before the model is read: OUT is not ours to replace
+    model, _, state = load_checkpoint(source, verify=True)
+    fmt, path = export_model(model, state["tokenizer"], args.out, args.format)
     family, why = transformers_family(model.cfg)
     print(f"wrote {path} ({fmt}) from {source}")
     if fmt == "hf":

@@ -1,4 +1,9 @@
-"""`llamablock train`: train a preset on Shakespeare (also under `torchrun --nproc-per-node N`)."""
+"""`llamablock train`: train a preset on Shakespeare (also under `torchrun --nproc-per-node N`).
+
+--out is a new or empty folder, or with --resume a run of ours (llamablock.training.run_dir);
+--resume accepts the first run's command again (same --preset, --set and train flags, more
+--steps) and refuses, by name, only a flag whose value differs from the run's.
+"""
 
 from __future__ import annotations
 
@@ -35,8 +40,10 @@ def add_arguments(p) -> None:
     p.add_argument("--arch", choices=sorted(ARCHS), help="shortcut: 2017 = gpt-2017-small, 2024 = llama-2024-small")
     p.add_argument("--set", action="append", metavar="FIELD=VALUE", dest="overrides",
                    help="override a ModelConfig field, type-checked (repeatable), e.g. --set n_kv_heads=2")
-    p.add_argument("--out", help="run directory for checkpoints, log.jsonl and curves.png")
-    p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out")
+    p.add_argument("--out", help="run directory for checkpoints, log.jsonl and curves.png: a new or empty folder "
+                                 "(an existing run is continued with --resume, never overwritten)")
+    p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out (model and "
+                   "train flags may be repeated unchanged; a changed one is refused)")
     p.add_argument("--steps", type=int, help=f"optimizer steps in total (default {d.steps})")
     p.add_argument("--batch-size", type=int, help=f"global batch in windows (default {d.batch_size})")
     p.add_argument("--context", type=int, help=f"tokens per window (default {d.context})")
@@ -64,27 +71,42 @@ def _train_flags(args) -> dict:
     return {k: getattr(args, k) for k in TRAIN_FLAGS}
 
 
+def _resume_model(args) -> dict | None:
+    """The ModelConfig fields the model flags of a --resume imply, for comparison with the run's own:
+    with --preset or --arch the whole preset (and --set), with --set alone just those fields."""
+    if args.preset or args.arch:
+        return model_config(args.preset, args.arch, args.overrides).to_dict()
+    return parse_overrides(args.overrides) or None
+
+
 def run(args) -> int:
     from llamablock.training import distributed as dd
     from llamablock.training.train import TrainConfig, train
 
+    if args.out is not None and not args.out.strip():
+        raise UsageError("--out is empty: give the folder of the run (a new one, or the run to --resume)")
+    if args.steps is not None and args.steps <= 0:
+        raise UsageError(f"--steps must be at least 1, got {args.steps}")
+    resume_model = None
     if args.resume:
         if not args.out:
             raise UsageError("--resume needs --out, the run directory that holds the checkpoint")
-        if args.preset or args.arch or args.overrides:
-            raise UsageError("--resume takes the model from the checkpoint: drop --preset, --arch and --set")
+        resume_model = _resume_model(args)  # an unchanged flag is accepted, a changed one refused by name
         cfg, tcfg = None, None
     else:
         cfg = model_config(args.preset, args.arch, args.overrides)
         tcfg = TrainConfig(**{k: v for k, v in _train_flags(args).items() if v is not None},
-                           steps=args.steps or TrainConfig.steps)
+                           steps=args.steps if args.steps is not None else TrainConfig.steps)
     info = dd.from_env(args.device)
     try:
         result = train(cfg, tcfg, args.out, resume=args.resume, progress=not args.no_progress, info=info,
-                       steps=args.steps if args.resume else None, resume_flags=_train_flags(args))
+                       steps=args.steps if args.resume else None, resume_flags=_train_flags(args),
+                       resume_model=resume_model)
     finally:
         dd.shutdown(info)
-    if info.is_main:
+    if info.is_main and result.get("exported_only"):
+        print(f"the run was finished; wrote its missing final export {args.out}/export (step {result['step']})")
+    elif info.is_main:
         c = result["config"]
         print(f"trained {c.position}/{c.norm}-{c.norm_placement}/{c.ffn}/kv{c.n_kv_heads} "
               f"({result['params']:,} parameters) to step {result['step']}: "

@@ -1,7 +1,8 @@
 """Taking a trained model out of llamablock, and reading llamablock's own folders back in.
 
 Three formats, one folder or file each, written whole into a temporary name and moved into place
-(llamablock.util.files.replace_dir / atomic_write), so a reader never sees half an export:
+(llamablock.util.files.replace_dir / atomic_write), so a reader never sees half an export, and a
+kill at any moment leaves the old export or the new one whole:
 
     "hf"          a transformers directory: config.json, model.safetensors, tokenizer.json,
                   tokenizer_config.json, generation_config.json. For models that a transformers
@@ -19,6 +20,13 @@ become a `tokenizers` JSON. A character tokenizer is a BPE model with no merges,
 character is its own token and any tokenizers-based reader (transformers included) splits text
 exactly as training did; characters outside the vocabulary are dropped, as such a BPE drops them.
 The chat template writes turns in the corpus's own layout ("USER:\nthe text\n\n").
+
+Only llamablock's own outputs are replaced (`export_target`): an export folder carries the marker
+file .llamablock-export and a GGUF export the metadata key `llamablock.export`; anything else that
+exists at OUT, and any path in or around a training run, is refused by name. A GGUF file written
+before the key existed cannot be told from a downloaded one, so it is refused too: remove it.
+A checkpoint is exported only when its state.json passes training.state_check and its weights
+match their recorded checksum (`load_checkpoint(verify=True)`).
 
 Reading: `load_model_and_tokenizer` takes what llamablock.io.loading takes plus a run directory
 (its latest checkpoint, llamablock.io.resolve) and a llamablock directory.
@@ -43,12 +51,19 @@ from llamablock.io.resolve import (
     is_checkpoint,
     json_kind,
     read_json,
-    read_state,
     resolve_model,
 )
 from llamablock.model import Decoder
 from llamablock.rope import permute_qk
-from llamablock.util.files import replace_dir
+from llamablock.util.files import (
+    EXPORT_MARKER,
+    check_out_path,
+    disk_full,
+    enclosing_run,
+    owned_dir,
+    replace_dir,
+    staging_dir,
+)
 
 FORMATS = ("auto", "hf", "gguf", "llamablock")
 # The corpus's layout (training/data.py): "SPEAKER:\nthe speech\n\n"; every character is in its alphabet.
@@ -92,11 +107,12 @@ def tokenizer_from_record(record: dict):
     return Tokenizer(backend, None, [], chat_template=CHAT_TEMPLATE)
 
 
-def _write_tokenizer(folder: Path, record: dict, max_len: int) -> None:
-    (folder / "tokenizer.json").write_text(json.dumps(tokenizer_json(record), ensure_ascii=False))
+def _write_tokenizer(folder: Path, record: dict, max_len: int, out: Path) -> None:
     conf = {"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False,
             "add_bos_token": False, "model_max_length": max_len, "chat_template": CHAT_TEMPLATE}
-    (folder / "tokenizer_config.json").write_text(json.dumps(conf, indent=2))
+    with disk_full(out / "tokenizer.json"):
+        (folder / "tokenizer.json").write_text(json.dumps(tokenizer_json(record), ensure_ascii=False))
+        (folder / "tokenizer_config.json").write_text(json.dumps(conf, indent=2))
 
 
 # Which format ----------------------------------------------------------------------------------
@@ -149,12 +165,44 @@ def half_layout_state(model: Decoder) -> dict[str, torch.Tensor]:
     return out
 
 
-def _staging(out: Path) -> Path:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    return tmp
+def _finish(tmp: Path, out: Path, fmt: str) -> None:
+    """The marker says the folder is complete and which format; then the folder replaces `out`."""
+    with disk_full(out / EXPORT_MARKER):
+        (tmp / EXPORT_MARKER).write_text(json.dumps({"written_by": "llamablock export", "format": fmt}) + "\n")
+        for f in tmp.iterdir():  # on disk before the rename makes the export visible
+            with open(f, "rb") as fh:
+                os.fsync(fh.fileno())
+    replace_dir(tmp, out, EXPORT_MARKER)
+
+
+def is_gguf_export(path: Path) -> bool:
+    """A GGUF file that llamablock wrote (it carries the metadata key `llamablock.export`)."""
+    try:
+        with open(path, "rb") as fh:
+            if fh.read(4) != b"GGUF":
+                return False
+        import gguf
+
+        return "llamablock.export" in gguf.GGUFReader(str(path)).fields
+    except Exception:  # unreadable or torn: not something we can tell is ours
+        return False
+
+
+def export_target(out: str | Path, fmt: str) -> Path:
+    """`out` (absolute) when an export in `fmt` may be written there; ValueError naming it otherwise:
+    an existing folder or file llamablock did not write as an export, or a path in or around a run."""
+    if fmt != "gguf":
+        return owned_dir(out, EXPORT_MARKER, "export")
+    p = check_out_path(out)
+    run = enclosing_run(p.parent)
+    if run is not None:
+        raise ValueError(f"OUT {out} is inside the training run or checkpoint {run}; give a path outside it")
+    if p.is_symlink() or (p.exists() and not p.is_file()):
+        raise ValueError(f"OUT {out} exists and is not a file; a GGUF export is one file: give a new path")
+    if p.exists() and not is_gguf_export(p):
+        raise ValueError(f"OUT {out} exists and is not a GGUF file llamablock exported (no llamablock.export key); "
+                         "llamablock replaces only its own: give a new path, or remove it yourself")
+    return p
 
 
 def export_hf(model: Decoder, record: dict, out: str | Path) -> Path:
@@ -166,15 +214,17 @@ def export_hf(model: Decoder, record: dict, out: str | Path) -> Path:
     hf = config_to_hf(cfg.replace(family=family, rope_layout="half", extra={}))
     hf.update(dtype="float32", bos_token_id=None, eos_token_id=None, pad_token_id=None)
     tensors = {hf_name(n): t for n, t in half_layout_state(model).items()}
-    tmp = _staging(out)
+    tmp = staging_dir(out, EXPORT_MARKER)
     try:
-        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        (tmp / "config.json").write_text(json.dumps(hf, indent=2))
-        # A character model has no end-of-text token: generation runs to max_new_tokens.
-        generation = {"do_sample": False, "max_length": cfg.max_seq_len}
-        (tmp / "generation_config.json").write_text(json.dumps(generation, indent=2))
-        _write_tokenizer(tmp, record, cfg.max_seq_len)
-        replace_dir(tmp, out)
+        with disk_full(out / "model.safetensors"):
+            save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        with disk_full(out / "config.json"):
+            (tmp / "config.json").write_text(json.dumps(hf, indent=2))
+            # A character model has no end-of-text token: generation runs to max_new_tokens.
+            generation = {"do_sample": False, "max_length": cfg.max_seq_len}
+            (tmp / "generation_config.json").write_text(json.dumps(generation, indent=2))
+        _write_tokenizer(tmp, record, cfg.max_seq_len, out)
+        _finish(tmp, out, "hf")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out
@@ -183,28 +233,34 @@ def export_hf(model: Decoder, record: dict, out: str | Path) -> Path:
 def export_llamablock(model: Decoder, record: dict, out: str | Path) -> Path:
     """config.json (ModelConfig's fields), model.safetensors (our names), the tokenizer files."""
     out = Path(out)
-    tmp = _staging(out)
+    tmp = staging_dir(out, EXPORT_MARKER)
     try:
-        save_model(model, str(tmp / "model.safetensors"))  # a tied head stored once
-        (tmp / "config.json").write_text(json.dumps(model.cfg.to_dict(), indent=2))
-        _write_tokenizer(tmp, record, model.cfg.max_seq_len)
-        replace_dir(tmp, out)
+        with disk_full(out / "model.safetensors"):
+            save_model(model, str(tmp / "model.safetensors"))  # a tied head stored once
+        with disk_full(out / "config.json"):
+            (tmp / "config.json").write_text(json.dumps(model.cfg.to_dict(), indent=2))
+        _write_tokenizer(tmp, record, model.cfg.max_seq_len, out)
+        _finish(tmp, out, "llamablock")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 
-def export_model(model: Decoder, record: dict, out: str | Path, fmt: str = "auto") -> tuple[str, Path]:
-    """Write `model` and its tokenizer record in `fmt`; returns (the format written, the path)."""
+def export_model(model: Decoder, record: dict, out: str | Path, fmt: str = "auto",
+                 own: bool = False) -> tuple[str, Path]:
+    """Write `model` and its tokenizer record in `fmt`; returns (the format written, the path).
+    `out` must be a new path or an earlier export (`export_target`); `own` skips that check for
+    the folder a training run writes its own export to (RUN/export, inside the run)."""
     fmt = choose_format(model.cfg, fmt)
+    out = Path(out) if own else export_target(out, fmt)
     if fmt == "gguf":
         return fmt, export_gguf(model, record, out)
     return fmt, (export_hf if fmt == "hf" else export_llamablock)(model, record, out)
 
 
 def export_run(run_dir: str | Path, out: str | Path, fmt: str = "auto") -> tuple[str, Path]:
-    """Export the latest checkpoint of a training run directory."""
-    model, _, state = load_checkpoint(resolve_model(run_dir))
+    """Export the latest checkpoint of a training run directory, its weights checksummed first."""
+    model, _, state = load_checkpoint(resolve_model(run_dir), verify=True)
     return export_model(model, state["tokenizer"], out, fmt)
 
 
@@ -255,9 +311,15 @@ def load_weights(model: Decoder, file: Path, config: str) -> None:
         raise ValueError(f"{file} does not hold the tensors {config} implies: {first[:300]}") from None
 
 
-def load_checkpoint(path: Path) -> tuple[Decoder, object, dict]:
-    """(model in eval mode, Tokenizer, state) of one training checkpoint folder."""
-    state = read_state(path)
+def load_checkpoint(path: Path, verify: bool = False) -> tuple[Decoder, object, dict]:
+    """(model in eval mode, Tokenizer, state) of one training checkpoint folder. Its state.json is
+    checked (typed, shapes bounded by the weights' headers) before any model is built; with
+    `verify` it must record checksums and the weights must match theirs (export does; a resume
+    checks both tensor files, training.checkpoint.verify). Without, checksums may be absent:
+    generate and serve still read a run saved before they were recorded."""
+    from llamablock.training.state_check import checked_checkpoint, checked_state
+
+    state = checked_checkpoint(path, ("model.safetensors",)) if verify else checked_state(path, need_sums=False)
     where = Path(path) / "state.json"
     model = Decoder(model_config(state.get("model_config"), f"{where}: model_config"))
     load_weights(model, Path(path) / "model.safetensors", f"{where}'s model_config")

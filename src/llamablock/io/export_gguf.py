@@ -13,6 +13,11 @@ The tokenizer goes into the `tokenizer.ggml.*` metadata:
     its default id, so run it with `--ignore-eos` (llama-cli) to match llamablock's output.
   * byte-level BPE: the "gpt2" model with the vocabulary and merges of the trained tokenizer and
     GPT-2's pre-tokenizer, which is the split `tokenizers`' ByteLevel pre-tokenizer applies.
+
+The key `llamablock.export` marks the file as llamablock's own (llama.cpp ignores keys it does
+not know): a later export replaces only a file that carries it (io/export.py's export_target).
+The file is written under a temporary name and renamed over OUT; a killed writer's temporary is
+removed by the next export, and a full disk is reported as such, naming OUT.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import numpy as np
 from llamablock.io.gguf import LAYER_NAMES, TOP_NAMES
 from llamablock.model import Decoder
 from llamablock.rope import permute_qk
-from llamablock.util.files import atomic_write
+from llamablock.util.files import EXPORT_MARKER, atomic_write, clean_stale, disk_full
 
 _GGUF_NAME = {ours: theirs for theirs, ours in TOP_NAMES.items()}
 _GGUF_LAYER = {ours: theirs for theirs, ours in LAYER_NAMES.items()}
@@ -99,6 +104,7 @@ def export_gguf(model: Decoder, record: dict, out: str | Path) -> Path:
     def write(tmp: Path) -> None:
         w = gguf.GGUFWriter(str(tmp), "llama")
         w.add_name(out.stem)
+        w.add_string("llamablock.export", "1")  # ours: a later export may replace this file
         w.add_file_type(gguf.LlamaFileType.ALL_F32)
         w.add_block_count(cfg.n_layers)
         w.add_context_length(cfg.max_seq_len)
@@ -120,5 +126,7 @@ def export_gguf(model: Decoder, record: dict, out: str | Path) -> Path:
         w.write_tensors_to_file()
         w.close()
 
-    atomic_write(out, write)
+    clean_stale(out, EXPORT_MARKER)
+    with disk_full(out):
+        atomic_write(out, write)
     return out

@@ -12,6 +12,9 @@ Atomicity: a checkpoint is written into a hidden temporary folder and renamed in
 (os.replace), then `latest` is rewritten the same way (write a temporary file, rename). A writer
 killed at any point leaves `latest` naming the previous complete checkpoint, so it stays loadable;
 the half-written folder is ignored and removed by the next save.
+Trust: state.json records the sha256 of both tensor files; `verify` (before a resume) refuses a
+checkpoint without them, with a mistyped or unbounded state.json (training.state_check) or with
+bytes that differ, and the resume falls back to the newest checkpoint that passes.
 Reading the layout (`latest_checkpoint`, `read_state`) lives in llamablock.io.resolve, beneath
 training, so that the loaders of io/ (generate, serve, export) can take a run directory too.
 """
@@ -19,9 +22,7 @@ training, so that the loaders of io/ (generate, serve, export) can take a run di
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import fcntl
-import hashlib
 import json
 import os
 import shutil
@@ -31,7 +32,9 @@ import torch
 from safetensors.torch import load_file, save_file, save_model
 
 from llamablock.io.resolve import latest_checkpoint, read_state  # noqa: F401 (the run layout's reader)
-from llamablock.util.files import atomic_write, replace_dir
+from llamablock.training.state_check import TENSOR_FILES, checked_checkpoint
+from llamablock.training.state_check import sha256 as _sha256
+from llamablock.util.files import atomic_write, disk_full, replace_dir
 from llamablock.util.finite import all_finite
 
 KEEP = 2  # complete checkpoints kept on disk
@@ -57,27 +60,28 @@ def save_checkpoint(run_dir: str | Path, step: int, model: torch.nn.Module, opt:
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir()
+    final = root / name
     try:
-        save_model(model, str(tmp / "model.safetensors"))
+        with disk_full(final / "model.safetensors"):
+            save_model(model, str(tmp / "model.safetensors"))
         tensors, meta = _optimizer_tensors(opt)
-        save_file(tensors, str(tmp / "optimizer.safetensors"))
+        with disk_full(final / "optimizer.safetensors"):
+            save_file(tensors, str(tmp / "optimizer.safetensors"))
         sums = {f: _sha256(tmp / f) for f in TENSOR_FILES}  # checked at resume (`verify`)
-        (tmp / "state.json").write_text(json.dumps({**state, "step": step, "optimizer": meta, "sha256": sums}, indent=1,
-                                                   allow_nan=False))
-        for f in (*TENSOR_FILES, "state.json"):  # on disk before the rename makes the checkpoint visible
-            with open(tmp / f, "rb") as fh:
-                os.fsync(fh.fileno())
+        with disk_full(final / "state.json"):
+            (tmp / "state.json").write_text(json.dumps({**state, "step": step, "optimizer": meta, "sha256": sums},
+                                                       indent=1, allow_nan=False))
+            for f in (*TENSOR_FILES, "state.json"):  # on disk before the rename makes the checkpoint visible
+                with open(tmp / f, "rb") as fh:
+                    os.fsync(fh.fileno())
     except BaseException:  # a full disk, an interrupt: no half-written folder is left behind
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    final = root / name
     replace_dir(tmp, final)
-    atomic_write(root / "latest", lambda p: p.write_text(name))
+    with disk_full(root / "latest"):
+        atomic_write(root / "latest", lambda p: p.write_text(name))
     _prune(root, keep=name)
     return final
-
-
-TENSOR_FILES = ("model.safetensors", "optimizer.safetensors")
 
 
 @contextlib.contextmanager
@@ -98,33 +102,15 @@ def run_lock(run_dir: str | Path):
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def verify(path: str | Path) -> str | None:
-    """Why the checkpoint folder `path` cannot be trusted, or None: unreadable state, a tensor file
-    whose bytes differ from the checksums recorded when it was saved, non-finite weights or
-    optimizer moments."""
+    """Why the checkpoint folder `path` cannot be trusted, or None: a state.json that
+    state_check.checked_state refuses (mistyped, unbounded, no checksums), a tensor file whose
+    bytes differ from the checksums recorded when it was saved, non-finite weights or moments."""
     path = Path(path)
     try:
-        state = read_state(path)
+        checked_checkpoint(path)
     except (OSError, ValueError) as e:
-        return f"state.json is unreadable ({e})"
-    need = {"model_config": dict, "train_config": dict, "tokenizer": dict, "step": int, "history": list, "optimizer": dict}
-    wrong = [k for k, kind in need.items() if not isinstance(state.get(k) if isinstance(state, dict) else None, kind)]
-    if wrong:
-        return f"state.json lacks or mistypes {', '.join(wrong)} (edited?)"
-    why = _state_problem(state)
-    if why:
-        return f"state.json's {why} (edited?)"
-    for f, want in (state.get("sha256") or {}).items():
-        if not (path / f).is_file() or _sha256(path / f) != want:
-            return f"{f} does not match the checksum recorded when it was saved (damaged or truncated)"
+        return str(e)
     for f in TENSOR_FILES:
         try:
             tensors = load_file(str(path / f))
@@ -133,37 +119,6 @@ def verify(path: str | Path) -> str | None:
         bad = next((k for k, t in tensors.items() if t.is_floating_point() and not all_finite(t)), None)
         if bad is not None:
             return f"{f} holds non-finite values ({bad})"
-    return None
-
-
-def _state_problem(state: dict) -> str | None:
-    """What in a state.json would stop a resume, or None: each part read as the resume reads it."""
-    from llamablock.io.export import model_config, tokenizer_json
-    from llamablock.training.recipe import TrainConfig
-
-    try:
-        model_config(state["model_config"], "model_config")
-    except ValueError as e:
-        return str(e)
-    known = {f.name for f in dataclasses.fields(TrainConfig)}
-    unknown = sorted(set(state["train_config"]) - known)
-    if unknown:
-        return f"train_config has unknown field(s) {unknown}"
-    for part, read in (("train_config", lambda: TrainConfig(**state["train_config"])),
-                       ("tokenizer", lambda: tokenizer_json(state["tokenizer"]))):
-        try:
-            read()
-        except ValueError as e:
-            return f"{part}: {e}"
-    record = ("step", "train_loss", "lr")
-    bad = next((i for i, r in enumerate(state["history"]) if not isinstance(r, dict)
-                or not all(isinstance(r.get(k), (int, float)) for k in record)), None)
-    if bad is not None:
-        return f"history[{bad}] is not a record of {', '.join(record)}"
-    groups = state["optimizer"].get("param_groups")
-    if not isinstance(groups, list) or not all(isinstance(g, dict) and isinstance(g.get("params"), list)
-                                               for g in groups):
-        return "optimizer.param_groups is not a list of AdamW's parameter groups"
     return None
 
 

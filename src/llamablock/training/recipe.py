@@ -13,6 +13,9 @@ import numbers
 from dataclasses import dataclass
 
 SEED_LIMIT = 2**40  # |seed| below this keeps every batch's generator seed within torch's 64 bits
+# Byte-level BPE starts from the 256 bytes and needs one merge to be BPE; past 2**16 ids the
+# trainer runs for long on this corpus, which has fewer distinct words than that.
+BPE_VOCAB = (257, 2**16)
 
 
 @dataclass
@@ -43,6 +46,9 @@ class TrainConfig:
         for name in ("steps", "batch_size", "context", "eval_every", "eval_windows", "bpe_vocab"):
             if int(getattr(self, name)) <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
+        if not BPE_VOCAB[0] <= self.bpe_vocab <= BPE_VOCAB[1]:
+            raise ValueError(f"bpe_vocab must be between {BPE_VOCAB[0]} (the 256 bytes and one merge) and "
+                             f"{BPE_VOCAB[1]}, got {self.bpe_vocab}")
         if not abs(self.seed) < SEED_LIMIT:  # data.sample_batch seeds a generator with seed * 1_000_003 + step
             raise ValueError(f"seed must be a whole number between -2**40 and 2**40, got {self.seed}")
         if not self.lr > 0 or not 0 <= self.min_lr_ratio <= 1 or self.warmup < 0 or self.grad_clip <= 0:

@@ -15,7 +15,10 @@ repeats the uninterrupted one exactly (on the same machine and thread count).
 Loss: mean cross-entropy of next-token prediction, in nats per token (runtime.evaluate.lm_loss).
 Export: a run that reaches its last step also writes `<run dir>/export`, a transformers directory
 for models a transformers class computes (the 2024 model) and a llamablock directory otherwise
-(the 2017 model), by llamablock.io.export; `llamablock export` writes the other formats.
+(the 2017 model), by llamablock.io.export; `llamablock export` writes the other formats. A run
+whose final export failed (a full disk) writes it at the next --resume.
+The run folder: a new run claims only a new or empty folder (training.run_dir), and a run is
+refused before anything is allocated when it cannot fit in memory (training.budget).
 """
 
 from __future__ import annotations
@@ -37,8 +40,10 @@ from llamablock.runtime.evaluate import evaluate, lm_loss
 from llamablock.training import checkpoint as ckpt
 from llamablock.training import data as D
 from llamablock.training import distributed as dd
+from llamablock.training.budget import check_fits
 from llamablock.training.recipe import SEED_LIMIT, TrainConfig  # noqa: F401  (callers import them from here)
-from llamablock.util.files import atomic_write
+from llamablock.training.run_dir import check_resume_dir, claim_new_run
+from llamablock.util.files import EXPORT_MARKER, atomic_write, disk_full
 from llamablock.util.plots import figure, save_png
 
 
@@ -83,8 +88,8 @@ def get_data(t: TrainConfig, tokenizer=None) -> D.TokenData:
 
 
 def prepare_config(model_cfg: ModelConfig, t: TrainConfig, tok) -> ModelConfig:
-    """The model's vocabulary is the tokenizer's; the context must fit its positions."""
-    cfg = model_cfg.replace(vocab_size=tok.vocab_size)
+    """The model's vocabulary is the tokenizer's (None: not built yet); the context must fit its positions."""
+    cfg = model_cfg.replace(vocab_size=tok.vocab_size) if tok is not None else model_cfg
     if t.context > cfg.max_seq_len:
         raise ValueError(f"context {t.context} is longer than the model's max_seq_len {cfg.max_seq_len}; "
                          f"use --context {cfg.max_seq_len} or --set max_seq_len={t.context}")
@@ -95,39 +100,75 @@ def prepare_config(model_cfg: ModelConfig, t: TrainConfig, tok) -> ModelConfig:
 def train(model_cfg: ModelConfig | None, t: TrainConfig | None, out_dir: str | Path | None = None,
           resume: bool = False, progress: bool = True, stop_at: int | None = None,
           info: dd.DistInfo | None = None, steps: int | None = None, init_state: dict | None = None,
-          resume_flags: dict | None = None) -> dict:
+          resume_flags: dict | None = None, resume_model: dict | None = None) -> dict:
     """Train (or resume) and return {"model", "tokenizer", "history", "val_loss", "tokens_per_s", ...}.
 
+    A new run claims `out_dir` only when it is new, empty or an unstarted run of ours
+    (training.run_dir); the run's lock is held before any checkpoint is read, so a second trainer
+    is refused by the lock rather than by a checkpoint the first one is replacing.
     With `resume`, both configs come from the newest good checkpoint in `out_dir` (a damaged newer
     one is skipped, saying so); `steps` may extend the run, and any other `resume_flags` (TrainConfig
-    field -> value the user gave) must equal the run's own: a resumed run repeats its settings.
+    field -> value the user gave) or `resume_model` (ModelConfig field -> value, as "--set" or
+    "--preset P" would make it) must equal the run's own: a resumed run repeats its settings.
+    A finished run whose final export is missing (a full disk killed it) writes it and returns.
     `stop_at` ends the call after that many steps, as a kill would.
     `init_state` starts from given weights (a fine-tune) instead of the random init.
     """
     info = info or dd.DistInfo()
+    if resume and out_dir is None:
+        raise ValueError("resume needs the run directory (--out) that holds the checkpoint")
+    if steps is not None:
+        TrainConfig(steps=steps)  # a bad --steps is refused before any folder is touched
+    lock = contextlib.ExitStack()
+    if out_dir is not None and info.is_main:
+        if resume:
+            out_dir = check_resume_dir(out_dir)
+        else:
+            # A bad or oversized config is refused before the folder is claimed (vocabulary: its least).
+            check_fits(prepare_config(model_cfg, t, None).replace(vocab_size=1), t)
+            out_dir = claim_new_run(out_dir)
+        lock.enter_context(ckpt.run_lock(out_dir))
+    with lock:
+        return _train(model_cfg, t, out_dir, resume, progress, stop_at, info, steps, init_state, resume_flags,
+                      resume_model)
+
+
+def _resumed(out_dir, resume_flags: dict | None, resume_model: dict | None):
+    """(state, checkpoint path, model config, train config, tokenizer) of the run to resume;
+    ValueError naming every flag that differs from the run's own."""
+    path = ckpt.newest_good_checkpoint(out_dir, warn=lambda m: print(f"llamablock train: {m}", file=sys.stderr))
+    state = ckpt.read_state(path)
+    model_cfg = ModelConfig.from_dict(state["model_config"])
+    t = TrainConfig(**state["train_config"])
+    changed = [f"--{k.replace('_', '-')} {v} (this run: {getattr(t, k)})"
+               for k, v in (resume_flags or {}).items() if v is not None and v != getattr(t, k)]
+    own = model_cfg.to_dict()
+    changed += [f"--set {k}={v} (this run: {own.get(k)})" for k, v in (resume_model or {}).items()
+                if k != "vocab_size" and v != own.get(k)]
+    if changed:
+        raise ValueError("a resumed run keeps its own settings, but " + ", ".join(changed) + " differ; only "
+                         "--steps may extend it: start a new --out to train with other settings")
+    return state, path, model_cfg, t, D.tokenizer_from_dict(state["tokenizer"])
+
+
+def _train(model_cfg, t, out_dir, resume, progress, stop_at, info, steps, init_state, resume_flags,
+           resume_model) -> dict:
+    """train(), with `out_dir` claimed and locked."""
     tok, state, path = None, None, None
     if resume:
-        if out_dir is None:
-            raise ValueError("resume needs the run directory (--out) that holds the checkpoint")
-        path = ckpt.newest_good_checkpoint(out_dir, warn=lambda m: print(f"llamablock train: {m}", file=sys.stderr))
-        state = ckpt.read_state(path)
-        model_cfg = ModelConfig.from_dict(state["model_config"])
-        t = TrainConfig(**state["train_config"])
-        tok = D.tokenizer_from_dict(state["tokenizer"])
-        changed = [f"--{k.replace('_', '-')} {v} (this run: {getattr(t, k)})"
-                   for k, v in (resume_flags or {}).items() if v is not None and v != getattr(t, k)]
-        if changed:
-            raise ValueError("a resumed run keeps its own settings, but " + ", ".join(changed) + " differ; only "
-                             "--steps may extend it: start a new --out to train with other settings")
+        state, path, model_cfg, t, tok = _resumed(out_dir, resume_flags, resume_model)
     if steps is not None:
         t = dataclasses.replace(t, steps=steps)
     if state is not None and state["step"] >= t.steps:
+        if info.is_main and not _exported(Path(out_dir)) and state["step"] == t.steps:
+            return _export_finished(Path(out_dir), path, state, t)
         raise ValueError(f"the run in {out_dir} is finished: it reached step {state['step']} of {t.steps}; "
                          f"give --steps N with N above {state['step']} to train it further")
     data = get_data(t, tok)
     tok = data.tokenizer
     data.check_context(t.context)
     cfg = prepare_config(model_cfg, t, tok)
+    check_fits(cfg, t)
 
     torch.manual_seed(t.seed)
     model = Decoder(cfg)
@@ -145,12 +186,27 @@ def train(model_cfg: ModelConfig | None, t: TrainConfig | None, out_dir: str | P
     val_windows = D.eval_windows(data.val, t.context, t.eval_windows).to(info.device)
 
     run_dir = Path(out_dir) if out_dir is not None else None
-    lock = contextlib.ExitStack()
     if run_dir is not None and info.is_main:
-        lock.enter_context(ckpt.run_lock(run_dir))
         _write_log(run_dir, history)
-    with lock:
-        return _loop(model, net, opt, t, cfg, tok, data, val_windows, history, start, run_dir, info, progress, stop_at)
+    return _loop(model, net, opt, t, cfg, tok, data, val_windows, history, start, run_dir, info, progress, stop_at)
+
+
+def _exported(run_dir: Path) -> bool:
+    """The run's final export is whole (its marker; an export from before the marker: its config)."""
+    return (run_dir / "export" / EXPORT_MARKER).is_file() or (run_dir / "export" / "config.json").is_file()
+
+
+def _export_finished(run_dir: Path, path: Path, state: dict, t: TrainConfig) -> dict:
+    """Write the final export of a finished run from its last checkpoint (the first attempt failed)."""
+    from llamablock.io.export import load_checkpoint
+
+    model, _, _ = load_checkpoint(path, verify=True)
+    tok = D.tokenizer_from_dict(state["tokenizer"])
+    export_model(model, state["tokenizer"], run_dir / "export", own=True)
+    vals = [r["val_loss"] for r in state["history"] if "val_loss" in r]
+    return {"model": model, "tokenizer": tok, "config": model.cfg, "train_config": t, "history": state["history"],
+            "val_loss": vals[-1] if vals else None, "step": state["step"], "params": model.num_parameters(),
+            "tokens_per_s": None, "exported_only": True}
 
 
 def _loop(model, net, opt, t: TrainConfig, cfg: ModelConfig, tok, data, val_windows, history: list, start: int,
@@ -175,9 +231,9 @@ def _loop(model, net, opt, t: TrainConfig, cfg: ModelConfig, tok, data, val_wind
         grad_norm = float(torch.nn.utils.clip_grad_norm_(net.parameters(), t.grad_clip))
         opt.step()
         loss_value = dd.mean_over_ranks(float(loss.detach()), info)
-        if not math.isfinite(loss_value):  # never written into log.jsonl or a checkpoint
-            raise ValueError(f"training diverged at step {step + 1}: the loss is {loss_value}; the last checkpoint "
-                             f"is kept; lower --lr or raise --warmup")
+        if not (math.isfinite(loss_value) and math.isfinite(grad_norm)):  # never written to log.jsonl or a checkpoint
+            raise ValueError(f"training diverged at step {step + 1}: the loss is {loss_value} (gradient norm "
+                             f"{grad_norm}); the last checkpoint is kept; lower --lr or raise --warmup")
         dt = time.perf_counter() - t0
         train_time, trained_steps = train_time + dt, trained_steps + 1
         record = {"step": step + 1, "train_loss": loss_value, "lr": lr, "grad_norm": grad_norm,
@@ -199,8 +255,12 @@ def _loop(model, net, opt, t: TrainConfig, cfg: ModelConfig, tok, data, val_wind
     dd.barrier(info)
     if run_dir is not None and info.is_main:
         plot_curves(history, run_dir / "curves.png", title=f"{cfg.position}/{cfg.norm}-{cfg.norm_placement}/{cfg.ffn}")
-        if end == t.steps:
-            export_model(model, tok.to_dict(), run_dir / "export")
+        if end == t.steps:  # a failure here (a full disk) is repaired by the next --resume (_export_finished)
+            try:
+                export_model(model, tok.to_dict(), run_dir / "export", own=True)
+            except ValueError as e:
+                raise ValueError(f"{e}; the run's checkpoints are whole, and `llamablock train --resume --out "
+                                 f"{run_dir}` writes the missing export") from None
     vals = [r["val_loss"] for r in history if "val_loss" in r]
     return {"model": model, "tokenizer": tok, "config": cfg, "train_config": t, "history": history,
             "val_loss": vals[-1] if vals else None, "step": end, "params": model.num_parameters(),
@@ -219,12 +279,15 @@ def load_trained(run_dir: str | Path) -> tuple[Decoder, object, dict]:
 # Logs and curves -------------------------------------------------------------------------
 def _write_log(run_dir: Path, history: list[dict]) -> None:
     """Rewrite log.jsonl from the history (on resume this drops lines after the checkpoint)."""
-    atomic_write(run_dir / "log.jsonl", lambda p: p.write_text("".join(json.dumps(r) + "\n" for r in history)))
+    text = "".join(json.dumps(r, allow_nan=False) + "\n" for r in history)  # a NaN is refused, never written
+    with disk_full(run_dir / "log.jsonl"):
+        atomic_write(run_dir / "log.jsonl", lambda p: p.write_text(text))
 
 
 def _append_log(run_dir: Path, record: dict) -> None:
-    with open(run_dir / "log.jsonl", "a") as f:
-        f.write(json.dumps(record) + "\n")
+    line = json.dumps(record, allow_nan=False) + "\n"
+    with disk_full(run_dir / "log.jsonl"), open(run_dir / "log.jsonl", "a") as f:
+        f.write(line)
 
 
 def plot_curves(history: list[dict], path: Path, title: str = "") -> None:
@@ -236,4 +299,5 @@ def plot_curves(history: list[dict], path: Path, title: str = "") -> None:
     a.legend()
     b.plot([r["step"] for r in history], [r["lr"] for r in history])
     b.set(xlabel="step", ylabel="learning rate")
-    save_png(fig, path)
+    with disk_full(path):
+        save_png(fig, path)
