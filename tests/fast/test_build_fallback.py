@@ -119,11 +119,12 @@ def test_compile_with_a_missing_template_then_generate_loads_it(tmp_path, monkey
 
 @pytest.mark.slow
 def test_a_build_without_autotune_is_what_generate_loads(tmp_path, monkeypatch, capsys):
-    """`compile --no-autotune` records its setting; generate asks for the same packages instead of
-    compiling autotuned ones in the foreground."""
+    """`compile --no-autotune` records its setting, and a request shorter than the build runs on the
+    built cache: generate loads the packages built instead of compiling others in the foreground
+    (autotuned ones, or ones for the smallest cache, 256, when 512 were built)."""
     f = tmp_path / "tiny.gguf"
-    write_tiny_gguf(f, tiny_hf_model("llama", n_heads=4, n_kv=2, max_position_embeddings=64))
-    assert cli.main(["compile", "--model", str(f), "--tokens", "64", "--no-autotune"]) == 0
+    write_tiny_gguf(f, tiny_hf_model("llama", n_heads=4, n_kv=2, max_position_embeddings=1024))
+    assert cli.main(["compile", "--model", str(f), "--tokens", "512", "--no-autotune"]) == 0
     assert not builds.autotuned(f, "float32")
     capsys.readouterr()
     compiled = []

@@ -101,7 +101,9 @@ def _one(model, tok, text: str, args, sampling, chat_history=None, engine=None):
         print(f"[the compiled decode step and prefill: loading them from {package_dir()}, or compiling them once "
               "(a few minutes; `llamablock cache` shows the disk they take)]",
               file=sys.stderr, flush=True)
-        seconds = engine.prepare(total)
+        # at least the built length: a shorter request on a smaller cache would be another program,
+        # compiled in the foreground although `llamablock compile` built one that holds it
+        seconds = engine.prepare(max(total, getattr(args, "built", None) or 0))
         from llamablock.fast import builds
         from llamablock.io.resolve import resolve_model
 
