@@ -74,6 +74,8 @@ def test_generate_compile_gives_the_eager_tokens(capsys, tiny_gguf, dtype):
     (["--prompt", "abc", "--max-new-tokens", "-4"], "--max-new-tokens must be a positive integer, got -4"),
     (["--prompt", "a" * 80], "exceeds the model's context of 64 tokens"),
     (["--prompt", "abc", "--temperature", "-1"], "temperature must be >= 0"),
+    (["--prompt", "abc", "--greedy", "--top-k", "-5"], "top_k must be >= 0"),  # ignored by --greedy, still checked
+    (["--prompt", "abc", "--greedy", "--top-p", "2"], "top_p must be in (0, 1]"),
     ([], "give --prompt TEXT, or --chat"),
     (["--prompt", "abc", "--chat"], "no chat template"),
 ])

@@ -88,6 +88,8 @@ def sampling_for(given: dict, model_defaults: dict | None = None, chat: bool = F
     generation_config.json (`model_defaults`: transformers' keys; do_sample false means greedy),
     else CHAT_DEFAULTS for a chat and greedy for a plain continuation. `greedy` wins over all."""
     if greedy:
+        # the ignored settings are still checked: an out-of-range value is a mistake to name, not to drop
+        Sampling(**{k: v for k, v in given.items() if k in FIELDS and v is not None})
         return Sampling(0.0, 0, 1.0, given.get("repetition_penalty") or 1.0)
     base = dict(temperature=0.0, top_k=0, top_p=1.0, repetition_penalty=1.0)
     if model_defaults:
