@@ -86,8 +86,9 @@ def attention_inputs(position_ids: torch.Tensor, start: int, *, dtype: torch.dty
     if rotary is not None:
         # The length that length-dependent frequencies (dynamic NTK, LongRoPE) follow: the largest
         # position + 1, as transformers' dynamic_rope_update reads it; s, the number of keys, only
-        # equals it when the positions start at 0. The others ignore it (no host read for them).
-        length = int(position_ids.max()) + 1 if rotary.late_keys else s
+        # equals it when the positions start at 0. The others ignore it (no host read for them), and
+        # on the meta device (shapes only) there is no value to read.
+        length = int(position_ids.max()) + 1 if rotary.late_keys and position_ids.device.type != "meta" else s
         rope = rotary.cos_sin(position_ids, dtype, seq_len=length)
         if rotary.late_keys:
             # Key positions: the new tokens' own ids, after the cached ones, which continue the
