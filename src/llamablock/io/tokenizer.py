@@ -67,6 +67,17 @@ class Tokenizer:
         self.template_source = template_source  # where the template was read (for error messages)
 
     @property
+    def max_token_chars(self) -> int | None:
+        """The most characters one token covers (its longest spelling), or None when a normalizer
+        may shrink text before it is split: with it, a text longer than context x this many
+        characters cannot fit, and the server refuses it without tokenizing."""
+        if self.backend.normalizer is not None:
+            return None
+        if getattr(self, "_max_token_chars", None) is None:
+            self._max_token_chars = max((len(t) for t in self.backend.get_vocab()), default=1)
+        return self._max_token_chars
+
+    @property
     def vocab_size(self) -> int:
         return self.backend.get_vocab_size(with_added_tokens=True)
 
