@@ -12,12 +12,12 @@ Two sources:
     Tokens typed CONTROL (3) are special tokens and USER_DEFINED (4) added tokens, matched whole.
   * A transformers directory: tokenizer.json plus tokenizer_config.json (chat template, specials).
 The chat template is rendered as transformers renders it: a sandboxed jinja2 environment with
-trim_blocks and lstrip_blocks, `raise_exception` and a `tojson` filter.
+trim_blocks and lstrip_blocks, `raise_exception` and a `tojson` filter, within bounds of size and
+steps (llamablock.io.chat_template).
 """
 
 from __future__ import annotations
 
-import datetime
 import json
 import numbers
 from pathlib import Path
@@ -94,55 +94,19 @@ class Tokenizer:
         return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        """The messages through the model's chat template (llamablock.io.chat_template: the sandbox
+        transformers uses, with bounds on size, steps and arithmetic)."""
         if not self.chat_template:
             raise ValueError("this model has no chat template; use a plain prompt instead of --chat")
-        from jinja2.exceptions import TemplateError
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
+        from llamablock.io.chat_template import render
 
-        def raise_exception(message):
-            raise TemplateError(message)
-
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-        env.filters["tojson"] = lambda x, indent=None, **kw: json.dumps(x, ensure_ascii=False, indent=indent)
-        env.globals["raise_exception"] = raise_exception
-        env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)  # as transformers (Llama 3)
         special = {"bos_token": self.token(self.bos_id) if self.bos_id is not None else "",
                    "eos_token": self.token(self.eos_ids[0]) if self.eos_ids else ""}
         try:
-            template = env.from_string(self.chat_template)
-            return _bounded(lambda: template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                                    **special))
-        except Exception as e:  # its own raise_exception, a syntax error, an undefined name, a TypeError inside
+            return render(self.chat_template, special, messages, add_generation_prompt)
+        except Exception as e:  # its own raise_exception, a syntax error, an undefined name, a bound passed
             where = f" (the template is {self.template_source})" if self.template_source else ""
             raise ValueError(f"the model's chat template failed: {type(e).__name__}: {e}{where}") from None
-
-
-TEMPLATE_STEPS = 1_000_000  # lines of the compiled template a render may run: far past any real chat
-
-
-def _bounded(render):
-    """Run `render()` counting the lines it executes (sys.settrace) and stop it past TEMPLATE_STEPS:
-    jinja2's sandbox limits what a template may touch, not how long it runs, and nested loops over
-    range() hung the loader. Rendering a real template takes a few thousand lines."""
-    import sys
-
-    from jinja2.exceptions import TemplateError
-
-    steps = [0]
-
-    def trace(frame, event, arg):
-        if event == "line":
-            steps[0] += 1
-            if steps[0] > TEMPLATE_STEPS:
-                raise TemplateError(f"it ran past {TEMPLATE_STEPS:,} steps (a loop without end?)")
-        return trace
-
-    previous = sys.gettrace()
-    sys.settrace(trace)
-    try:
-        return render()
-    finally:
-        sys.settrace(previous)
 
 
 def _add_typed_tokens(backend: Backend, tokens: list[str], types: list[int] | None) -> None:
