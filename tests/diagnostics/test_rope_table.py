@@ -118,8 +118,8 @@ def test_cli_non_rope_configs_have_no_pairs_and_alibi_shows_its_slopes(tmp_path,
 
 @pytest.mark.parametrize("argv,msg", [
     (["rope", "--train-len", "8192", "--target-len", "4096"], "--target-len (4096) must be at least --train-len"),
-    (["rope", "--head-dim", "63"], "must give an even rotary width"),
-    (["rope", "--base", "-5"], "--base must be positive"),
+    (["rope", "--head-dim", "63"], "--head-dim must be an even width"),
+    (["rope", "--base", "-5"], "--base must be a number above 1"),
     (["rope", "--config", "no-such-model"], "neither a preset"),
     (["rope", "--plot", "out.svg"], "needs a .png"),
 ])

@@ -18,14 +18,15 @@ steps (llamablock.io.chat_template).
 
 from __future__ import annotations
 
-import json
 import numbers
+import os
 from pathlib import Path
 
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as Backend
 
 from llamablock.io.resolve import read_json
+from llamablock.util.reads import MAX_JSON, MAX_TEMPLATE, read_text_bounded, regular_file
 
 # llama.cpp llama-vocab.cpp, LLAMA_VOCAB_PRE_TYPE_*: how text is split before byte-level BPE.
 _GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
@@ -139,9 +140,19 @@ def byte_level_bpe(tokens: list[str], merges: list[str], pre: str | None, types:
     return backend
 
 
+MAX_PIECE_CHARS = 1024  # characters of one SentencePiece token: real vocabularies stay under ~100
+
+
 def _merges_from_scores(tokens: list[str], scores: list[float]) -> list[tuple[str, str]]:
     """SentencePiece BPE files list no merges: every split of a token into two vocabulary pieces
-    is a merge, ranked by the merged token's score (higher first), as sentencepiece applies them."""
+    is a merge, ranked by the merged token's score (higher first), as sentencepiece applies them.
+    Splitting costs the square of a token's length, so a token past MAX_PIECE_CHARS is refused (a
+    1,000,000-character one hung the loader)."""
+    longest = max(range(len(tokens)), key=lambda i: len(tokens[i]), default=None)
+    if longest is not None and len(tokens[longest]) > MAX_PIECE_CHARS:
+        raise ValueError(f"tokenizer.ggml.tokens[{longest}] has {len(tokens[longest]):,} characters, more than the "
+                         f"{MAX_PIECE_CHARS:,} a SentencePiece token may have here; the vocabulary is damaged or not "
+                         "a SentencePiece one")
     vocab = {t: i for i, t in enumerate(tokens)}
     found = []
     for t, i in vocab.items():
@@ -234,21 +245,19 @@ def tokenizer_from_dir(path: str | Path) -> Tokenizer:
     """tokenizer.json (+ tokenizer_config.json) of a transformers checkpoint directory."""
     path = Path(path)
     f = path / "tokenizer.json"
-    if not f.is_file():
+    if not os.path.lexists(f):
         raise FileNotFoundError(f"{path} has no tokenizer.json")
+    regular_file(f, "tokenizer.json", MAX_JSON)  # the library opens it: a FIFO would block it for ever
     try:
         backend = Backend.from_file(str(f))
     except Exception as e:  # the tokenizers library raises a bare Exception on a malformed file
         raise ValueError(f"{f} is not a readable tokenizer.json: {e}") from None
     conf_file = path / "tokenizer_config.json"
-    conf = read_json(conf_file) if conf_file.is_file() else {}
+    conf = read_json(conf_file) if os.path.lexists(conf_file) else {}
     template, source = _chat_template(conf.get("chat_template"), conf_file), f"{conf_file}'s chat_template"
     jinja = path / "chat_template.jinja"
-    if template is None and jinja.is_file():
-        try:
-            template, source = jinja.read_text(encoding="utf-8"), str(jinja)
-        except UnicodeDecodeError as e:
-            raise ValueError(f"{jinja} is not UTF-8 text (byte {e.start})") from None
+    if template is None and os.path.lexists(jinja):
+        template, source = read_text_bounded(jinja, MAX_TEMPLATE, "chat template"), str(jinja)
 
     def tid(key):
         tok = conf.get(key)
