@@ -25,7 +25,6 @@ uvicorn = pytest.importorskip("uvicorn")
 from llamablock.io.loading import load_model_and_tokenizer  # noqa: E402
 from llamablock.web.app import create_app  # noqa: E402
 from llamablock.web.generation import GenerationWorker, ServedModel  # noqa: E402
-from llamablock.web.openai_requests import MAX_BODY  # noqa: E402
 
 WAIT = 30  # seconds any step may take before the test fails (a hang guard, not a measurement)
 ENCODE_S = 1.0  # how long the slowed tokenizer takes per request: far above POLL_BOUND_S

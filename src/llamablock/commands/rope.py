@@ -11,6 +11,7 @@ import json
 import math
 import os
 
+from llamablock.commands import UsageError
 from llamablock.diagnostics.rope_plot import plot_wavelengths
 from llamablock.diagnostics.rope_table import (
     DEFAULT_TARGET,
@@ -19,7 +20,6 @@ from llamablock.diagnostics.rope_table import (
     pair_table,
     read_rope_config,
 )
-from llamablock.commands import UsageError
 from llamablock.presets import PRESETS
 from llamablock.util.reads import MAX_JSON, regular_file
 
