@@ -27,10 +27,11 @@ from llamablock.web.app import create_app  # noqa: E402
 from llamablock.web.generation import GenerationWorker, ServedModel  # noqa: E402
 
 WAIT = 30  # seconds any step may take before the test fails (a hang guard, not a measurement)
-ENCODE_S = 1.0  # how long the slowed tokenizer takes per request: far above POLL_BOUND_S
-# An answer from a free event loop takes a few milliseconds; 0.5 s leaves room for a loaded
-# 2-core test machine, and is still half of one slowed encode, which a blocked loop would wait for.
-POLL_BOUND_S = 0.5
+ENCODE_S = 2.5  # how long the slowed tokenizer takes per request: far above POLL_BOUND_S
+# An answer from a free event loop takes a few milliseconds (the issue asks for 100 ms); 1 s leaves
+# room for a test machine whose 2 cores are shared and loaded (a 0.52 s poll was seen there), and is
+# still well under one slowed encode, which a blocked loop would make every poll wait for.
+POLL_BOUND_S = 1.0
 JSON = {"Content-Type": "application/json"}
 
 
@@ -142,14 +143,14 @@ def test_json_with_a_charset_is_read(server):
 
 
 def test_the_page_and_models_answer_while_40_large_requests_arrive(server):
-    """10 chat requests whose tokenizing takes ENCODE_S each, and 30 chunked bodies past MAX_BODY,
+    """6 chat requests whose tokenizing takes ENCODE_S each, and 34 chunked bodies past MAX_BODY,
     all at once; meanwhile / and /v1/models are asked every 50 ms and each answers within
     POLL_BOUND_S. Before, the prompt was templated and tokenized on the event loop, which held
     every other request for the whole of it (5.5-7.7 s for /v1/models under 8 such prompts)."""
     body = {"model": "tiny", "messages": [{"role": "user", "content": "abc"}], "max_tokens": 1}
     before = server.tok.encodes
     done = threading.Event()
-    times: list[float] = []
+    times: list[tuple[float, str]] = []
 
     def poll():
         with httpx.Client(base_url=server.url, timeout=WAIT) as c:
@@ -159,7 +160,7 @@ def test_the_page_and_models_answer_while_40_large_requests_arrive(server):
                 for path in ("/v1/models", "/"):
                     start = time.monotonic()
                     assert c.get(path).status_code == 200
-                    times.append(time.monotonic() - start)
+                    times.append((time.monotonic() - start, path))
                 time.sleep(0.05)
 
     def chat(_):
@@ -171,16 +172,16 @@ def test_the_page_and_models_answer_while_40_large_requests_arrive(server):
     with ThreadPoolExecutor(41) as pool:
         poller = pool.submit(poll)
         time.sleep(0.1)
-        asks = [pool.submit(chat, i) for i in range(10)] + [pool.submit(big, i) for i in range(30)]
+        asks = [pool.submit(chat, i) for i in range(6)] + [pool.submit(big, i) for i in range(34)]
         codes = [a.result(WAIT * 2) for a in asks]
         done.set()
         poller.result(WAIT)
-    assert server.tok.encodes - before == 10  # the prompts were in fact tokenized, not refused early
-    assert all(c in (200, 503) for c in codes[:10]), codes[:10]  # answered, or the queue of 2 was full
-    assert all(c == b"HTTP/1.1 413" for c in codes[10:]), codes[10:]
+    assert server.tok.encodes - before == 6  # the prompts were in fact tokenized, not refused early
+    assert all(c in (200, 503) for c in codes[:6]), codes[:6]  # answered, or the queue of 2 was full
+    assert all(c == b"HTTP/1.1 413" for c in codes[6:]), codes[6:]
+    slowest, path = max(times)
+    assert slowest < POLL_BOUND_S, f"a poll of {path} took {slowest:.2f} s while requests were prepared"
     assert len(times) >= 20, "too few polls while the requests ran"
-    slowest = max(times)
-    assert slowest < POLL_BOUND_S, f"a poll took {slowest:.2f} s while requests were prepared"
 
 
 def test_a_prompt_the_context_cannot_hold_is_refused_before_tokenizing(server):
@@ -193,3 +194,20 @@ def test_a_prompt_the_context_cannot_hold_is_refused_before_tokenizing(server):
         r = httpx.post(server.url + path, json=body, timeout=WAIT)
         assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded", r.text[:200]
     assert server.tok.encodes == before
+
+
+def test_a_chat_template_that_computes_for_minutes_is_stopped(server, monkeypatch):
+    """The template comes from the model file: one whose arithmetic is within every size bound yet
+    runs for minutes in C (holding the interpreter lock, and with it the whole server) is rendered
+    in a child process and stopped at its time limit (2 s here, TEMPLATE_SECONDS in use)."""
+    from llamablock.io import chat_template
+
+    monkeypatch.setattr(chat_template, "TEMPLATE_SECONDS", 2)
+    inner = server.tok.tok
+    monkeypatch.setattr(inner, "chat_template", "{% set big = range(100000) | list %}{% for i in range(10000) %}"
+                                                "{% set x = (big * 40) | sum %}{% endfor %}x")
+    start = time.monotonic()
+    r = httpx.post(server.url + "/v1/chat/completions", json={"model": "tiny", "messages": [{"role": "user",
+                   "content": "hi"}], "max_tokens": 1}, timeout=WAIT)
+    assert r.status_code == 400 and "ran past 2 s" in r.json()["error"]["message"], r.text[:300]
+    assert time.monotonic() - start < WAIT / 2

@@ -14,6 +14,7 @@ import json
 import re
 import subprocess
 import sys
+import time
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -22,7 +23,7 @@ from tokenizers import Tokenizer as Backend
 from tokenizers import models
 
 from llamablock.io import chat_template
-from llamablock.io.chat_template import MAX_CHARS
+from llamablock.io.chat_template import MAX_CHARS, RenderFailed, render_isolated
 from llamablock.io.tokenizer import Tokenizer
 
 LIMIT_S = 20  # a refused template answers in milliseconds; a regression would run for minutes or for ever
@@ -113,6 +114,28 @@ def test_the_limits_can_be_lowered_for_a_test(monkeypatch):
     monkeypatch.setattr(chat_template, "MAX_CHARS", 10)
     with pytest.raises(ValueError, match="wrote more than 10"):
         render("{{ 'x' * 5 }}{{ 'y' * 6 }}")
+
+
+# -- in a child process: a time limit nothing escapes ------------------------------------------------
+
+# Within every bound of size and steps (4M-item lists, some 50,000 lines) but minutes of C-level sums.
+SLOW = "{% set big = range(100000) | list %}{% for i in range(10000) %}{% set x = (big * 40) | sum %}{% endfor %}done"
+
+
+def test_an_isolated_render_is_stopped_at_its_time_limit():
+    start = time.monotonic()
+    with pytest.raises(RenderFailed, match="TemplateError: it ran past 2 s"):
+        render_isolated(SLOW, {}, HI, True, seconds=2)
+    assert time.monotonic() - start < LIMIT_S
+
+
+def test_an_isolated_render_gives_the_same_text_and_errors():
+    t = "{{ bos_token }}{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}{% endfor %}"
+    assert render_isolated(t, {"bos_token": "<s>"}, HI, True) == chat_template.render(t, {"bos_token": "<s>"}, HI, True)
+    with pytest.raises(RenderFailed, match=r"TemplateError: it computes 9 \*\* 999999999"):
+        render_isolated("{{ 9 ** 999999999 }}", {}, HI, True)
+    with pytest.raises(ValueError, match="chat template failed: TemplateError: it computes 9.*the test's template"):
+        tok_with("{{ 9 ** 999999999 }}").apply_chat_template(HI, isolated=True)
 
 
 # -- hypothesis: any template built from a grammar of risky pieces renders or is refused, in bounds --

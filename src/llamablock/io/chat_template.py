@@ -13,6 +13,10 @@ operation), or write gigabytes with `"x" * 10**9` or a loop. `BoundedSandbox` is
   * the output is streamed (`Template.generate`) and stopped once it passes MAX_CHARS;
   * the Python lines the render runs are counted (`sys.settrace`) and stopped past TEMPLATE_STEPS.
 Any of these raises `TemplateError` with what was refused. Real templates compute none of this.
+
+`render_isolated` renders in a child process with a time and memory limit, for the server: an
+operation in C that these checks do not know of would hold the interpreter lock, and so the whole
+server, for as long as it runs; a child process can be killed.
 """
 
 from __future__ import annotations
@@ -195,3 +199,54 @@ def _stepped(run):
         return run()
     finally:
         sys.settrace(previous)
+
+
+# -- in a child process: a time and memory limit that no C-level operation escapes ----------------
+
+TEMPLATE_SECONDS = 10  # wall-clock time a render in a child process may take: real ones take milliseconds
+TEMPLATE_MEMORY = 2 << 30  # bytes of address space the child may map
+
+
+class RenderFailed(Exception):
+    """A render in the child process failed; the message is "<exception type>: <message>"."""
+
+
+def render_isolated(template: str, special: dict, messages: list[dict], add_generation_prompt: bool,
+                    seconds: float | None = None) -> str:
+    """`render` in a child process killed after `seconds` (default TEMPLATE_SECONDS) and limited
+    to TEMPLATE_MEMORY: the bounds above stop every operation known to blow up, and this stops any
+    other, since an operation in C holds the interpreter lock and no thread of the server could
+    interrupt it. Costs a Python start (about 0.1 s), so the server uses it, not the command line."""
+    import os
+    import subprocess
+
+    job = json.dumps({"template": template, "special": special, "messages": messages,
+                      "add_generation_prompt": add_generation_prompt})
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}  # this process's llamablock
+    limit = TEMPLATE_SECONDS if seconds is None else seconds
+    try:
+        done = subprocess.run([sys.executable, "-c", "from llamablock.io.chat_template import _child; _child()"],
+                              input=job, capture_output=True, text=True, timeout=limit, env=env, check=False)
+    except subprocess.TimeoutExpired:
+        raise RenderFailed(f"TemplateError: it ran past {limit:g} s") from None
+    try:
+        out = json.loads(done.stdout)
+    except ValueError:
+        why = done.stderr.strip().splitlines()[-1:] or [f"exit status {done.returncode}"]
+        raise RenderFailed(f"TemplateError: the render's process failed: {why[0][:200]}") from None
+    if "error" in out:
+        raise RenderFailed(out["error"])
+    return out["text"]
+
+
+def _child() -> None:
+    """The child's side of `render_isolated`: one job on stdin, {"text"} or {"error"} on stdout."""
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (TEMPLATE_MEMORY, TEMPLATE_MEMORY))
+    job = json.loads(sys.stdin.read())
+    try:
+        out = {"text": render(job["template"], job["special"], job["messages"], job["add_generation_prompt"])}
+    except Exception as e:  # noqa: BLE001 (reported to the parent, which raises it)
+        out = {"error": f"{type(e).__name__}: {e}"}
+    sys.stdout.write(json.dumps(out))

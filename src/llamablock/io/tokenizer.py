@@ -94,19 +94,25 @@ class Tokenizer:
     def decode(self, ids, skip_special_tokens: bool = False) -> str:
         return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
+                            isolated: bool = False) -> str:
         """The messages through the model's chat template (llamablock.io.chat_template: the sandbox
-        transformers uses, with bounds on size, steps and arithmetic)."""
+        transformers uses, with bounds on size, steps and arithmetic). `isolated`: in a child
+        process with a time and memory limit (the server's choice: a model file's template must not
+        be able to freeze it)."""
         if not self.chat_template:
             raise ValueError("this model has no chat template; use a plain prompt instead of --chat")
-        from llamablock.io.chat_template import render
+        from llamablock.io.chat_template import RenderFailed, render, render_isolated
 
         special = {"bos_token": self.token(self.bos_id) if self.bos_id is not None else "",
                    "eos_token": self.token(self.eos_ids[0]) if self.eos_ids else ""}
+        where = f" (the template is {self.template_source})" if self.template_source else ""
         try:
-            return render(self.chat_template, special, messages, add_generation_prompt)
+            return (render_isolated if isolated else render)(self.chat_template, special, messages,
+                                                             add_generation_prompt)
+        except RenderFailed as e:  # already "<type>: <message>", from the child
+            raise ValueError(f"the model's chat template failed: {e}{where}") from None
         except Exception as e:  # its own raise_exception, a syntax error, an undefined name, a bound passed
-            where = f" (the template is {self.template_source})" if self.template_source else ""
             raise ValueError(f"the model's chat template failed: {type(e).__name__}: {e}{where}") from None
 
 

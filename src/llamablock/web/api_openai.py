@@ -203,7 +203,7 @@ def _prepare_chat(request: Request, raw: bytes):
     served = _served(request, asked.model)
     _fits(served, "".join(m["content"] for m in asked.messages), "messages")
     try:
-        text = served.tokenizer.apply_chat_template(asked.messages)
+        text = served.tokenizer.apply_chat_template(asked.messages, isolated=True)  # time-limited child
     except (ValueError, TemplateError) as e:
         raise bad("messages", f"messages: {e}") from None
     _fits(served, text, "messages")
