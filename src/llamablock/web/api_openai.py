@@ -201,12 +201,11 @@ def _prepare_chat(request: Request, raw: bytes):
     """On a worker thread: the checked request, its templated messages' ids and the tokens to generate."""
     asked = parse(raw, "chat")
     served = _served(request, asked.model)
-    _fits(served, "".join(m["content"] for m in asked.messages), "messages")
     try:
         text = served.tokenizer.apply_chat_template(asked.messages, isolated=True)  # time-limited child
     except (ValueError, TemplateError) as e:
         raise bad("messages", f"messages: {e}") from None
-    _fits(served, text, "messages")
+    _fits(served, text, "messages")  # on the template's text: a template may leave messages out
     ids = served.tokenizer.encode(text, add_special_tokens=False)
     max_tokens = _check_lengths(served, len(ids), asked.max_tokens, asked.max_tokens_param, "messages")
     return asked, served, ids, max_tokens
