@@ -8,6 +8,7 @@ Every wait is bounded (WAIT), every loop counted, and the server stops with the 
 
 from __future__ import annotations
 
+import os
 import select
 import socket
 import threading
@@ -211,3 +212,21 @@ def test_a_chat_template_that_computes_for_minutes_is_stopped(server, monkeypatc
                    "content": "hi"}], "max_tokens": 1}, timeout=WAIT)
     assert r.status_code == 400 and "ran past 2 s" in r.json()["error"]["message"], r.text[:300]
     assert time.monotonic() - start < WAIT / 2
+
+
+def test_a_fifo_as_lab_results_leaves_the_gqa_figure_unmeasured(tmp_path):
+    """--lab-results is read at every /api/gqa request: a FIFO there held a request thread for ever."""
+    from concurrent.futures import TimeoutError as Late
+
+    from fastapi.testclient import TestClient
+
+    fifo = tmp_path / "results.json"
+    os.mkfifo(fifo)
+    with ThreadPoolExecutor(1) as pool:
+        reply = pool.submit(lambda: TestClient(create_app(lab_results=str(fifo))).get("/api/gqa"))
+        try:
+            r = reply.result(WAIT)
+        except Late:
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))  # let the blocked reader go
+            pytest.fail(f"/api/gqa was still reading the FIFO after {WAIT} s")
+    assert r.status_code == 200 and r.json()["measured_decode"] is None
