@@ -118,10 +118,19 @@ def test_cli_non_rope_configs_have_no_pairs_and_alibi_shows_its_slopes(tmp_path,
 
 @pytest.mark.parametrize("argv,msg", [
     (["rope", "--train-len", "8192", "--target-len", "4096"], "--target-len (4096) must be at least --train-len"),
-    (["rope", "--head-dim", "63"], "must give an even rotary width"),
-    (["rope", "--base", "-5"], "--base must be positive"),
+    (["rope", "--head-dim", "63"], "--head-dim must be an even width"),
+    (["rope", "--base", "-5"], "--base must be a number above 1"),
     (["rope", "--config", "no-such-model"], "neither a preset"),
     (["rope", "--plot", "out.svg"], "needs a .png"),
+    # issue 27: each of these was a traceback (ZeroDivisionError, OverflowError) or a SIGABRT
+    (["rope", "--base", "inf"], "--base must be a number above 1"),
+    (["rope", "--base", "1e-300"], "--base must be a number above 1"),
+    (["rope", "--base", "1e300"], "at most 1e+18"),
+    (["rope", "--base", "nan"], "--base must be a number above 1"),
+    (["rope", "--head-dim", str(10**8)], "--head-dim must be an even width in 4..65,536"),
+    (["rope", "--target-len", "1" + "0" * 399], "--target-len must be a number of tokens in 1..1,073,741,824, got a "
+                                                "400-digit number"),
+    (["rope", "--train-len", "0"], "--train-len must be a number of tokens"),
 ])
 def test_cli_bad_input_is_one_clear_line(capsys, argv, msg):
     assert main(argv) == 2

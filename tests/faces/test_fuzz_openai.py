@@ -29,6 +29,7 @@ from llamablock.web.generation import GenerationWorker, ServedModel
 C, CHAT = "/v1/completions", "/v1/chat/completions"
 FAST = settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
 CTX = 64  # the tiny model's context
+JSON = {"Content-Type": "application/json"}  # the only type the API reads (415 otherwise)
 
 
 @pytest.fixture(scope="module")
@@ -163,8 +164,7 @@ def one_wrong(path: str):
 # -- checks ---------------------------------------------------------------------------------------
 
 def post(client, path: str, body: dict):
-    return client.post(path, content=json.dumps(body, allow_nan=True).encode(),
-                       headers={"Content-Type": "application/json"})
+    return client.post(path, content=json.dumps(body, allow_nan=True).encode(), headers=JSON)
 
 
 def check_answer(reply, path: str, body: dict) -> None:
@@ -273,7 +273,7 @@ def test_valid_bodies_get_a_well_formed_answer(client, path):
 @FAST
 @given(st.binary(max_size=40) | st.text(max_size=40).map(str.encode))
 def test_bytes_that_are_not_a_request_are_refused(client, raw):
-    reply = client.post("/v1/completions", content=raw)
+    reply = client.post("/v1/completions", content=raw, headers=JSON)
     assert reply.status_code == 400, (raw, reply.text[:300])
     check_refusal(reply, "/v1/completions", None)
 
@@ -323,7 +323,7 @@ SAY = {"model": "tiny", "messages": [{"role": "user", "content": "abc"}], "max_t
 ])
 def test_what_the_fuzzing_found(client, path, body, status, param):
     raw = body if isinstance(body, bytes) else json.dumps(body).encode()
-    reply = client.post(path, content=raw)
+    reply = client.post(path, content=raw, headers=JSON)
     assert reply.status_code == status, reply.text[:300]
     if status == 200:
         check_answer(reply, path, body)

@@ -187,13 +187,14 @@ def test_bad_chat_requests_get_openai_errors(server, messages, param):
 
 
 def test_malformed_body_and_unknown_path(server):
-    r = httpx.post(f"{server.url}/v1/completions", content=b"{not json", timeout=WAIT)
+    json_type = {"Content-Type": "application/json"}  # any other type is refused (415) before reading
+    r = httpx.post(f"{server.url}/v1/completions", content=b"{not json", headers=json_type, timeout=WAIT)
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
     r = httpx.get(f"{server.url}/v1/embeddings", timeout=WAIT)
     assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
     r = httpx.get(f"{server.url}/v1/chat/completions", timeout=WAIT)
     assert r.status_code == 405 and r.json()["error"]["code"] == "method_not_allowed"
-    r = httpx.post(f"{server.url}/v1/completions", content=b" " * (2 << 20), timeout=WAIT)
+    r = httpx.post(f"{server.url}/v1/completions", content=b" " * (2 << 20), headers=json_type, timeout=WAIT)
     assert r.status_code == 413 and "bytes" in r.json()["error"]["message"]
 
 

@@ -3,16 +3,26 @@
 Windows of `context` tokens advance by `stride` (llamablock.runtime.evaluate.sliding_perplexity,
 the strided evaluation of transformers' perplexity guide).
     perplexity = exp(total negative log-likelihood / tokens scored)
+
+The text is read within bounds (llamablock.util.reads): a FIFO or a directory is refused by what
+it is, a whole file at most MAX_TEXT bytes, and with --max-tokens N only as much of it as N tokens
+need (`prefix_ids`): a 30 MB file with --max-tokens 100 was tokenized whole (5.4 GB) first.
 """
 
 from __future__ import annotations
 
+import codecs
 import json
+import os
 from pathlib import Path
 
 from llamablock.fast.native import CHOICES
 from llamablock.runtime.evaluate import sliding_perplexity
 from llamablock.util.devices import DEVICES
+from llamablock.util.reads import read_text_bounded, regular_file
+
+MAX_TEXT = 16 << 20  # bytes of text scored whole: past this, --max-tokens says how much to read
+FIRST_CHUNK = 16 << 10  # bytes read first for --max-tokens; each further read doubles what is held
 
 
 def add_arguments(p) -> None:
@@ -31,16 +41,41 @@ def add_arguments(p) -> None:
     p.add_argument("--json", action="store_true", help="print the result as JSON")
 
 
+def prefix_ids(path: Path, tok, max_tokens: int) -> list[int]:
+    """The first `max_tokens` token ids of the UTF-8 file `path`, reading it in doubling chunks:
+    as much as they need, not the whole file. A prefix is accepted once two successive readings
+    (the second twice as long) agree on their first `max_tokens` ids, so that a word cut at the end
+    of a reading cannot change them; or at the end of the file."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    text, previous, want = "", None, FIRST_CHUNK
+    with open(regular_file(path, "text file"), "rb") as f:
+        while True:
+            data = f.read(want)
+            try:
+                text += decoder.decode(data, final=not data)
+            except UnicodeDecodeError as e:
+                raise ValueError(f"{path} is not UTF-8 text: {e}") from None
+            if not data and not text.strip():
+                raise ValueError(f"{path} is empty")
+            ids = tok.encode(text)[:max_tokens]
+            if not data or (len(ids) == max_tokens and ids == previous):
+                return ids
+            previous, want = ids, max(want, len(text))
+
+
 def run(args) -> int:
-    path = Path(args.file)
-    if not path.is_file():
-        raise FileNotFoundError(f"text file not found: {path}")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as e:
-        raise ValueError(f"{path} is not UTF-8 text: {e}") from None
-    if not text.strip():
+    path = regular_file(args.file, "text file")  # a FIFO hung the read; a directory said "not found"
+    if args.max_tokens is not None and args.max_tokens < 2:
+        raise ValueError(f"--max-tokens must be at least 2, got {args.max_tokens}")
+    if os.path.getsize(path) == 0:
         raise ValueError(f"{path} is empty")
+    if args.max_tokens is None:
+        if os.path.getsize(path) > MAX_TEXT:
+            raise ValueError(f"{path} has {os.path.getsize(path):,} bytes, more than the {MAX_TEXT:,} scored whole; "
+                             "give --max-tokens N to score its first N tokens")
+        text = read_text_bounded(path, MAX_TEXT, "text file")
+        if not text.strip():
+            raise ValueError(f"{path} is empty")
     if args.stride is not None and args.stride < 1:
         raise ValueError(f"--stride must be at least 1, got {args.stride}")
     stride = args.stride or max(1, args.context // 2)
@@ -48,11 +83,7 @@ def run(args) -> int:
     from llamablock.util.devices import resolve_device
 
     model, tok, _ = load_model(args.model, args.dtype, resolve_device(args.device))
-    ids = tok.encode(text)
-    if args.max_tokens is not None:
-        if args.max_tokens < 2:
-            raise ValueError(f"--max-tokens must be at least 2, got {args.max_tokens}")
-        ids = ids[: args.max_tokens]
+    ids = tok.encode(text) if args.max_tokens is None else prefix_ids(path, tok, args.max_tokens)
     ppl, scored = sliding_perplexity(model, ids, args.context, stride, progress=not args.json)
     if args.json:
         print(json.dumps({"perplexity": ppl, "tokens_scored": scored, "context": args.context, "stride": stride}))

@@ -8,7 +8,10 @@ warnings from llamablock.diagnostics.rope_lint.
 from __future__ import annotations
 
 import json
+import math
+import os
 
+from llamablock.commands import UsageError
 from llamablock.diagnostics.rope_plot import plot_wavelengths
 from llamablock.diagnostics.rope_table import (
     DEFAULT_TARGET,
@@ -17,6 +20,8 @@ from llamablock.diagnostics.rope_table import (
     pair_table,
     read_rope_config,
 )
+from llamablock.presets import PRESETS
+from llamablock.util.reads import MAX_JSON, regular_file
 
 
 def add_arguments(p) -> None:
@@ -42,6 +47,31 @@ def add_arguments(p) -> None:
     layout.add_argument("--model", help="a .gguf file, a transformers directory or an embedded model name "
                         "(default: smollm2-135m-instruct)")
     layout.add_argument("--tokens", type=int, default=256, help="tokens of text to compare losses on (default %(default)s)")
+
+
+MAX_LEN = 1 << 30  # tokens: a thousand times the longest contexts published
+MAX_HEAD_DIM = 1 << 16  # features per head: published models use 64-256
+MAX_BASE = 1e18  # published rope_theta stay under 1e9; past ~1e40 the table's float arithmetic divides by zero
+
+
+def _shown(v: int) -> str:
+    """An integer as typed, or its digit count when it is too long to print."""
+    text = str(v)
+    return text if len(text) <= 20 else f"a {len(text)}-digit number"
+
+
+def _check_flags(args) -> None:
+    """Refuse flags the tables cannot compute with, before any work: a base of inf or 1e-300
+    divided by zero, a head width of 10^8 exhausted memory, a 400-digit length overflowed a float."""
+    for flag, v in (("--train-len", args.train_len), ("--target-len", args.target_len)):
+        if v is not None and not 0 < v <= MAX_LEN:
+            raise UsageError(f"{flag} must be a number of tokens in 1..{MAX_LEN:,}, got {_shown(v)}")
+    if args.head_dim is not None and not (4 <= args.head_dim <= MAX_HEAD_DIM and args.head_dim % 2 == 0):
+        raise UsageError(f"--head-dim must be an even width in 4..{MAX_HEAD_DIM:,} (RoPE turns pairs of features), "
+                         f"got {_shown(args.head_dim)}")
+    if args.base is not None and not (math.isfinite(args.base) and 1 < args.base <= MAX_BASE):
+        raise UsageError(f"--base must be a number above 1 and at most {MAX_BASE:g} (pair i turns at base^(-2i/d): "
+                         f"at 1 or below the wavelengths do not grow with i), got {args.base:g}")
 
 
 def _alibi(cfg: RopeConfig) -> int:
@@ -125,7 +155,13 @@ def run(args) -> int:
         return _lint(args)
     if getattr(args, "action", None) == "layout":
         return _layout(args)
+    _check_flags(args)
+    if args.config and args.config not in PRESETS and os.path.lexists(args.config):
+        regular_file(args.config, "--config file", MAX_JSON)  # a FIFO hung the read, /dev/zero exhausted memory
     cfg = read_rope_config(args.config) if args.config else None
+    if cfg is not None and args.head_dim is None and cfg.head_dim > MAX_HEAD_DIM:
+        raise ValueError(f"--config {args.config}: its head width {_shown(cfg.head_dim)} is past the {MAX_HEAD_DIM:,} "
+                         "this table computes; check the config, or give --head-dim")
     if cfg is not None and cfg.spec is None:
         return _alibi(cfg)
     res = pair_table(cfg, args.train_len, args.target_len, args.head_dim, args.base)

@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from llamablock.config import read_config_json
+from llamablock.util.reads import MAX_JSON, regular_file
 
 # The types transformers 5 computes (ROPE_INIT_FUNCTIONS plus "default"); "ntk" is llamablock's own.
 TRANSFORMERS_TYPES = ("default", "linear", "dynamic", "yarn", "longrope", "llama3", "proportional")
@@ -179,7 +180,8 @@ def lint_gguf(path: str | Path) -> list[RopeWarning]:
 
 
 def lint_file(path: str | Path) -> list[RopeWarning]:
-    """A transformers config.json, or a .gguf file (by its suffix)."""
+    """A transformers config.json, or a .gguf file (by its suffix). Either must be a regular file
+    (a FIFO hung the read, /dev/zero exhausted memory) and a config at most MAX_JSON bytes."""
     if Path(path).suffix.lower() == ".gguf":
-        return lint_gguf(path)
-    return lint_config(read_config_json(path))
+        return lint_gguf(regular_file(path, "GGUF file"))
+    return lint_config(read_config_json(regular_file(path, "config file", MAX_JSON)))

@@ -11,6 +11,11 @@ A run directory (`llamablock train --out DIR`, llamablock.training.checkpoint) h
 `checkpoints/latest`, a file naming its newest complete checkpoint folder; that folder holds
 state.json (configs, tokenizer, history) and model.safetensors. The pointer is read here, below
 training, so that every loader can take a run directory.
+
+Every path resolved here is checked before any loader opens it (llamablock.util.reads): a FIFO,
+a device or a socket given as the model, or sitting in its directory under a name a loader
+reads (config.json, model.safetensors, ...), is refused by name instead of hanging the open; JSON
+files are read within MAX_JSON bytes.
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ import json
 import os
 import re
 from pathlib import Path
+
+from llamablock.util.reads import MAX_JSON, read_bytes_bounded, regular_file
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 # name -> (package, file inside it, how to install it)
@@ -45,13 +52,33 @@ def resolve_model(path: str | Path | None) -> Path:
         return f
     p = Path(path)
     if (p / "checkpoints").is_dir():  # a training run: its latest checkpoint, or an error saying why none
-        return latest_checkpoint(p)
-    if p.is_dir() or p.suffix == ".gguf" or p.exists():
+        return _checked(latest_checkpoint(p))
+    if p.is_dir():
+        return _checked(p)
+    if os.path.lexists(p):  # a file, or a FIFO, device or socket: refused by what it is
+        return regular_file(p, "model file")
+    if p.suffix == ".gguf":  # a missing .gguf: its loader says so (it is no Hub id)
         return p
     if HUB_ID.fullmatch(name):
         return hub_snapshot(name)
     raise FileNotFoundError(f"{p} is neither a checkpoint directory, a .gguf file, a Hugging Face Hub id nor a "
                             f"known model name ({', '.join(EMBEDDED)}; `llamablock models` lists them)")
+
+
+# The files a loader opens in a checkpoint directory by name: each must be a regular file, since
+# opening a FIFO blocks until a writer comes and a device never ends. (An index's shards are checked
+# where the index is read, io/hf_checkpoint.py.)
+LOADED_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json",
+                "chat_template.jinja", "state.json", "model.safetensors", "model.safetensors.index.json")
+
+
+def _checked(directory: Path) -> Path:
+    """`directory`, once every file a loader may open in it is a regular file (JSON ones within MAX_JSON)."""
+    for name in LOADED_FILES:
+        f = directory / name
+        if os.path.lexists(f):
+            regular_file(f, name, MAX_JSON if name.endswith(".json") else None)
+    return directory
 
 
 HUB_ID = re.compile(r"[\w.-]+/[\w.-]+")  # organisation/name, as on the Hugging Face Hub
@@ -82,10 +109,10 @@ def latest_checkpoint(run_dir: str | Path) -> Path:
     """The newest complete checkpoint folder of a training run directory."""
     root = Path(run_dir) / "checkpoints"
     pointer = root / "latest"
-    if not pointer.is_file():
+    if not os.path.lexists(pointer):
         raise FileNotFoundError(f"no checkpoint in {run_dir}: expected {pointer} (written by `llamablock train "
                                 f"--out {run_dir}`); train into this folder first, or resume from another one")
-    name = pointer.read_text(errors="replace").strip()
+    name = read_bytes_bounded(pointer, 4096, "checkpoint pointer").decode("utf-8", "replace").strip()
     path = root / name
     if not name or "/" in name or not is_checkpoint(path):
         complete = sorted(p.name for p in root.glob("step-*") if is_checkpoint(p))
@@ -116,9 +143,10 @@ def json_kind(value) -> str:
 
 def read_json(path: str | Path, kind: type | None = dict):
     """The JSON value in the file `path`, which must be `kind` (None: anything). A ValueError names
-    the file when it is not UTF-8, not JSON, or not a `kind`, instead of the decoder's bare message."""
+    the file when it is not a regular file of at most MAX_JSON bytes, not UTF-8, not JSON, or not a
+    `kind`, instead of the decoder's bare message (or a hang, on a FIFO)."""
     try:
-        value = json.loads(Path(path).read_text(encoding="utf-8"))
+        value = json.loads(read_bytes_bounded(path, MAX_JSON, "JSON file").decode("utf-8"))
     except UnicodeDecodeError as e:
         raise ValueError(f"{path} is not UTF-8 text (byte {e.start}); is it the right file?") from None
     except ValueError as e:

@@ -12,20 +12,21 @@ Two sources:
     Tokens typed CONTROL (3) are special tokens and USER_DEFINED (4) added tokens, matched whole.
   * A transformers directory: tokenizer.json plus tokenizer_config.json (chat template, specials).
 The chat template is rendered as transformers renders it: a sandboxed jinja2 environment with
-trim_blocks and lstrip_blocks, `raise_exception` and a `tojson` filter.
+trim_blocks and lstrip_blocks, `raise_exception` and a `tojson` filter, within bounds of size and
+steps (llamablock.io.chat_template).
 """
 
 from __future__ import annotations
 
-import datetime
-import json
 import numbers
+import os
 from pathlib import Path
 
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as Backend
 
 from llamablock.io.resolve import read_json
+from llamablock.util.reads import MAX_JSON, MAX_TEMPLATE, read_text_bounded, regular_file
 
 # llama.cpp llama-vocab.cpp, LLAMA_VOCAB_PRE_TYPE_*: how text is split before byte-level BPE.
 _GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
@@ -67,6 +68,17 @@ class Tokenizer:
         self.template_source = template_source  # where the template was read (for error messages)
 
     @property
+    def max_token_chars(self) -> int | None:
+        """The most characters one token covers (its longest spelling), or None when a normalizer
+        may shrink text before it is split: with it, a text longer than context x this many
+        characters cannot fit, and the server refuses it without tokenizing."""
+        if self.backend.normalizer is not None:
+            return None
+        if getattr(self, "_max_token_chars", None) is None:
+            self._max_token_chars = max((len(t) for t in self.backend.get_vocab()), default=1)
+        return self._max_token_chars
+
+    @property
     def vocab_size(self) -> int:
         return self.backend.get_vocab_size(with_added_tokens=True)
 
@@ -82,56 +94,26 @@ class Tokenizer:
     def decode(self, ids, skip_special_tokens: bool = False) -> str:
         return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
+                            isolated: bool = False) -> str:
+        """The messages through the model's chat template (llamablock.io.chat_template: the sandbox
+        transformers uses, with bounds on size, steps and arithmetic). `isolated`: in a child
+        process with a time and memory limit (the server's choice: a model file's template must not
+        be able to freeze it)."""
         if not self.chat_template:
             raise ValueError("this model has no chat template; use a plain prompt instead of --chat")
-        from jinja2.exceptions import TemplateError
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
+        from llamablock.io.chat_template import RenderFailed, render, render_isolated
 
-        def raise_exception(message):
-            raise TemplateError(message)
-
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-        env.filters["tojson"] = lambda x, indent=None, **kw: json.dumps(x, ensure_ascii=False, indent=indent)
-        env.globals["raise_exception"] = raise_exception
-        env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)  # as transformers (Llama 3)
         special = {"bos_token": self.token(self.bos_id) if self.bos_id is not None else "",
                    "eos_token": self.token(self.eos_ids[0]) if self.eos_ids else ""}
+        where = f" (the template is {self.template_source})" if self.template_source else ""
         try:
-            template = env.from_string(self.chat_template)
-            return _bounded(lambda: template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                                    **special))
-        except Exception as e:  # its own raise_exception, a syntax error, an undefined name, a TypeError inside
-            where = f" (the template is {self.template_source})" if self.template_source else ""
+            return (render_isolated if isolated else render)(self.chat_template, special, messages,
+                                                             add_generation_prompt)
+        except RenderFailed as e:  # already "<type>: <message>", from the child
+            raise ValueError(f"the model's chat template failed: {e}{where}") from None
+        except Exception as e:  # its own raise_exception, a syntax error, an undefined name, a bound passed
             raise ValueError(f"the model's chat template failed: {type(e).__name__}: {e}{where}") from None
-
-
-TEMPLATE_STEPS = 1_000_000  # lines of the compiled template a render may run: far past any real chat
-
-
-def _bounded(render):
-    """Run `render()` counting the lines it executes (sys.settrace) and stop it past TEMPLATE_STEPS:
-    jinja2's sandbox limits what a template may touch, not how long it runs, and nested loops over
-    range() hung the loader. Rendering a real template takes a few thousand lines."""
-    import sys
-
-    from jinja2.exceptions import TemplateError
-
-    steps = [0]
-
-    def trace(frame, event, arg):
-        if event == "line":
-            steps[0] += 1
-            if steps[0] > TEMPLATE_STEPS:
-                raise TemplateError(f"it ran past {TEMPLATE_STEPS:,} steps (a loop without end?)")
-        return trace
-
-    previous = sys.gettrace()
-    sys.settrace(trace)
-    try:
-        return render()
-    finally:
-        sys.settrace(previous)
 
 
 def _add_typed_tokens(backend: Backend, tokens: list[str], types: list[int] | None) -> None:
@@ -164,9 +146,19 @@ def byte_level_bpe(tokens: list[str], merges: list[str], pre: str | None, types:
     return backend
 
 
+MAX_PIECE_CHARS = 1024  # characters of one SentencePiece token: real vocabularies stay under ~100
+
+
 def _merges_from_scores(tokens: list[str], scores: list[float]) -> list[tuple[str, str]]:
     """SentencePiece BPE files list no merges: every split of a token into two vocabulary pieces
-    is a merge, ranked by the merged token's score (higher first), as sentencepiece applies them."""
+    is a merge, ranked by the merged token's score (higher first), as sentencepiece applies them.
+    Splitting costs the square of a token's length, so a token past MAX_PIECE_CHARS is refused (a
+    1,000,000-character one hung the loader)."""
+    longest = max(range(len(tokens)), key=lambda i: len(tokens[i]), default=None)
+    if longest is not None and len(tokens[longest]) > MAX_PIECE_CHARS:
+        raise ValueError(f"tokenizer.ggml.tokens[{longest}] has {len(tokens[longest]):,} characters, more than the "
+                         f"{MAX_PIECE_CHARS:,} a SentencePiece token may have here; the vocabulary is damaged or not "
+                         "a SentencePiece one")
     vocab = {t: i for i, t in enumerate(tokens)}
     found = []
     for t, i in vocab.items():
@@ -259,21 +251,19 @@ def tokenizer_from_dir(path: str | Path) -> Tokenizer:
     """tokenizer.json (+ tokenizer_config.json) of a transformers checkpoint directory."""
     path = Path(path)
     f = path / "tokenizer.json"
-    if not f.is_file():
+    if not os.path.lexists(f):
         raise FileNotFoundError(f"{path} has no tokenizer.json")
+    regular_file(f, "tokenizer.json", MAX_JSON)  # the library opens it: a FIFO would block it for ever
     try:
         backend = Backend.from_file(str(f))
     except Exception as e:  # the tokenizers library raises a bare Exception on a malformed file
         raise ValueError(f"{f} is not a readable tokenizer.json: {e}") from None
     conf_file = path / "tokenizer_config.json"
-    conf = read_json(conf_file) if conf_file.is_file() else {}
+    conf = read_json(conf_file) if os.path.lexists(conf_file) else {}
     template, source = _chat_template(conf.get("chat_template"), conf_file), f"{conf_file}'s chat_template"
     jinja = path / "chat_template.jinja"
-    if template is None and jinja.is_file():
-        try:
-            template, source = jinja.read_text(encoding="utf-8"), str(jinja)
-        except UnicodeDecodeError as e:
-            raise ValueError(f"{jinja} is not UTF-8 text (byte {e.start})") from None
+    if template is None and os.path.lexists(jinja):
+        template, source = read_text_bounded(jinja, MAX_TEMPLATE, "chat template"), str(jinja)
 
     def tid(key):
         tok = conf.get(key)

@@ -19,6 +19,7 @@ from fastapi import APIRouter, Query, Request
 from llamablock.config import ModelConfig
 from llamablock.kv_cache import KVCache
 from llamablock.presets import PRESETS, preset
+from llamablock.util.reads import MAX_JSON, read_bytes_bounded
 from llamablock.util.units import DTYPE_BYTES, human_bytes
 from llamablock.web.errors import APIError
 
@@ -41,9 +42,10 @@ def _preset_fields(cfg: ModelConfig) -> dict:
 def _measured_decode(path: Path) -> dict | None:
     """The decode-attention timing by KV heads that `llamablock lab` measured (claim
     "15.5.decode-speed" of its results.json), when the lab has been run; None when it has not,
-    and the page says so rather than guessing a time."""
+    and the page says so rather than guessing a time. The file is read bounded (a FIFO given as
+    --lab-results would hold a request thread for ever)."""
     try:
-        doc = json.loads(path.read_text())
+        doc = json.loads(read_bytes_bounded(path, MAX_JSON, "lab results"))
         claim = next(c for c in doc["claims"] if c.get("id") == DECODE_CLAIM)
     except (OSError, ValueError, KeyError, TypeError, StopIteration):
         return None

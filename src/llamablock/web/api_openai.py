@@ -11,9 +11,15 @@ that would change the answer and are not implemented (logprobs, echo, suffix, to
 are refused rather than ignored, and so is a field OpenAI does not define. Errors have OpenAI's
 shape, {"error": {"message", "type", "param", "code"}}: 400 for a bad request, 404 for an unknown
 model or path, 405 for a known path asked with the wrong method, 413 for a body over MAX_BODY,
-503 when the queue is full, 500 when generation itself fails. The body is checked (each field's
-JSON type, range and finiteness) by llamablock.web.openai_requests, not by FastAPI, so that every
-error keeps this shape.
+415 for a body not sent as application/json, 503 when the queue is full, 500 when generation
+itself fails. The body is checked (each field's JSON type, range and finiteness) by
+llamablock.web.openai_requests, not by FastAPI, so that every error keeps this shape.
+
+The body is read within MAX_BODY bytes as it streams, and only as JSON (llamablock.web.bodies:
+415 for another Content-Type, which a web page could send without a CORS preflight). Parsing,
+templating and tokenizing a request run on a worker thread of their own (`PREPARE`), never on the
+event loop, so a flood of large prompts does not hold up the page or /v1/models; a prompt too
+long for the context even at the vocabulary's longest token is refused before it is tokenized.
 
 Generation runs on the worker of llamablock.web.generation; these endpoints are `async` and only
 wait for its events, so they hold no request thread. A streamed reply ends when the client
@@ -28,15 +34,29 @@ import json
 import time
 import uuid
 
+import anyio
+from anyio.to_thread import run_sync
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from jinja2.exceptions import TemplateError
 
 from llamablock.runtime.sampling import Sampling
+from llamablock.web.bodies import read_json_body
 from llamablock.web.generation import Busy, Cancelled, Job, ServedModel
 from llamablock.web.openai_requests import Asked, OpenAIError, bad, parse, show
 
 router = APIRouter()
+# Threads that parse, template and tokenize requests: a few, apart from the pool that runs the
+# page's synchronous endpoints, so that a flood of large prompts leaves that pool free.
+PREPARE = 2
+
+
+def _prepare_limiter(request: Request) -> anyio.CapacityLimiter:
+    """The app's limiter of preparing threads, made on first use (inside its event loop)."""
+    state = request.app.state
+    if getattr(state, "prepare_limiter", None) is None:
+        state.prepare_limiter = anyio.CapacityLimiter(PREPARE)
+    return state.prepare_limiter
 
 
 def _served(request: Request, name: str | None) -> ServedModel:
@@ -166,14 +186,51 @@ async def get_model(name: str, request: Request):
     return {"id": served.name, "object": "model", "created": served.created, "owned_by": "llamablock"}
 
 
+def _prepare_completion(request: Request, raw: bytes):
+    """On a worker thread: the checked request, its prompt's ids and the tokens to generate."""
+    asked = parse(raw, "completions")
+    served = _served(request, asked.model)
+    _fits(served, asked.prompt, "prompt")
+    ids = served.tokenizer.encode(asked.prompt)
+    max_tokens = _check_lengths(served, len(ids), 16 if asked.max_tokens is None else asked.max_tokens,
+                                "max_tokens", "prompt")
+    return asked, served, ids, max_tokens
+
+
+def _prepare_chat(request: Request, raw: bytes):
+    """On a worker thread: the checked request, its templated messages' ids and the tokens to generate."""
+    asked = parse(raw, "chat")
+    served = _served(request, asked.model)
+    try:
+        text = served.tokenizer.apply_chat_template(asked.messages, isolated=True)  # time-limited child
+    except (ValueError, TemplateError) as e:
+        raise bad("messages", f"messages: {e}") from None
+    _fits(served, text, "messages")  # on the template's text: a template may leave messages out
+    ids = served.tokenizer.encode(text, add_special_tokens=False)
+    max_tokens = _check_lengths(served, len(ids), asked.max_tokens, asked.max_tokens_param, "messages")
+    return asked, served, ids, max_tokens
+
+
+def _fits(served: ServedModel, text: str, source: str) -> None:
+    """Refuse, before tokenizing it, a text longer than the context can hold even if every token
+    were the vocabulary's longest (a token covers at most that many characters)."""
+    ctx = served.model.cfg.max_seq_len
+    longest = getattr(served.tokenizer, "max_token_chars", None)
+    if longest and len(text) > ctx * longest:
+        raise bad(source, f"This model's maximum context length is {ctx} tokens. However, the {source} has "
+                  f"{len(text):,} characters, more than {ctx} tokens of at most {longest} characters each can "
+                  f"hold. Shorten the {source}.", "context_length_exceeded")
+
+
+async def _prepared(request: Request, prepare):
+    raw = await read_json_body(request)
+    return await run_sync(prepare, request, raw, limiter=_prepare_limiter(request))
+
+
 @router.post("/v1/completions")
 async def completions(request: Request):
     try:
-        asked = parse(await request.body(), "completions")
-        served = _served(request, asked.model)
-        ids = served.tokenizer.encode(asked.prompt)
-        max_tokens = _check_lengths(served, len(ids), 16 if asked.max_tokens is None else asked.max_tokens,
-                                    "max_tokens", "prompt")
+        asked, served, ids, max_tokens = await _prepared(request, _prepare_completion)
         return await _answer(request, served, ids, max_tokens, asked, chat=False)
     except OpenAIError as e:
         return e.response()
@@ -182,14 +239,7 @@ async def completions(request: Request):
 @router.post("/v1/chat/completions")
 async def chat_completions(request: Request):
     try:
-        asked = parse(await request.body(), "chat")
-        served = _served(request, asked.model)
-        try:
-            text = served.tokenizer.apply_chat_template(asked.messages)
-        except (ValueError, TemplateError) as e:
-            raise bad("messages", f"messages: {e}") from None
-        ids = served.tokenizer.encode(text, add_special_tokens=False)
-        max_tokens = _check_lengths(served, len(ids), asked.max_tokens, asked.max_tokens_param, "messages")
+        asked, served, ids, max_tokens = await _prepared(request, _prepare_chat)
         return await _answer(request, served, ids, max_tokens, asked, chat=True)
     except OpenAIError as e:
         return e.response()
