@@ -118,6 +118,20 @@ def test_perplexity_equals_direct_cross_entropy(capsys, tiny_gguf, tmp_path):
     assert d2["tokens_scored"] == 59 and math.isfinite(d2["perplexity"])
 
 
+def test_perplexity_compare_against_the_files_float_reference(capsys, tiny_gguf, tmp_path):
+    """--compare: the same format against itself is KL 0 with every top-1 equal; int8 weights
+    against float32 (the file's exact weights) stray a little (KL > 0, ratio near 1)."""
+    text = tmp_path / "t.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog " * 3)
+    argv = ("perplexity", "--model", tiny_gguf, str(text), "--context", "32", "--stride", "16", "--json",
+            "--compare", "float32")
+    same = json.loads(_run(capsys, *argv, "--dtype", "float32")[1])
+    assert same["mean_kl"] == 0 and same["top1_agreement"] == 1 and same["perplexity_ratio"] == 1
+    q8 = json.loads(_run(capsys, *argv, "--dtype", "q8")[1])
+    assert q8["mean_kl"] > 0 and abs(q8["perplexity_ratio"] - 1) < 0.1 and q8["reference"] == "float32"
+    assert q8["reference_perplexity"] == same["perplexity"] and q8["tokens_scored"] == same["tokens_scored"]
+
+
 @pytest.mark.parametrize("argv,message", [
     (["--context", "1"], "--context must be in 2..64"),
     (["--context", "16", "--stride", "17"], "--stride must be in 1..16"),

@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 
 from llamablock.fast.native import CHOICES
-from llamablock.runtime.evaluate import sliding_perplexity
+from llamablock.runtime.evaluate import compare_to_reference, sliding_perplexity
 from llamablock.util.devices import DEVICES
 from llamablock.util.reads import read_text_bounded, regular_file
 
@@ -38,6 +38,10 @@ def add_arguments(p) -> None:
     p.add_argument("--device", choices=DEVICES, default="auto",
                    help="where the model runs (default: auto, the best available: cuda, then mps, then cpu); "
                         "the packed q8/q4 formats and the compiled engine run on the CPU")
+    p.add_argument("--compare", choices=[c for c in CHOICES if c != "auto"], default=None, metavar="FORMAT",
+                   help="also run the model in FORMAT (float32: the file's exact dequantization) on the same "
+                        "windows and report --dtype's perplexity ratio, mean KL divergence and top-1 agreement "
+                        "against it, as llama.cpp's --kl-divergence (CPU only)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
 
 
@@ -82,8 +86,21 @@ def run(args) -> int:
     from llamablock.fast.native import load_model
     from llamablock.util.devices import resolve_device
 
-    model, tok, _ = load_model(args.model, args.dtype, resolve_device(args.device))
+    device = resolve_device(args.device)
+    if args.compare and device != "cpu":
+        raise ValueError(f"--compare runs both models on the CPU (the packed formats' kernels); use --device cpu, "
+                         f"not {device}")
+    model, tok, what = load_model(args.model, args.dtype, device)
     ids = tok.encode(text) if args.max_tokens is None else prefix_ids(path, tok, args.max_tokens)
+    if args.compare:
+        reference, _, _ = load_model(args.model, args.compare, device)
+        r = compare_to_reference(model, reference, ids, args.context, stride, progress=not args.json)
+        r.update(context=args.context, stride=stride, weights=what, reference=args.compare)
+        print(json.dumps(r) if args.json else
+              f"perplexity {r['perplexity']:.4f} ({what}) against {r['reference_perplexity']:.4f} ({args.compare}): "
+              f"ratio {r['perplexity_ratio']:.5f}, mean KL {r['mean_kl']:.6f} nats, top-1 agreement "
+              f"{100 * r['top1_agreement']:.2f}% over {r['tokens_scored']} tokens (context {args.context}, stride {stride})")
+        return 0
     ppl, scored = sliding_perplexity(model, ids, args.context, stride, progress=not args.json)
     if args.json:
         print(json.dumps({"perplexity": ppl, "tokens_scored": scored, "context": args.context, "stride": stride}))
