@@ -104,14 +104,14 @@ def test_compile_with_a_missing_template_then_generate_loads_it(tmp_path, monkey
                                      hidden_size=64, intermediate_size=128), qtype="Q4_0")
     assert cli.main(["compile", "--model", str(f), "--tokens", "64"]) == 0
     out = capsys.readouterr().out
-    assert out.count("cannot be built with autotuned C++ GEMM templates") == 1 and "done: q4, compiled (decode step: autotuned, ATen's" in out
+    assert out.count("cannot be built with autotuned C++ GEMM templates") == 1 and "done: q4, compiled (autotuned, ATen's GEMMs" in out
     assert "Traceback" not in out and builds.built_length(f, "q4") == 64
     compiled = []
     real = aoti_step.AOTIProgram._compile
     monkeypatch.setattr(aoti_step.AOTIProgram, "_compile", lambda *a: (compiled.append(a), real(*a)))
     assert cli.main(["generate", "--model", str(f), "--prompt", "abc", "--max-new-tokens", "4", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)  # a later process: the failed settings are not tried again
-    assert result["weights"].startswith("q4, compiled (decode step: autotuned, ATen's") and compiled == []
+    assert result["weights"].startswith("q4, compiled (autotuned, ATen's GEMMs") and compiled == []
     assert cli.main(["generate", "--model", str(f), "--prompt", "abc", "--max-new-tokens", "4", "--json",
                      "--engine", "eager"]) == 0
     assert json.loads(capsys.readouterr().out)["tokens"] == result["tokens"]  # the eager q4 model's greedy tokens

@@ -199,15 +199,22 @@ class AOTIEngine(StaticEngine):
         return [p.path for p in (self._step_program, self._prefill_program) if p is not None]
 
     def describe(self) -> str:
-        """What runs, for the summary line: the format, and each program's settings where they are
-        not the first choice (a fallback), were chosen for this CPU, or run eagerly."""
-        said = []
+        """What runs, for the summary line: the format, and the programs' settings where they are
+        not the first choice (a fallback), were chosen for this CPU, or run eagerly; said once when
+        every program runs the same way."""
+        said = {}
         for method, name in self.running.items():
             first = attempts(self.fmt, method, self.autotune, self.inductor)[0]
-            if name != first.name or first.why:
-                why = f" ({first.why})" if name == first.name else ""
-                said.append(f"{'decode step' if method == 'step' else method}: {name}{why}")
-        return f"{self.fmt}, compiled" + (f" ({'; '.join(said)})" if said else "")
+            if name == "eager":
+                said[method] = "run eagerly: no setting built on this CPU"
+            elif name != first.name or first.why:
+                said[method] = name + (f": {first.why}" if name == first.name and first.why else "")
+        if not said:
+            return f"{self.fmt}, compiled"
+        if len(set(said.values())) == 1 and len(said) == len(self.running):
+            return f"{self.fmt}, compiled ({next(iter(said.values()))})"
+        label = {"step": "decode step", "prefill": "prefill"}
+        return f"{self.fmt}, compiled ({'; '.join(f'{label[m]}: {w}' for m, w in said.items())})"
 
     def _program(self, method: str):
         """The AOTInductor program for `method` at this length: loaded from the cache or compiled,
