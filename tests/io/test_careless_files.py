@@ -59,7 +59,7 @@ LLAMA_META = {  # key -> (value, type), expected words of the refusal
     "array-base": ({"llama.rope.freq_base": ([10000.0], ARRAY)},
                    "llama.rope.freq_base must be a single number, the file holds an array"),
     "value-width": ({"llama.attention.value_length": (4, UINT32)},
-                    "llama.attention.value_length (4) differs from key_length (8)"),
+                    "llama.attention.value_length (4) differs from llama.attention.key_length (8)"),
     "rotary-width-zero": ({"llama.rope.dimension_count": (0, UINT32)},
                           "llama.rope.dimension_count must be an even number of features in 1..8"),
     "rotary-width-past-head": ({"llama.rope.dimension_count": (16, UINT32)},
@@ -193,3 +193,21 @@ def test_a_tensor_in_two_shards(tmp_path, same):
     else:
         with pytest.raises(ValueError, match=r"'model.norm.weight' is in both a.safetensors and b.safetensors"):
             llamablock.load_pretrained(tmp_path)
+
+
+@pytest.mark.parametrize("key", ["tokenizer.ggml.scores", "tokenizer.ggml.token_type"])
+def test_per_token_arrays_shorter_than_the_vocabulary_are_refused(tmp_path, monkeypatch, key):
+    from test_tokenizer import _spm_gguf
+
+    from llamablock.io.tokenizer import tokenizer_from_gguf
+
+    real = gguf.GGUFWriter.add_key_value
+
+    def shorter(self, k, val, *args, **kwargs):  # the writer's own call, one entry short
+        return real(self, k, val[:-1] if k == key else val, *args, **kwargs)
+
+    monkeypatch.setattr(gguf.GGUFWriter, "add_key_value", shorter)
+    f = tmp_path / "spm.gguf"
+    _spm_gguf(f)
+    with pytest.raises(ValueError, match=f"{key} has 284 entries for 285 tokens"):
+        tokenizer_from_gguf(open_gguf(f))

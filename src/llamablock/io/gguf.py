@@ -166,14 +166,15 @@ def config_from_gguf(reader, rope_scaling: bool = True) -> ModelConfig:
 
     d_model, n_heads = get("embedding_length", positive=True), get("attention.head_count", positive=True)
     blocks = {t.name.split(".")[1] for t in reader.tensors if t.name.startswith("blk.")}
-    if get("block_count") != len(blocks):  # before any module exists: the file bounds the model
+    if get("block_count", positive=True) != len(blocks):  # before any module exists: the file bounds the model
         raise ValueError(f"GGUF metadata says {arch}.block_count = {get('block_count')}, the file holds tensors "
                          f"for {len(blocks)} blocks")
     head_dim = get("attention.key_length", d_model // n_heads, positive=True)
     value_dim = get("attention.value_length", head_dim)
     if value_dim != head_dim:
-        raise ValueError(f"GGUF metadata {arch}.attention.value_length ({value_dim}) differs from key_length "
-                         f"({head_dim}); llamablock's attention, as llama.cpp's for these architectures, needs them equal")
+        raise ValueError(f"GGUF metadata {arch}.attention.value_length ({value_dim}) differs from "
+                         f"{arch}.attention.key_length ({head_dim}); llamablock's attention, as llama.cpp's for these "
+                         "architectures, needs them equal")
     tokens = reader.get_field("tokenizer.ggml.tokens")
     vocab = get("vocab_size", None)
     if vocab is not None and vocab <= 0:
@@ -188,23 +189,35 @@ def config_from_gguf(reader, rope_scaling: bool = True) -> ModelConfig:
                          f"1..{head_dim} (the head width), got {rot}")
     fields = dict(
         vocab_size=int(vocab), d_model=d_model, n_layers=get("block_count"), n_heads=n_heads,
-        n_kv_heads=get("attention.head_count_kv", n_heads), head_dim=head_dim,
-        d_ff=get("feed_forward_length"), norm="rmsnorm", norm_placement="pre",
-        norm_eps=get("attention.layer_norm_rms_epsilon", kind=float), ffn="swiglu", position="rope",
-        max_seq_len=get("context_length", 2048), rope_theta=get("rope.freq_base", 10000.0, float),
+        n_kv_heads=get("attention.head_count_kv", n_heads, positive=True), head_dim=head_dim,
+        d_ff=get("feed_forward_length", positive=True), norm="rmsnorm", norm_placement="pre",
+        norm_eps=get("attention.layer_norm_rms_epsilon", kind=float, positive=True), ffn="swiglu", position="rope",
+        max_seq_len=get("context_length", 2048, positive=True), rope_theta=get("rope.freq_base", 10000.0, float, positive=True),
         rope_layout="half", partial_rotary_factor=rot / head_dim,
         qkv_bias="blk.0.attn_q.bias" in names, o_bias="blk.0.attn_output.bias" in names,
         tie_embeddings="output.weight" not in names, family=family,
     )
     if arch in fam.FAMILIES:
         fields.update(fam.family_fields(arch, meta, names, fields))
-    cfg = ModelConfig(**fields)
+    try:
+        cfg = ModelConfig(**fields)
+    except ValueError as e:  # fields that disagree with each other: name the file's keys behind them
+        keys = [f"{arch}.{k}" for field, k in _FIELD_KEYS.items() if field in str(e)]
+        raise ValueError(f"GGUF metadata describes no valid model ({', '.join(keys) or 'its sizes'}): {e}") from None
     _check_shapes(cfg, reader)
     factors = {t.name: torch.from_numpy(dequantize(t)) for t in reader.tensors if t.name in fam.ROPE_FACTORS}
     scaling = fam.phi3_longrope(arch, meta, factors)
     if scaling is None and rope_scaling:
         scaling = rope_scaling_of(reader, cfg)
     return cfg if scaling is None or not rope_scaling else cfg.replace(rope_scaling=scaling)
+
+
+# ModelConfig's field -> the GGUF key it is read from (for messages)
+_FIELD_KEYS = {"n_kv_heads": "attention.head_count_kv", "n_heads": "attention.head_count", "d_model": "embedding_length",
+               "head_dim": "attention.key_length", "d_ff": "feed_forward_length", "n_layers": "block_count",
+               "max_seq_len": "context_length", "norm_eps": "attention.layer_norm_rms_epsilon",
+               "rope_theta": "rope.freq_base", "partial_rotary_factor": "rope.dimension_count",
+               "sliding_window": "attention.sliding_window"}
 
 
 def _check_shapes(cfg: ModelConfig, reader) -> None:

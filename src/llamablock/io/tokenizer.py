@@ -221,13 +221,17 @@ def tokenizer_from_gguf(reader) -> Tokenizer:
 
     types = field_array(reader, "tokenizer.ggml.token_type")
     merges = field_array(reader, "tokenizer.ggml.merges")
+    scores = field_array(reader, "tokenizer.ggml.scores")
+    for key, per_token in (("tokenizer.ggml.token_type", types), ("tokenizer.ggml.scores", scores)):
+        if per_token is not None and len(per_token) != len(tokens):  # one entry per token, as llama.cpp reads them
+            raise ValueError(f"{name}: {key} has {len(per_token)} entries for {len(tokens)} tokens; the file is "
+                             "inconsistent (one per token)")
     try:
         if kind == "gpt2":
             backend = byte_level_bpe(tokens, merges or [], meta.get("tokenizer.ggml.pre"), types)
             add_bos = flag("tokenizer.ggml.add_bos_token", False)
         elif kind == "llama":
-            scores = field_array(reader, "tokenizer.ggml.scores") or [0.0] * len(tokens)
-            backend = sentencepiece_bpe(tokens, scores, merges, token_id("tokenizer.ggml.unknown_token_id", 0),
+            backend = sentencepiece_bpe(tokens, scores or [0.0] * len(tokens), merges, token_id("tokenizer.ggml.unknown_token_id", 0),
                                         types, flag("tokenizer.ggml.add_space_prefix", True))
             add_bos = flag("tokenizer.ggml.add_bos_token", True)  # llama.cpp's default for spm
         else:
