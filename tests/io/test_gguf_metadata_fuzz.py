@@ -35,7 +35,7 @@ FAMILIES = {  # family -> (transformers family, keyword arguments, writer)
     "gemma3": ("gemma3_text", {"sliding_window": 6}, lambda f, m: write_family_gguf(f, m, "gemma3_text")),
     "phi3": ("phi3", LONG, lambda f, m: write_family_gguf(f, m, "phi3")),
 }
-MAX_EXAMPLES = int(os.environ.get("LLAMABLOCK_FUZZ_EXAMPLES", 25))  # more for a longer hunt
+MAX_EXAMPLES = int(os.environ.get("LLAMABLOCK_FUZZ_EXAMPLES", "25"))  # more for a longer hunt
 NUMERIC = {T.UINT8, T.INT8, T.UINT16, T.INT16, T.UINT32, T.INT32, T.UINT64, T.INT64, T.FLOAT32, T.FLOAT64}
 
 BAD_VALUES = st.one_of(
