@@ -1,4 +1,4 @@
-"""Helpers for the data-loss tests (issue 27): a tiny finished training run made in seconds, a
+"""Helpers for the data-loss tests: a tiny finished training run made in seconds, a
 listing of a folder's files with their contents' hashes (to show nothing was deleted or changed),
 and a CLI call that must be refused in one line with exit status 2."""
 

@@ -122,7 +122,7 @@ def test_cli_non_rope_configs_have_no_pairs_and_alibi_shows_its_slopes(tmp_path,
     (["rope", "--base", "-5"], "--base must be a number above 1"),
     (["rope", "--config", "no-such-model"], "neither a preset"),
     (["rope", "--plot", "out.svg"], "needs a .png"),
-    # issue 27: each of these was a traceback (ZeroDivisionError, OverflowError) or a SIGABRT
+    # each of these was a traceback (ZeroDivisionError, OverflowError) or a SIGABRT
     (["rope", "--base", "inf"], "--base must be a number above 1"),
     (["rope", "--base", "1e-300"], "--base must be a number above 1"),
     (["rope", "--base", "1e300"], "at most 1e+18"),

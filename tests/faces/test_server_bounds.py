@@ -1,4 +1,4 @@
-"""The OpenAI-compatible API's bounds (issue 27), on a real uvicorn server on 127.0.0.1: a body past
+"""The OpenAI-compatible API's bounds, on a real uvicorn server on 127.0.0.1: a body past
 MAX_BODY is refused while it streams, not after it is read; only application/json is read (a web
 page can POST text/plain or a form with no CORS preflight); and the event loop is never held by a
 request's tokenizing, so the page and /v1/models answer while 40 large requests arrive at once.

@@ -1,4 +1,4 @@
-"""Every read bounded (issue 27): a FIFO given where a file is read hung for ever (opening one blocks
+"""Every read bounded: a FIFO given where a file is read hung for ever (opening one blocks
 until a writer comes), /dev/zero exhausted memory, a directory or FIFO said "not found", and
 `perplexity --max-tokens 100` tokenized a whole 30 MB file. Each path is now refused by what it is,
 quickly, naming it; text is read only as far as it is needed.

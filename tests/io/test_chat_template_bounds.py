@@ -1,4 +1,4 @@
-"""Chat templates within bounds (issue 27): a model file's template is untrusted text, and jinja2's
+"""Chat templates within bounds: a model file's template is untrusted text, and jinja2's
 sandbox bounds what it touches, not what it computes. One C-level `9 ** 999999999` hung the loader
 (the step budget never saw it), and a loop writing 2.5 GB aborted it. Each is refused now, fast,
 with a ValueError naming the template; real templates render as before (test_tokenizer.py and

@@ -1,4 +1,4 @@
-"""kill -9 while an export replaces an earlier one (issue 27): the old export or the new one is
+"""kill -9 while an export replaces an earlier one: the old export or the new one is
 whole every time, never a mix and never neither, and a later export leaves no temporary behind.
 
 A subprocess exports two different models (A, B) over the same folder in a loop; the test kills it
@@ -30,7 +30,8 @@ KILLS = 5
 
 LOOP = """
     import sys
-    from llamablock.io.export import export_model, load_checkpoint
+    from llamablock.io.export import export_model
+    from llamablock.io.llamablock_dir import load_checkpoint
     a, _, state = load_checkpoint(sys.argv[1])
     b, _, _ = load_checkpoint(sys.argv[2])
     print("ready", flush=True)

@@ -1,4 +1,4 @@
-"""`llamablock export RUN OUT` writes only a new path or an earlier export (issue 27).
+"""`llamablock export RUN OUT` writes only a new path or an earlier export.
 
 Each case was a data loss: OUT an existing folder of the user's, the folder that holds the run,
 RUN/checkpoints, the run's latest checkpoint, `..` from inside the run, `.`, a foreign file where

@@ -2,7 +2,7 @@
 with SIGXFSZ ignored so that write() fails with EFBIG as on a full disk instead of killing the
 process). `train`, its final export and `export` then end with one line, exit status 2, saying no
 space is left and naming the file, instead of safetensors' or numpy's traceback; a run whose final
-export failed writes it on the next --resume (issue 27)."""
+export failed writes it on the next --resume."""
 
 from __future__ import annotations
 

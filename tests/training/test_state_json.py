@@ -1,4 +1,5 @@
-"""A checkpoint's state.json is checked before anything trusts it (issue 27, training/state_check.py).
+"""A checkpoint's state.json is checked before anything trusts it (io/checkpoint_state.py; a resume
+also checks its training settings, training/state_check.py).
 
 Regression cases from the probe: a checksum table naming a file outside the checkpoint made resume
 open and hash it; a checkpoint without checksums was resumed and exported with changed weights; a
@@ -12,15 +13,16 @@ from __future__ import annotations
 
 import json
 import resource
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from tiny_run import copy_run, listing, make_run, refused
 
-from llamablock.io.export import load_checkpoint
+from llamablock.io import checkpoint_state
+from llamablock.io.llamablock_dir import load_checkpoint
 from llamablock.training import checkpoint as ckpt
-from llamablock.training import state_check
 from llamablock.training.train import train
 
 
@@ -58,13 +60,13 @@ def test_a_checksum_table_naming_a_file_outside_is_refused_unopened(run, tmp_pat
     secret = tmp_path / "secret.bin"
     secret.write_bytes(b"not the checkpoint's")
     hashed = []
-    real = state_check.sha256
-    monkeypatch.setattr(state_check, "sha256", lambda p: hashed.append(p) or real(p))
+    real = checkpoint_state.sha256
+    monkeypatch.setattr(checkpoint_state, "sha256", lambda p: hashed.append(p) or real(p))
     _every_checkpoint(run, lambda s: s["sha256"].update({"../../../secret.bin": "0" * 64}))
     err = refused(capsys, ["train", "--resume", "--out", str(run), "--steps", "6", "--no-progress"])
     assert "sha256 must name exactly" in err
     _export_refused(capsys, run, tmp_path, "sha256 must name exactly")
-    assert all(p.parent.parent.name == "checkpoints" for p in hashed)  # only files inside a checkpoint
+    assert not any(Path(p).resolve() == secret.resolve() for p in hashed)  # refused by name, never opened
 
 
 def test_a_checkpoint_without_checksums_is_refused_by_resume_and_export(run, tmp_path, capsys):

@@ -1,5 +1,5 @@
 """`llamablock train --out` writes only a new or empty folder, or (with --resume) its own run, and
-refuses flags that would allocate without bound (issue 27). Every refusal is one line, exit
+refuses flags that would allocate without bound. Every refusal is one line, exit
 status 2, naming the folder or flag; the listings before and after show nothing was touched."""
 
 from __future__ import annotations

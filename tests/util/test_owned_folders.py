@@ -1,4 +1,4 @@
-"""llamablock.util.files' replacement of folders it owns (issue 27): the swap without renameat2,
+"""llamablock.util.files' replacement of folders it owns: the swap without renameat2,
 the cleanup of a killed writer's leftovers (only those marked as ours), and what counts as a run."""
 
 from __future__ import annotations

@@ -25,7 +25,8 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from llamablock.io.export import export_model, export_target, load_checkpoint, transformers_family
+    from llamablock.io.export import export_model, export_target, transformers_family
+    from llamablock.io.llamablock_dir import load_checkpoint
     from llamablock.io.resolve import is_checkpoint, resolve_model
 
     source = resolve_model(args.run)

@@ -26,31 +26,29 @@ file .llamablock-export and a GGUF export the metadata key `llamablock.export`; 
 exists at OUT, and any path in or around a training run, is refused by name. A GGUF file written
 before the key existed cannot be told from a downloaded one, so it is refused too: remove it.
 A checkpoint is exported only when its state.json passes training.state_check and its weights
-match their recorded checksum (`load_checkpoint(verify=True)`).
+match their recorded checksum (`llamablock_dir.load_checkpoint(verify=True)`).
 
-Reading: `load_model_and_tokenizer` takes what llamablock.io.loading takes plus a run directory
-(its latest checkpoint, llamablock.io.resolve) and a llamablock directory.
+Reading these back: llamablock.io.llamablock_dir (a checkpoint or a llamablock directory), the
+records (tokenizer, ModelConfig) through llamablock.io.llamablock_records.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import shutil
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_model, save_file, save_model
+from safetensors.torch import save_file, save_model
 
 from llamablock.config import ModelConfig
 from llamablock.hf_config import config_to_hf
 from llamablock.io.export_gguf import export_gguf
 from llamablock.io.hf_checkpoint import hf_name
+from llamablock.io.llamablock_dir import load_checkpoint
+from llamablock.io.llamablock_records import CHAT_TEMPLATE, tokenizer_json
 from llamablock.io.resolve import (
-    is_checkpoint,
-    json_kind,
-    read_json,
     resolve_model,
 )
 from llamablock.model import Decoder
@@ -66,45 +64,6 @@ from llamablock.util.files import (
 )
 
 FORMATS = ("auto", "hf", "gguf", "llamablock")
-# The corpus's layout (training/data.py): "SPEAKER:\nthe speech\n\n"; every character is in its alphabet.
-CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] | upper }}:\n{{ m['content'] }}\n\n{% endfor %}"
-                 "{% if add_generation_prompt %}ASSISTANT:\n{% endif %}")
-
-
-# Tokenizers ------------------------------------------------------------------------------------
-def tokenizer_json(record: dict) -> dict:
-    """A `tokenizers` JSON for a training tokenizer record (training.data's to_dict)."""
-    from tokenizers import Tokenizer as Backend
-    from tokenizers import decoders, models
-
-    if not isinstance(record, dict):
-        raise ValueError(f"the tokenizer record must be a JSON object, got {json_kind(record)}")
-    if record.get("kind") == "bpe":
-        if not isinstance(record.get("tokenizer"), dict):
-            raise ValueError("the tokenizer record (kind 'bpe') lacks its 'tokenizer' object")
-        return record["tokenizer"]
-    if record.get("kind") != "char":
-        raise ValueError(f"unknown tokenizer record (kind {record.get('kind')!r}); expected 'char' or 'bpe'")
-    chars = record.get("chars")
-    if not isinstance(chars, str) or not chars:
-        raise ValueError(f"the tokenizer record's 'chars' must be the string of its characters, got {json_kind(chars)}")
-    backend = Backend(models.BPE({c: i for i, c in enumerate(record["chars"])}, []))
-    backend.decoder = decoders.Fuse()  # the default decoder would join tokens with spaces
-    return json.loads(backend.to_str())
-
-
-def tokenizer_from_record(record: dict):
-    """llamablock.io.tokenizer.Tokenizer for a training record: no special tokens, the chat template above."""
-    from tokenizers import Tokenizer as Backend
-
-    from llamablock.io.tokenizer import Tokenizer
-
-    spec = tokenizer_json(record)
-    try:
-        backend = Backend.from_str(json.dumps(spec))
-    except Exception as e:  # the tokenizers library raises a bare Exception on a malformed one
-        raise ValueError(f"the tokenizer record is not a readable tokenizer: {e}") from None
-    return Tokenizer(backend, None, [], chat_template=CHAT_TEMPLATE)
 
 
 def _write_tokenizer(folder: Path, record: dict, max_len: int, out: Path) -> None:
@@ -265,81 +224,3 @@ def export_run(run_dir: str | Path, out: str | Path, fmt: str = "auto") -> tuple
 
 
 # Readers ----------------------------------------------------------------------------------------
-def is_llamablock_dir(path: Path) -> bool:
-    """A folder of ours: a checkpoint (state.json) or an export whose config.json has no model_type."""
-    if is_checkpoint(path):
-        return True
-    conf = path / "config.json"
-    return path.is_dir() and conf.is_file() and "model_type" not in read_json(conf)
-
-
-def model_config(d, where: str) -> ModelConfig:
-    """ModelConfig.from_dict(d), every refusal a ValueError naming `where` (the file and its field)."""
-    if not isinstance(d, dict):
-        raise ValueError(f"{where} must be a JSON object of ModelConfig's fields, got {json_kind(d)}")
-    required = [f.name for f in dataclasses.fields(ModelConfig)
-                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
-    missing = [k for k in required if k not in d]
-    if missing:
-        raise ValueError(f"{where} lacks {', '.join(map(repr, missing))} (edited or truncated?)")
-    try:
-        return ModelConfig.from_dict(d)
-    except (ValueError, TypeError) as e:
-        raise ValueError(f"{where}: {e}") from None
-
-
-def load_weights(model: Decoder, file: Path, config: str) -> None:
-    """`file`'s tensors into `model`; a ValueError naming the file when it is unreadable or its
-    tensors do not have the shapes `config` (the file the model was built from) implies."""
-    from safetensors import safe_open
-
-    if not file.is_file():
-        raise FileNotFoundError(f"{file} is missing: the weights belong beside {config}")
-    try:
-        with safe_open(str(file), "pt") as f:
-            shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
-    except Exception as e:  # safetensors raises its own error types on a torn file
-        raise ValueError(f"{file} is not a readable safetensors file (truncated or corrupt?): {e}") from None
-    for name, t in model.state_dict().items():
-        if name in shapes and shapes[name] != tuple(t.shape):
-            raise ValueError(f"{file} holds {name} as {shapes[name]}, but {config} implies {tuple(t.shape)}: the "
-                             "config and the weights are of different models")
-    try:
-        load_model(model, str(file), strict=True)
-    except RuntimeError as e:  # missing or unexpected tensors
-        first = " ".join(str(e).split())
-        raise ValueError(f"{file} does not hold the tensors {config} implies: {first[:300]}") from None
-
-
-def load_checkpoint(path: Path, verify: bool = False) -> tuple[Decoder, object, dict]:
-    """(model in eval mode, Tokenizer, state) of one training checkpoint folder. Its state.json is
-    checked (typed, shapes bounded by the weights' headers) before any model is built; with
-    `verify` it must record checksums and the weights must match theirs (export does; a resume
-    checks both tensor files, training.checkpoint.verify). Without, checksums may be absent:
-    generate and serve still read a run saved before they were recorded."""
-    from llamablock.training.state_check import checked_checkpoint, checked_state
-
-    state = checked_checkpoint(path, ("model.safetensors",)) if verify else checked_state(path, need_sums=False)
-    where = Path(path) / "state.json"
-    model = Decoder(model_config(state.get("model_config"), f"{where}: model_config"))
-    load_weights(model, Path(path) / "model.safetensors", f"{where}'s model_config")
-    try:
-        tok = tokenizer_from_record(state.get("tokenizer"))
-    except ValueError as e:
-        raise ValueError(f"{where}: tokenizer: {e}") from None
-    return model.eval(), tok, state
-
-
-def load_llamablock_dir(path: Path, dtype: torch.dtype | None = None):
-    """(Decoder, Tokenizer) of a checkpoint folder or a llamablock export."""
-    from llamablock.io.tokenizer import tokenizer_from_dir
-
-    path = Path(path)
-    if is_checkpoint(path):
-        model, tok, _ = load_checkpoint(path)
-    else:
-        conf = path / "config.json"
-        model = Decoder(model_config(read_json(conf), str(conf)))
-        load_weights(model, path / "model.safetensors", str(conf))
-        model, tok = model.eval(), tokenizer_from_dir(path)
-    return (model.to(dtype) if dtype is not None else model), tok

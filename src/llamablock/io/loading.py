@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from llamablock.io.export import is_llamablock_dir, load_llamablock_dir
+from llamablock.io.llamablock_dir import is_llamablock_dir, load_llamablock_dir
 from llamablock.io.resolve import resolve_model
 from llamablock.model import Decoder
 

@@ -26,7 +26,12 @@ from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as Backend
 
 from llamablock.io.resolve import read_json
-from llamablock.util.reads import MAX_JSON, MAX_TEMPLATE, read_text_bounded, regular_file
+from llamablock.util.reads import (
+    MAX_JSON,
+    MAX_TEMPLATE,
+    read_text_bounded,
+    regular_file,
+)
 
 # llama.cpp llama-vocab.cpp, LLAMA_VOCAB_PRE_TYPE_*: how text is split before byte-level BPE.
 _GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"

@@ -198,7 +198,7 @@ def _exported(run_dir: Path) -> bool:
 
 def _export_finished(run_dir: Path, path: Path, state: dict, t: TrainConfig) -> dict:
     """Write the final export of a finished run from its last checkpoint (the first attempt failed)."""
-    from llamablock.io.export import load_checkpoint
+    from llamablock.io.llamablock_dir import load_checkpoint
 
     model, _, _ = load_checkpoint(path, verify=True)
     tok = D.tokenizer_from_dict(state["tokenizer"])

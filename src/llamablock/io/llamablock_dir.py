@@ -1,0 +1,80 @@
+"""Reading llamablock's own folders: a training checkpoint, or a llamablock export (io/export.py
+writes it; its config.json holds ModelConfig's fields and no model_type).
+
+A checkpoint's state.json is checked (io/checkpoint_state.py) before any model is built from it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_model
+
+from llamablock.io.checkpoint_state import checked_checkpoint, checked_state
+from llamablock.io.llamablock_records import model_config, tokenizer_from_record
+from llamablock.io.resolve import is_checkpoint, read_json
+from llamablock.model import Decoder
+
+
+def is_llamablock_dir(path: Path) -> bool:
+    """A folder of ours: a checkpoint (state.json) or an export whose config.json has no model_type."""
+    if is_checkpoint(path):
+        return True
+    conf = path / "config.json"
+    return path.is_dir() and conf.is_file() and "model_type" not in read_json(conf)
+
+
+def load_weights(model: Decoder, file: Path, config: str) -> None:
+    """`file`'s tensors into `model`; a ValueError naming the file when it is unreadable or its
+    tensors do not have the shapes `config` (the file the model was built from) implies."""
+    from safetensors import safe_open
+
+    if not file.is_file():
+        raise FileNotFoundError(f"{file} is missing: the weights belong beside {config}")
+    try:
+        with safe_open(str(file), "pt") as f:
+            shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+    except Exception as e:  # safetensors raises its own error types on a torn file
+        raise ValueError(f"{file} is not a readable safetensors file (truncated or corrupt?): {e}") from None
+    for name, t in model.state_dict().items():
+        if name in shapes and shapes[name] != tuple(t.shape):
+            raise ValueError(f"{file} holds {name} as {shapes[name]}, but {config} implies {tuple(t.shape)}: the "
+                             "config and the weights are of different models")
+    try:
+        load_model(model, str(file), strict=True)
+    except RuntimeError as e:  # missing or unexpected tensors
+        first = " ".join(str(e).split())
+        raise ValueError(f"{file} does not hold the tensors {config} implies: {first[:300]}") from None
+
+
+def load_checkpoint(path: Path, verify: bool = False) -> tuple[Decoder, object, dict]:
+    """(model in eval mode, Tokenizer, state) of one training checkpoint folder. Its state.json is
+    checked (typed, shapes bounded by the weights' headers) before any model is built; with
+    `verify` it must record checksums and the weights must match theirs (export does; a resume
+    checks both tensor files, training.checkpoint.verify). Without, checksums may be absent:
+    generate and serve still read a run saved before they were recorded."""
+    state = checked_checkpoint(path, ("model.safetensors",)) if verify else checked_state(path, need_sums=False)
+    where = Path(path) / "state.json"
+    model = Decoder(model_config(state.get("model_config"), f"{where}: model_config"))
+    load_weights(model, Path(path) / "model.safetensors", f"{where}'s model_config")
+    try:
+        tok = tokenizer_from_record(state.get("tokenizer"))
+    except ValueError as e:
+        raise ValueError(f"{where}: tokenizer: {e}") from None
+    return model.eval(), tok, state
+
+
+def load_llamablock_dir(path: Path, dtype: torch.dtype | None = None):
+    """(Decoder, Tokenizer) of a checkpoint folder or a llamablock export."""
+    from llamablock.io.tokenizer import tokenizer_from_dir
+
+    path = Path(path)
+    if is_checkpoint(path):
+        model, tok, _ = load_checkpoint(path)
+    else:
+        conf = path / "config.json"
+        model = Decoder(model_config(read_json(conf), str(conf)))
+        load_weights(model, path / "model.safetensors", str(conf))
+        model, tok = model.eval(), tokenizer_from_dir(path)
+    return (model.to(dtype) if dtype is not None else model), tok
