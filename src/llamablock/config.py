@@ -293,10 +293,10 @@ def _convert_override(name: str, text: str, allowed: tuple):
 
 def read_config_json(path: str | Path) -> dict[str, Any]:
     """A config file's JSON object, with errors that name the file and what is wrong with it."""
-    try:
-        d = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise FileNotFoundError(f"config file not found: {path}") from None
+    from llamablock.util.reads import MAX_JSON, read_bytes_bounded
+
+    try:  # a FIFO, a device or a huge file is refused by name before it is read (util/reads.py)
+        d = json.loads(read_bytes_bounded(path, MAX_JSON, "config file").decode("utf-8"))
     except json.JSONDecodeError as e:
         raise ValueError(f"{path} is not valid JSON: {e}") from None
     except UnicodeDecodeError as e:

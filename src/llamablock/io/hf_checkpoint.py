@@ -26,6 +26,7 @@ from llamablock.config import ModelConfig, read_config_json
 from llamablock.io.empty import empty_decoder
 from llamablock.model import Decoder
 from llamablock.util.files import atomic_write
+from llamablock.util.reads import MAX_JSON, read_bytes_bounded
 
 _LAYER = {
     "attn.wq": "self_attn.q_proj", "attn.wk": "self_attn.k_proj", "attn.wv": "self_attn.v_proj",
@@ -86,7 +87,7 @@ def _tensor_files(path: Path) -> list[Path]:
     index = path / "model.safetensors.index.json"
     if index.exists():
         try:
-            weight_map = json.loads(index.read_text())["weight_map"]
+            weight_map = json.loads(read_bytes_bounded(index, MAX_JSON, "safetensors index"))["weight_map"]
             names = sorted(set(weight_map.values()))
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise ValueError(f"{index} is not a safetensors index (a JSON object with a weight_map): {e}") from None
