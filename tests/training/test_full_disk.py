@@ -14,16 +14,11 @@ import sys
 import textwrap
 
 import pytest
-from tiny_run import FLAGS, copy_run, listing, make_run
+from tiny_run import FLAGS, copy_run, listing
 
 from llamablock import cli
 
 LIMIT = 16 * 1024  # bytes: the JSON files fit, the tiny model's tensors (~40 KB) do not
-
-
-@pytest.fixture(scope="module")
-def made(tmp_path_factory):
-    return make_run(tmp_path_factory.mktemp("made") / "run")
 
 
 def _limited():

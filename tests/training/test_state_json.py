@@ -18,22 +18,12 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
-from tiny_run import copy_run, listing, make_run, refused
+from tiny_run import listing, refused
 
 from llamablock.io import checkpoint_state
 from llamablock.io.llamablock_dir import load_checkpoint
 from llamablock.training import checkpoint as ckpt
 from llamablock.training.train import train
-
-
-@pytest.fixture(scope="module")
-def made(tmp_path_factory):
-    return make_run(tmp_path_factory.mktemp("made") / "run")
-
-
-@pytest.fixture
-def run(made, tmp_path):
-    return copy_run(made, tmp_path / "run")
 
 
 def _edit(folder, change):

@@ -5,20 +5,10 @@ status 2, naming the folder or flag; the listings before and after show nothing 
 from __future__ import annotations
 
 import pytest
-from tiny_run import FLAGS, copy_run, listing, make_run, refused
+from tiny_run import FLAGS, listing, refused
 
 from llamablock import cli
 from llamablock.training import checkpoint as ckpt
-
-
-@pytest.fixture(scope="module")
-def made(tmp_path_factory):
-    return make_run(tmp_path_factory.mktemp("made") / "run")
-
-
-@pytest.fixture
-def run(made, tmp_path):
-    return copy_run(made, tmp_path / "run")
 
 
 def test_a_finished_run_is_not_overwritten_without_resume(run, capsys):
