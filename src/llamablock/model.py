@@ -90,6 +90,16 @@ class Decoder(nn.Module):
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
                 cache: KVCache | None = None, pad_mask: torch.Tensor | None = None,
                 last_only: bool = False) -> torch.Tensor:
+        x = self.hidden(input_ids, position_ids, cache, pad_mask)  # (b, t, D)
+        if last_only:  # generation needs only the next token's logits: skip the head elsewhere
+            x = x[:, -1:]
+        return self.logits(x)
+
+    def hidden(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
+               cache: KVCache | None = None, pad_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """The residual stream after the last block, (b, t, D), before the final norm and the head.
+        A long sequence's loss applies `logits` to it a chunk of tokens at a time
+        (runtime.evaluate.token_losses): (t, V) logits at once would not fit (32k x 49,152 floats)."""
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must have shape (batch, tokens), got {tuple(input_ids.shape)}")
         if input_ids.shape[1] == 0:
@@ -104,8 +114,10 @@ class Decoder(nn.Module):
             x = layer(x, inputs[kind], cache)
         if cache is not None:
             cache.advance(input_ids.shape[1])
-        if last_only:  # generation needs only the next token's logits: skip the head elsewhere
-            x = x[:, -1:]
+        return x
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """(..., D) residual stream -> (..., V) logits: the final norm, the head, Gemma 2's cap."""
         logits = self.head(self.final_norm(x))
         if self.cfg.final_softcap is not None:  # Gemma 2: c tanh(logits / c), as transformers' Gemma2ForCausalLM
             logits = torch.tanh(logits / self.cfg.final_softcap) * self.cfg.final_softcap

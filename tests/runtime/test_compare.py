@@ -16,6 +16,7 @@ from llamablock.runtime.evaluate import (
     _windows,
     compare_to_reference,
     sliding_perplexity,
+    token_losses,
 )
 
 
@@ -56,3 +57,16 @@ def test_a_perturbed_copy_against_torchs_kl_div(pair):
     assert r["mean_kl"] == pytest.approx(kl / n, rel=1e-9)
     for key, m in (("perplexity", other), ("reference_perplexity", model)):
         assert r[key] == pytest.approx(sliding_perplexity(m, IDS, 48, 24)[0], rel=1e-6)  # float64 here, float32 there
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 1024])
+def test_chunked_token_losses_equal_the_one_shot_cross_entropy(pair, chunk):
+    """token_losses applies the head a chunk at a time; the losses equal F.cross_entropy over the
+    whole forward's logits (float32, the same operations per token: to 1e-6), at an offset too."""
+    model, _ = pair
+    ids = torch.tensor([IDS[:60]])
+    for pos in (None, 40 + torch.arange(60)[None]):
+        with torch.no_grad():
+            want = F.cross_entropy(model(ids, position_ids=pos)[0, :-1], ids[0, 1:], reduction="none")
+        got = token_losses(model, ids, pos, chunk=chunk)
+        assert got.shape == (59,) and torch.allclose(got, want, atol=1e-6, rtol=0)

@@ -26,6 +26,24 @@ def lm_loss(model: torch.nn.Module, windows: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
+def token_losses(model, ids: torch.Tensor, position_ids: torch.Tensor | None = None, chunk: int = 1024) -> torch.Tensor:
+    """The loss of each next token of `ids` (1, n): (n - 1,) float32 nats, losses[i] for predicting
+    ids[i + 1]. The head runs on `chunk` tokens at a time, so memory holds (chunk, V) logits, never
+    (n, V): 32k tokens of a 49,152-token vocabulary would be 6.4 GB of float32 logits."""
+    if ids.dim() != 2 or ids.shape[0] != 1 or ids.shape[1] < 2:
+        raise ValueError(f"token_losses takes one sequence of at least 2 tokens, shape (1, n); got {tuple(ids.shape)}")
+    if chunk < 1:
+        raise ValueError(f"chunk must be at least 1 token, got {chunk}")
+    x = model.hidden(ids, position_ids)[0, :-1]  # (n - 1, D): each position predicts the next token
+    targets = ids[0, 1:]
+    out = torch.empty(targets.shape[0], dtype=torch.float32, device=ids.device)
+    for a in range(0, targets.shape[0], chunk):
+        logits = model.logits(x[a:a + chunk]).float()  # (chunk, V)
+        out[a:a + chunk] = F.cross_entropy(logits, targets[a:a + chunk], reduction="none")
+    return out
+
+
+@torch.no_grad()
 def evaluate(model: torch.nn.Module, windows: torch.Tensor, batch_size: int = 16) -> float:
     was = model.training
     model.eval()
