@@ -72,3 +72,22 @@ def test_a_run_stopped_before_its_first_checkpoint_may_be_started_again(tmp_path
     (out / ".llamablock-run").write_text("")
     (out / "log.jsonl").write_text("")
     assert cli.main(["train", *FLAGS, "--steps", "2", "--out", str(out)]) == 0
+
+
+def test_a_fifo_as_the_runs_lock_is_refused_not_waited_on(run, capsys):
+    """`RUN/.lock` a FIFO: opening it to write waited for a reader for ever; now one line naming it."""
+    import os
+    import threading
+
+    lock = run / ".lock"
+    lock.unlink(missing_ok=True)
+    os.mkfifo(lock)
+    result = {}
+    t = threading.Thread(target=lambda: result.update(err=refused(
+        capsys, ["train", "--resume", "--out", str(run), "--steps", "6", "--no-progress"])), daemon=True)
+    t.start()
+    t.join(30)
+    if t.is_alive():  # let the blocked open return, then fail
+        os.close(os.open(lock, os.O_RDONLY | os.O_NONBLOCK))
+        pytest.fail("train --resume waited on a FIFO planted as the run's lock")
+    assert ".lock is a FIFO (named pipe), not the run's lock file" in result["err"]

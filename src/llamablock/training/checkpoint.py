@@ -36,6 +36,7 @@ from llamablock.training.state_check import TENSOR_FILES, checked_checkpoint
 from llamablock.training.state_check import sha256 as _sha256
 from llamablock.util.files import atomic_write, disk_full, replace_dir
 from llamablock.util.finite import all_finite
+from llamablock.util.reads import kind_of
 
 KEEP = 2  # complete checkpoints kept on disk
 
@@ -90,7 +91,13 @@ def run_lock(run_dir: str | Path):
     directory is refused instead of interleaving its checkpoints with the first's."""
     path = Path(run_dir) / ".lock"
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as fh:
+    if path.exists() and not path.is_file():  # opening a FIFO there for writing waited for a reader for ever
+        raise ValueError(f"{path} is {kind_of(path.stat().st_mode)}, not the run's lock file; remove it")
+    try:  # O_NONBLOCK: should one appear between the check and the open, it fails instead of waiting
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK, 0o644)
+    except OSError as e:
+        raise ValueError(f"{path} cannot be opened as the run's lock file ({e.strerror}); remove it") from None
+    with os.fdopen(fd, "w") as fh:
         try:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
