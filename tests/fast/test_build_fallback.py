@@ -90,6 +90,11 @@ def test_when_nothing_builds_the_static_layout_runs_eagerly(tiny_dir, monkeypatc
     assert len(lines) == len(attempts("float32", "step")) + len(attempts("float32", "prefill"))
     assert all("simulated: no kernel" in line for line in lines) and "run eagerly" in lines[1]
     assert tokens == generate(model, PROMPT, max_new_tokens=8).tokens
+    # A later process: the failures are remembered beside the packages, said briefly, not compiled again.
+    later = []
+    again = AOTIEngine(model, "float32", notify=later.append)
+    assert generate(again, PROMPT, max_new_tokens=8).tokens == tokens
+    assert len(later) == len(lines) and all("failed to build here before" in line for line in later)
 
 
 @pytest.mark.slow

@@ -183,7 +183,12 @@ def _library(directory: Path) -> Path | None:
 
 
 class BuildFailed(RuntimeError):
-    """A program that inductor could not build with the settings given (the message says why in one line)."""
+    """A program that inductor could not build with the settings given (the message says why in one
+    line); `remembered` when an earlier process failed and left the marker (nothing was compiled now)."""
+
+    def __init__(self, reason: str, remembered: bool = False):
+        super().__init__(reason)
+        self.remembered = remembered
 
 
 def failure_marker(package: Path) -> Path:
@@ -219,7 +224,7 @@ class AOTIProgram:
         if library is None:
             failed = failure_marker(self.path)
             if failed.is_file():  # tried before with these exact settings, weights, torch and source
-                raise BuildFailed(failed.read_text().strip())
+                raise BuildFailed(failed.read_text().strip(), remembered=True)
             t = time.perf_counter()
             try:
                 self._compile(static, options)

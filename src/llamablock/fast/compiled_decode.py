@@ -240,8 +240,11 @@ class AOTIEngine(StaticEngine):
             except BuildFailed as e:
                 self.compile_seconds += time.perf_counter() - t
                 instead = tried[i + 1].name if i + 1 < len(tried) else "the static layout run eagerly"
-                self.notify(f"[{what} in {self.fmt} cannot be built with {attempt.name} on this CPU ({e}); "
-                            f"trying {instead} instead]")
+                if e.remembered:  # said in full when it failed; a later start says it briefly
+                    self.notify(f"[{what} in {self.fmt}: {attempt.name} failed to build here before; {instead} instead]")
+                else:
+                    self.notify(f"[{what} in {self.fmt} cannot be built with {attempt.name} on this CPU ({e}); "
+                                f"trying {instead} instead]")
                 continue
             self.compile_seconds += program.compile_seconds
             self.running[method] = attempt.name
