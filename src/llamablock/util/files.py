@@ -173,15 +173,16 @@ def owned_dir(out: str | Path, marker: str, what: str, allow_in: Path | None = N
     one holding `marker` (written by llamablock before), nowhere in or around a training run except
     inside `allow_in` (train's own export in its run). ValueError naming the path otherwise."""
     p = check_out_path(out)
+    a_what = f"{'an' if what[0] in 'aeiou' else 'a'} {what}"
     run = enclosing_run(p)
     if run is not None and not (allow_in is not None and Path(os.path.abspath(allow_in)) == run):
         raise ValueError(f"OUT {out} is inside the training run or checkpoint {run}; writing there could destroy it: "
                          f"give a path outside it")
     if p.is_symlink() or (p.exists() and not p.is_dir()):  # a link: replacing it would write where it points
-        raise ValueError(f"OUT {out} is an existing file or link, not a folder; a {what} is a folder: give a new path")
+        raise ValueError(f"OUT {out} is an existing file or link, not a folder; {a_what} is a folder: give a new path")
     if p.is_dir() and any(p.iterdir()):
         if not (p / marker).is_file():
-            raise ValueError(f"OUT {out} exists and holds files llamablock did not write as a {what} (no {marker} in "
+            raise ValueError(f"OUT {out} exists and holds files llamablock did not write as {a_what} (no {marker} in "
                              f"it); llamablock replaces only its own: give a new path, or empty it yourself")
         inner = next((d for d, _, _ in os.walk(p) if is_run_dir(Path(d)) or is_checkpoint_dir(Path(d))), None)
         if inner is not None:
