@@ -103,7 +103,7 @@ def _one(model, tok, text: str, args, sampling, chat_history=None, engine=None):
               file=sys.stderr, flush=True)
         # at least the built length: a shorter request on a smaller cache would be another program,
         # compiled in the foreground although `llamablock compile` built one that holds it
-        seconds = engine.prepare(max(total, getattr(args, "built", None) or 0))
+        seconds = engine.prepare(max(total, args.built or 0))
         from llamablock.fast import builds
         from llamablock.io.resolve import resolve_model
 

@@ -6,7 +6,7 @@ the strided evaluation of transformers' perplexity guide).
 
 The text is read within bounds (llamablock.util.reads): a FIFO or a directory is refused by what
 it is, a whole file at most MAX_TEXT bytes, and with --max-tokens N only as much of it as N tokens
-need (`prefix_ids`): a 30 MB file with --max-tokens 100 was tokenized whole (5.4 GB) first.
+need (`prefix_ids`), instead of tokenizing the whole file first (its memory grows with the file).
 """
 
 from __future__ import annotations

@@ -216,7 +216,7 @@ def render_isolated(template: str, special: dict, messages: list[dict], add_gene
     """`render` in a child process killed after `seconds` (default TEMPLATE_SECONDS) and limited
     to TEMPLATE_MEMORY: the bounds above stop every operation known to blow up, and this stops any
     other, since an operation in C holds the interpreter lock and no thread of the server could
-    interrupt it. Costs a Python start (about 0.1 s), so the server uses it, not the command line."""
+    interrupt it. Costs a Python start per render, so the server uses it, not the command line."""
     import os
     import subprocess
 
