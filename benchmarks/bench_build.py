@@ -3,7 +3,7 @@
 `llamablock compile` autotunes by default (inductor's max-autotune restricted to its C++ GEMM
 templates, llamablock.fast.build_options.inductor_options); `--no-autotune` keeps inductor's
 default kernels. Each row is a child process with its own empty inductor cache that builds
-AOTIEngine for the format `llamablock generate` would use (the file's own, `engine_format`),
+AOTIEngine for the format `llamablock generate` would use (the file's own, `own_format`),
 timing the cold build (`engine.build`, every package compiled), then decodes 64 tokens greedily
 through `generate` on one thread, twice, keeping the faster. The table is the trade-off the
 default is chosen by: build seconds saved against decode speed lost.
@@ -27,14 +27,14 @@ import json, sys, time, torch
 torch.set_num_threads(1)
 from llamablock.fast.compiled_decode import AOTIEngine
 from llamablock.runtime.generate import generate
-from llamablock.fast.native import engine_format
-from llamablock.fast.quant import load_dtype
-from llamablock.io.loading import load_pretrained
-from llamablock.io.resolve import resolve_model
+from llamablock.fast.native import own_format
+from llamablock.fast.formats import load_dtype
+from llamablock.io.loading import load_decoder
+from llamablock.io.source import open_source
 autotune = sys.argv[1] == "on"
-path = resolve_model(None)
-fmt = engine_format(path)
-model = load_pretrained(path, load_dtype(fmt))
+source = open_source(None, tokenizer=False)
+fmt = own_format(source)
+model = load_decoder(source, load_dtype(fmt))
 engine = AOTIEngine(model, fmt, autotune=autotune)
 with torch.no_grad():
     seconds = engine.build(128, lambda stage: None)

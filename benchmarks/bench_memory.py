@@ -1,7 +1,7 @@
 """Peak memory of a run by weight format, beside its decode speed (SmolLM2-135M's Q4_1 GGUF).
 
 Each row is a child process that loads the model as `llamablock generate --dtype FORMAT` does
-(llamablock.fast.native.load_model, the command line's allocator settings), generates 32 tokens
+(llamablock.io.source.open_source and llamablock.fast.native.load_in_format, the command line's allocator settings), generates 32 tokens
 eagerly on one thread, and reports its peak resident memory above the same interpreter with torch
 imported (Linux's VmHWM, reset before loading), the resident memory after generating, the bytes
 of the weights it holds, and the decode tokens/s. `auto` reads the GGUF straight into the packed
@@ -26,7 +26,8 @@ import json, sys, torch
 torch.set_num_threads(1)
 from llamablock.fast.malloc import tune_allocator
 tune_allocator()
-from llamablock.fast.native import load_model
+from llamablock.fast.native import load_in_format
+from llamablock.io.source import open_source
 from llamablock.runtime.generate import generate
 
 def kib(field):
@@ -34,7 +35,8 @@ def kib(field):
 
 open("/proc/self/clear_refs", "w").write("5")  # the peak (VmHWM) counts from here
 before = kib("VmRSS")
-model, tok, what = load_model(sys.argv[3] or None, sys.argv[1])
+source = open_source(sys.argv[3] or None)
+(model, what), tok = load_in_format(source, sys.argv[1]), source.tokenizer
 g = generate(model, tok.encode("The capital of France is"), int(sys.argv[2]), eos_ids=())
 storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in [*model.parameters(), *model.buffers()]}
 print(json.dumps({"peak": (kib("VmHWM") - before) * 1024, "after": (kib("VmRSS") - before) * 1024,

@@ -29,7 +29,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from llamablock.io.gguf import load_gguf, open_gguf  # noqa: E402
+from llamablock.io.gguf import config_from_gguf, gguf_decoder, open_gguf  # noqa: E402
 from llamablock.io.resolve import resolve_model  # noqa: E402
 from llamablock.kv_cache import KVCache  # noqa: E402
 from llamablock.runtime.generate import generate  # noqa: E402
@@ -193,7 +193,7 @@ def main() -> None:
     print("-" * len(header))
     for name in args.dtype:
         dtype = DTYPES[name]
-        ours = load_gguf(reader, dtype=dtype)
+        ours = gguf_decoder(reader, config_from_gguf(reader).replace(rope_layout="half"), dtype)
         hf = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype).eval()
         o = ours_speed(ours, ids, args.new_tokens, args.repeat)
         h = hf_speed(hf, ids, args.new_tokens, args.repeat)

@@ -134,12 +134,27 @@ def to_torch(a: np.ndarray) -> torch.Tensor:
 
 
 def count_gguf_opens(monkeypatch) -> list:
-    """The paths `open_gguf` is called with from now on (a parse of the header each), for tests of how
-    often a command reads it. fast.native imported the name, so it is patched there too."""
-    from llamablock.fast import native
-    from llamablock.io import gguf as gguf_io
+    """The paths `open_gguf` is called with from now on (a parse of the header each)."""
+    return count_calls(monkeypatch, "open_gguf")
 
-    opened, real = [], gguf_io.open_gguf
-    for module in (gguf_io, native):
-        monkeypatch.setattr(module, "open_gguf", lambda path: opened.append(path) or real(path))
-    return opened
+
+def count_calls(monkeypatch, name: str) -> list:
+    """The first argument of every call of llamablock's function `name` from now on. It is replaced
+    in every llamablock module that holds it, however imported (`from x import name`, or looked
+    up on its module inside a function), so no call path escapes the count."""
+    import sys
+
+    calls, real = [], None
+    for module in [m for n, m in list(sys.modules.items()) if n.startswith("llamablock") and m is not None]:
+        if callable(getattr(module, name, None)):
+            real = real or getattr(module, name)
+    assert real is not None, f"no llamablock module defines {name}"
+
+    def counted(*args, **kwargs):
+        calls.append(args[0] if args else None)
+        return real(*args, **kwargs)
+
+    for module in [m for n, m in list(sys.modules.items()) if n.startswith("llamablock") and m is not None]:
+        if getattr(module, name, None) is real:
+            monkeypatch.setattr(module, name, counted)
+    return calls

@@ -12,7 +12,8 @@ from gguf_tiny import write_tiny_gguf
 from hf_reference import tiny_hf_model
 
 from llamablock import cli
-from llamablock.io.loading import generation_defaults, load_model_and_tokenizer
+from llamablock.io.loading import load_model_and_tokenizer
+from llamablock.io.source import generation_config, open_source
 from llamablock.runtime.sampling import CHAT_DEFAULTS, Sampling, sampling_for
 
 # A template that shows every message with its role, as chat templates do.
@@ -51,8 +52,8 @@ def test_sampling_precedence():
 def test_generation_defaults_come_from_the_directory(tmp_path, chat_gguf):
     tiny_hf_model("llama", n_heads=4, n_kv=2).save_pretrained(tmp_path)
     (tmp_path / "generation_config.json").write_text(json.dumps({"do_sample": True, "temperature": 0.3}))
-    assert generation_defaults(tmp_path) == {"do_sample": True, "temperature": 0.3}
-    assert generation_defaults(chat_gguf) == {}  # a GGUF keeps no sampling settings
+    assert generation_config(tmp_path) == {"do_sample": True, "temperature": 0.3}
+    assert open_source(chat_gguf).generation == {}  # a GGUF keeps no sampling settings
 
 
 def test_system_message_reaches_the_template(capsys, chat_gguf):

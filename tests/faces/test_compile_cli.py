@@ -10,11 +10,22 @@ from pathlib import Path
 
 import pytest
 import torch
-from gguf_tiny import count_gguf_opens, write_tiny_gguf
+from gguf_tiny import count_calls, write_tiny_gguf
 from hf_reference import tiny_hf_model
 
 from llamablock import cli
 from llamablock.fast import builds
+from llamablock.web.generation import load_served
+
+# A command resolves --model once, parses a GGUF's header once and reads its weights once.
+ONE_EACH = {"resolve_model": 1, "open_gguf": 1, "gguf_tensors": 1}
+
+
+def _count_reads(monkeypatch) -> dict:
+    import llamablock.fast.native  # noqa: F401  (imported, so that its names are counted too)
+    import llamablock.fast.plan  # noqa: F401
+
+    return {name: count_calls(monkeypatch, name) for name in ONE_EACH}
 
 
 @pytest.fixture(scope="module")
@@ -34,13 +45,23 @@ def test_auto_uses_the_compiled_engine_once_it_is_built(capsys, tiny, monkeypatc
     torch._dynamo.reset()
     before = _generate(capsys, tiny, "--max-new-tokens", "8")
     assert before["weights"] == "the file's own precision: 21 tensors float32"  # eager: nothing built yet
-    assert cli.main(["compile", "--model", str(tiny), "--tokens", "64", "--no-autotune"]) == 0
+    with monkeypatch.context() as m:
+        counts = _count_reads(m)
+        assert cli.main(["compile", "--model", str(tiny), "--tokens", "64", "--no-autotune"]) == 0
+        assert {k: len(v) for k, v in counts.items()} == ONE_EACH, counts  # one way in (fast/plan.py)
     out = capsys.readouterr().out
     assert "the decode step" in out and "done:" in out and builds.built_length(tiny, "float32") == 64
-    opened = count_gguf_opens(monkeypatch)
-    after = _generate(capsys, tiny, "--max-new-tokens", "8")
+    with monkeypatch.context() as m:
+        counts = _count_reads(m)
+        after = _generate(capsys, tiny, "--max-new-tokens", "8")
+        assert {k: len(v) for k, v in counts.items()} == ONE_EACH, counts
     assert after["weights"] == "float32, compiled" and after["tokens"] == before["tokens"]
-    assert len(opened) == 1  # choosing the engine and loading its weights share one parse of the header
+    with monkeypatch.context() as m:  # a server with the compiled engine: its eager model from the same read
+        counts = _count_reads(m)
+        served = load_served(str(tiny), max_queue=1, compile_tokens=64)
+        served.worker.close()
+        assert {k: len(v) for k, v in counts.items()} == ONE_EACH, counts
+    assert served.worker.compiled is not None and served.worker.compiled.running.get("step") != "eager"
     # Without --max-new-tokens the compiled engine stops where its cache ends (64 slots): no new build.
     bounded = _generate(capsys, tiny)
     assert bounded["weights"] == "float32, compiled" and bounded["prompt_tokens"] + bounded["new_tokens"] <= 64

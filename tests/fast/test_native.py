@@ -23,9 +23,10 @@ from hf_reference import tiny_hf_model
 from torch import nn
 
 import llamablock
-from llamablock.fast.native import engine_format, hf_dtype, load_gguf_native, load_model
+from llamablock.fast.native import dir_format, load_gguf_native, load_in_format, own_format
 from llamablock.fast.quant import Int4Linear, Int8Embedding, Int8Linear, apply_dtype
 from llamablock.io.resolve import resolve_model
+from llamablock.io.source import open_source
 
 
 def _tiny(tmp_path, qtype, tied=False, **kw):
@@ -74,7 +75,7 @@ def test_a_mixed_file_keeps_each_tensors_format(tmp_path):
     write_tiny_gguf(f, hf, qtype="Q4_0", raw_blocks=raw)
     kinds = _kinds(load_gguf_native(f)[0])
     assert kinds["layers.0.ffn.w_down"] == "Int8Linear" and kinds["layers.1.ffn.w_down"] == "Int4Linear"
-    assert engine_format(f) == "q4"  # the compiled engine runs the majority format
+    assert own_format(open_source(f)) == "q4"  # the compiled engine runs the majority format
 
 
 @pytest.mark.parametrize("tied", [False, True])
@@ -109,8 +110,9 @@ def test_a_tied_quantized_embedding_is_the_heads_int8_rows(tmp_path):
 
 @pytest.mark.slow
 def test_smollm2_straight_load_equals_the_old_path_and_runs_in_q4():
-    native, tok, what = load_model(None, "auto")
-    assert "210 tensors q4" in what and engine_format(None) == "q4"
+    source = open_source(None)
+    (native, what), tok = load_in_format(source, "auto"), source.tokenizer
+    assert "210 tensors q4" in what and own_format(source) == "q4"
     assert isinstance(native.embed, Int8Embedding)
     table = llamablock.load_pretrained(None, torch.bfloat16).embed.weight.float()
     old = _old_path(None, "q4")
@@ -124,16 +126,18 @@ def test_smollm2_straight_load_equals_the_old_path_and_runs_in_q4():
     assert ((got - table[rows]).abs() <= _embedding_error_bound(table, native.head)[rows]).all()
 
 
-def test_a_directory_runs_in_its_torch_dtype(tmp_path, monkeypatch):
-    for stored, want in (("bfloat16", "bfloat16"), ("float16", "bfloat16"), ("float32", "float32"), (None, "float32")):
-        (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "torch_dtype": stored}))
-        assert hf_dtype(tmp_path) == want
-    import llamablock.io.loading
+def test_a_directory_runs_in_its_torch_dtype(tmp_path):
+    from hf_reference import tiny_hf_model
 
-    asked = []
-    monkeypatch.setattr(llamablock.io.loading, "load_model_and_tokenizer",
-                        lambda p, dtype: asked.append(dtype) or (nn.Linear(2, 2), None))
-    assert load_model(tmp_path, "auto")[2] == "float32" and asked == [torch.float32]
+    tiny_hf_model("llama", n_heads=4, n_kv=2).save_pretrained(tmp_path)
+    conf = tmp_path / "config.json"
+    for stored, want in (("bfloat16", "bfloat16"), ("float16", "bfloat16"), ("float32", "float32"), (None, "float32")):
+        d = {k: v for k, v in json.loads(conf.read_text()).items() if k not in ("torch_dtype", "dtype")}
+        conf.write_text(json.dumps({**d, "torch_dtype": stored}))
+        source = open_source(tmp_path, tokenizer=False)
+        assert own_format(source) == want and dir_format(stored or "float32", "config.json") == want
+        model, what = load_in_format(source, "auto")
+        assert what == want and model.embed.weight.dtype == getattr(torch, want)
 
 
 PEAK = r"""
@@ -141,7 +145,8 @@ import json, sys, torch
 torch.set_num_threads(1)
 from llamablock.fast.malloc import tune_allocator
 tune_allocator()  # as the command line runs
-from llamablock.fast.native import load_model
+from llamablock.fast.native import load_in_format
+from llamablock.io.source import open_source
 from llamablock.runtime.generate import generate
 
 def kib(field):
@@ -149,7 +154,8 @@ def kib(field):
 
 open("/proc/self/clear_refs", "w").write("5")  # start the peak (VmHWM) afresh from here
 before = kib("VmRSS")
-model, tok, _ = load_model(sys.argv[1], "auto")
+source = open_source(sys.argv[1])
+(model, _), tok = load_in_format(source, "auto"), source.tokenizer
 load = (kib("VmHWM") - before) * 1024
 generate(model, tok.encode("The capital of France is"), 32, eos_ids=())
 print(json.dumps([load, (kib("VmHWM") - before) * 1024]))
@@ -209,7 +215,7 @@ def test_the_straight_load_holds_one_tensor_in_float_at_a_time(tmp_path, monkeyp
 
 def test_bad_dtype_is_refused():
     with pytest.raises(ValueError, match="--dtype must be one of auto"):
-        load_model(None, "int3")
+        load_in_format(open_source(None, tokenizer=False), "int3")
 
 
 def test_generate_says_which_formats_it_runs(capsys, tmp_path):

@@ -146,7 +146,8 @@ def test_smollm2_perplexity_q8_q4_close_to_float32():
 
 
 def test_dtype_choices_for_the_commands():
-    from llamablock.fast.quant import apply_dtype, load_dtype
+    from llamablock.fast.formats import load_dtype
+    from llamablock.fast.quant import apply_dtype
 
     assert load_dtype("float32") == torch.float32 and load_dtype("q4") == torch.bfloat16
     with pytest.raises(ValueError, match="--dtype must be one of float32, bfloat16, q8, q4"):
@@ -188,7 +189,8 @@ def test_commands_take_dtype_q8_q4(capsys, tmp_path):
     from hf_reference import tiny_hf_model
 
     from llamablock import cli
-    from llamablock.fast.quant import apply_dtype, load_dtype
+    from llamablock.fast.formats import load_dtype
+    from llamablock.fast.quant import apply_dtype
     from llamablock.io.loading import load_model_and_tokenizer
 
     gguf = tmp_path / "tiny.gguf"

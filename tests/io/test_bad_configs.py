@@ -149,11 +149,11 @@ def test_a_gguf_with_zero_key_length_is_named(tmp_path):
 
 
 def test_an_unknown_dtype_label_is_named(tmp_path):
-    from llamablock.fast.native import hf_dtype
+    from llamablock.fast.native import dir_format
 
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "torch_dtype": 5}))
     with pytest.raises(ValueError, match="torch_dtype must be one of"):
-        hf_dtype(tmp_path)
+        dir_format(5, str(tmp_path / "config.json"))
 
 
 # -- through the command line: each message names the file and the field ------------------------

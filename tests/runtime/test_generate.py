@@ -150,13 +150,15 @@ import json, sys, torch
 torch.set_num_threads(1)
 from llamablock.fast.malloc import tune_allocator
 tune_allocator()  # as the command line runs: freed memory stays with the process
-from llamablock.fast.native import load_model
+from llamablock.fast.native import load_in_format
+from llamablock.io.source import open_source
 from llamablock.runtime.generate import generate
 
 def kib(field):
     return next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith(field + ":"))
 
-model, tok, _ = load_model(None, "auto")
+source = open_source(None)
+(model, _), tok = load_in_format(source, "auto"), source.tokenizer
 prompt = tok.encode("The capital of France is")
 generate(model, prompt, 20, eos_ids=())  # what any generation builds once
 open("/proc/self/clear_refs", "w").write("5")  # the peak (VmHWM) counts from here

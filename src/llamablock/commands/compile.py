@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import sys
 import time
+from dataclasses import replace
 
-from llamablock.fast.native import CHOICES
+from llamablock.fast.formats import CHOICES
 
 
 def add_arguments(p) -> None:
@@ -30,27 +31,23 @@ def run(args) -> int:
     import torch
 
     from llamablock.fast import builds
-    from llamablock.fast.compiled_decode import AOTIEngine
-    from llamablock.fast.native import engine_format
-    from llamablock.fast.quant import load_dtype
-    from llamablock.io.loading import load_pretrained
-    from llamablock.io.resolve import resolve_model
+    from llamablock.fast.plan import build, decide
+    from llamablock.io.source import open_source
 
     if args.tokens < 2:
         raise ValueError(f"--tokens must be at least 2, got {args.tokens}")
-    path = resolve_model(args.model)
-    fmt = engine_format(path, args.dtype)
-    model = load_pretrained(path, load_dtype(fmt))
-    if args.tokens > model.cfg.max_seq_len:
-        raise ValueError(f"--tokens {args.tokens} exceeds the model's context of {model.cfg.max_seq_len}")
-    last = builds.last_build_seconds(path, fmt)
-    start = time.perf_counter()
-    print(f"compiling {path.name} in {fmt}" + (f" (the last build took {last:.0f} s)" if last else ""), flush=True)
+    source = open_source(args.model, tokenizer=False)
+    if args.tokens > source.cfg.max_seq_len:
+        raise ValueError(f"--tokens {args.tokens} exceeds the model's context of {source.cfg.max_seq_len}")
+    plan = decide(source, args.dtype, "compiled")
+    fmt, start = plan.fmt, time.perf_counter()
 
     def report(stage: str) -> None:
         print(f"  [{time.perf_counter() - start:6.1f} s] {stage}", flush=True)
 
-    engine = AOTIEngine(model, fmt, autotune=not args.no_autotune, notify=report)
+    last = builds.last_build_seconds(source.path, fmt)
+    print(f"compiling {source.path.name} in {fmt}" + (f" (the last build took {last:.0f} s)" if last else ""), flush=True)
+    engine = build(source, replace(plan, autotune=not args.no_autotune), notify=report).engine
     with torch.no_grad():
         seconds = engine.build(args.tokens, report)
     if engine.running.get("step") == "eager":
@@ -58,8 +55,8 @@ def run(args) -> int:
               "(the lines above say why): `llamablock generate` runs the eager engine; another --dtype may build",
               flush=True)
         return 0
-    builds.record(path, fmt, engine.length, engine.packages(), seconds, autotune=not args.no_autotune)
+    builds.record(source.path, fmt, engine.length, engine.packages(), seconds, autotune=not args.no_autotune)
     print(f"  [{time.perf_counter() - start:6.1f} s] done: {engine.describe()}; {seconds:.0f} s compiling, the rest "
-          f"loaded from the cache; `llamablock generate --model {args.model or path.name}` now uses it for up to "
-          f"{engine.length} tokens", file=sys.stdout, flush=True)
+          f"loaded from the cache; `llamablock generate --model {args.model or source.path.name}` now uses it for up "
+          f"to {engine.length} tokens", file=sys.stdout, flush=True)
     return 0

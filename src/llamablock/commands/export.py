@@ -29,7 +29,7 @@ def run(args) -> int:
     from llamablock.io.llamablock_dir import load_checkpoint
     from llamablock.io.resolve import is_checkpoint, resolve_model
 
-    source = resolve_model(args.run)
+    source = resolve_model(args.run)  # a run's latest checkpoint; its own loader verifies it (no ModelSource)
     if not is_checkpoint(source):
         raise UsageError(f"{args.run} is not a training run directory (no checkpoints/latest) nor a checkpoint "
                          "folder (state.json and model.safetensors); train one with `llamablock train --out DIR`")

@@ -17,7 +17,7 @@ import sys
 import torch
 
 from llamablock.commands import UsageError
-from llamablock.fast.native import CHOICES
+from llamablock.fast.formats import CHOICES
 from llamablock.util.devices import DEVICES
 
 COMPILED_NEW_TOKENS = 256  # --compile without --max-new-tokens: its cache length, and so its program, stays small
@@ -66,36 +66,37 @@ def add_arguments(p) -> None:
                    help="print the CPU's features and kind (the choices that depend on them) on stderr first")
 
 
-def _summary(g, engine=None, weights: str | None = None, hint: str | None = None) -> str:
-    compiled = "" if engine is None else f", compiled decode ({engine.compile_seconds:.0f} s compiling)"
-    runs = f", weights: {weights}" if weights else ""
+def _summary(g, engine, hint: str | None = None) -> str:
+    compiled = f", compiled decode ({engine.compile_seconds:.0f} s compiling)" if hasattr(engine, "compile_seconds") else ""
     return (f"[{g.prompt_tokens} prompt tokens, {len(g.tokens)} new tokens, prefill {g.prefill_tokens_per_s:.1f} tok/s, "
-            f"decode {g.decode_tokens_per_s:.1f} tok/s, stop: {g.stop_reason}{compiled}{runs}"
+            f"decode {g.decode_tokens_per_s:.1f} tok/s, stop: {g.stop_reason}{compiled}, weights: {engine.describe()}"
             f"{'; ' + hint if hint else ''}]")
 
 
-def _budget(args, n_prompt: int, context: int) -> int:
+def _budget(args, plan, n_prompt: int, context: int) -> int:
     """New tokens allowed: the flag, else the rest of the context; a compiled engine stops where its
     built cache ends (or at COMPILED_NEW_TOKENS), so that a default request never compiles again."""
     if args.max_new_tokens is not None:
         return args.max_new_tokens
     room = max(1, context - n_prompt)
-    if args.engine != "compiled":
+    if plan.engine != "compiled":
         return room
-    return max(1, min(room, args.built - n_prompt)) if args.built else min(room, COMPILED_NEW_TOKENS)
+    return max(1, min(room, plan.built - n_prompt)) if plan.built else min(room, COMPILED_NEW_TOKENS)
 
 
-def _one(model, tok, text: str, args, sampling, chat_history=None, engine=None):
+def _one(source, plan, engine, text: str, args, sampling, chat_history=None):
+    from llamablock.fast.plan import prepare
     from llamablock.runtime.generate import check_request, generate
 
+    tok = source.tokenizer
     if chat_history is not None:
         text = tok.apply_chat_template(chat_history + [{"role": "user", "content": text}])
     ids = tok.encode(text)
-    new = _budget(args, len(ids), model.cfg.max_seq_len)
-    check_request(model, len(ids), new)  # before any output, so that an error is the only line printed
+    new = _budget(args, plan, len(ids), source.cfg.max_seq_len)
+    check_request(engine, len(ids), new)  # before any output, so that an error is the only line printed
     on_text = None if args.json else (lambda s: (sys.stdout.write(s), sys.stdout.flush()))
     total = len(ids) + new
-    if engine is not None and not engine.covers(total):
+    if not engine.covers(total):
         from llamablock.fast.aoti_step import package_dir
 
         print(f"[the compiled decode step and prefill: loading them from {package_dir()}, or compiling them once "
@@ -103,25 +104,18 @@ def _one(model, tok, text: str, args, sampling, chat_history=None, engine=None):
               file=sys.stderr, flush=True)
         # at least the built length: a shorter request on a smaller cache would be another program,
         # compiled in the foreground although `llamablock compile` built one that holds it
-        seconds = engine.prepare(max(total, args.built or 0))
-        from llamablock.fast import builds
-        from llamablock.io.resolve import resolve_model
-
-        if engine.running.get("step") != "eager":  # a step that runs eagerly is no build to choose by default
-            builds.record(resolve_model(args.model), engine.fmt, engine.length, engine.packages(), seconds,
-                          autotune=engine.autotune)
-    weights = engine.describe() if engine is not None else getattr(args, "weights", None)
-    g = generate(model if engine is None else engine, ids, new, sampling, seed=args.seed, eos_ids=tok.eos_ids,
-                 stop_strings=args.stop, tokenizer=tok, on_text=on_text)
+        prepare(engine, source, max(total, plan.built or 0))
+    g = generate(engine, ids, new, sampling, seed=args.seed, eos_ids=tok.eos_ids, stop_strings=args.stop,
+                 tokenizer=tok, on_text=on_text)
     if args.json:
         print(json.dumps({"prompt_ids": ids, "tokens": g.tokens, "text": g.text, "stop_reason": g.stop_reason,
-                          "weights": weights,
+                          "weights": engine.describe(),
                           "prompt_tokens": g.prompt_tokens, "new_tokens": len(g.tokens),
                           "prefill_tokens_per_s": g.prefill_tokens_per_s, "decode_tokens_per_s": g.decode_tokens_per_s},
                          ensure_ascii=False))
     else:
         print(flush=True)
-        print(_summary(g, engine, weights, getattr(args, "hint", None)), file=sys.stderr, flush=True)
+        print(_summary(g, engine, plan.note), file=sys.stderr, flush=True)
     return g
 
 
@@ -161,40 +155,8 @@ def _messages(stream):
             yield text
 
 
-def _choose_engine(args):
-    """Settle args.engine to eager or compiled (auto: compiled when llamablock.fast.builds knows a
-    build for this model file and format) and args.built, the built cache length or None. Returns
-    the GGUF reader opened to learn the format when the engine is compiled, for its load to reuse
-    (one parse of the header), else None: the eager load drops its own parse before the weights."""
-    from llamablock.fast import builds
-    from llamablock.fast.native import engine_format
-    from llamablock.io.resolve import resolve_model
-
-    if args.compile is not None:
-        args.engine = "compiled" if args.compile else "eager"
-    args.built, args.fmt, args.hint, reader = None, None, None, None
-    if args.engine == "eager":
-        return None
-    path = resolve_model(args.model)
-    if args.engine == "compiled" or builds.any_build(path):  # the file's format costs a read of its metadata
-        from llamablock.io.gguf import open_gguf
-
-        reader = None if path.is_dir() else open_gguf(path)
-        args.fmt = engine_format(path, args.dtype, reader)
-        args.built = builds.built_length(path, args.fmt)
-    if args.engine == "auto":
-        args.engine = "compiled" if args.built else "eager"
-        if args.built is None:
-            command = f"`llamablock compile{' --model ' + str(args.model) if args.model else ''}`"
-            args.hint = (f"eager engine: the compiled one was built by another llamablock or torch; {command} "
-                         "builds it again" if builds.stale_build(path) else
-                         f"eager engine: {command} builds the compiled one once, then generate uses it")
-    return reader if args.engine == "compiled" else None
-
-
 @torch.no_grad()  # scoped, not torch.set_grad_enabled(False): callers in the same process keep autograd
 def run(args) -> int:
-    from llamablock.io.loading import generation_defaults, load_model_and_tokenizer
     from llamablock.runtime.sampling import sampling_for
 
     if args.prompt is None and not args.chat:
@@ -213,39 +175,25 @@ def run(args) -> int:
         _check_text(flag, text)
     given = {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p,
              "repetition_penalty": args.repetition_penalty}
-    sampling = sampling_for(given, generation_defaults(args.model), chat=args.chat, greedy=args.greedy)
+    from llamablock.fast.plan import build, decide
+    from llamablock.io.source import open_source
     from llamablock.util.devices import resolve_device
 
-    args.device = resolve_device(args.device)
-    if args.device != "cpu" and (args.engine == "compiled" or args.compile):
-        raise UsageError(f"the compiled engine runs on the CPU; use --device cpu, or --engine eager on {args.device}")
-    if args.device != "cpu":
-        args.engine = "eager"
+    device = resolve_device(args.device)
+    engine = args.engine if args.compile is None else ("compiled" if args.compile else "eager")
+    if device != "cpu" and engine == "compiled":
+        raise UsageError(f"the compiled engine runs on the CPU; use --device cpu, or --engine eager on {device}")
     if args.verbose:
         from llamablock.util.cpu import this_cpu
 
         print(f"[cpu: {this_cpu().describe()}; kind {this_cpu().kind}]", file=sys.stderr, flush=True)
-    reader = _choose_engine(args)
-    engine = None
-    if args.engine == "compiled":  # the engine fuses the float weights, then quantizes them itself
-        from llamablock.fast.compiled_decode import AOTIEngine
-        from llamablock.fast.quant import load_dtype
-
-        fmt = args.fmt
-        model, tok = load_model_and_tokenizer(args.model, load_dtype(fmt), reader)
-        reader = None  # the parse is done with: its vocabulary objects go before generation
-        from llamablock.fast import builds
-        from llamablock.io.resolve import resolve_model
-
-        # the settings of the recorded build (`compile --no-autotune` or not): the packages' names hash them
-        engine = AOTIEngine(model, fmt, autotune=builds.autotuned(resolve_model(args.model), fmt))
-    else:
-        from llamablock.fast.native import load_model
-
-        model, tok, args.weights = load_model(args.model, args.dtype, args.device)
+    source = open_source(args.model)
+    sampling = sampling_for(given, source.generation, chat=args.chat, greedy=args.greedy)
+    plan = decide(source, args.dtype, engine, device)
+    running = build(source, plan).engine
     history = [{"role": "system", "content": args.system}] if args.system else []
     if args.prompt is not None:
-        _one(model, tok, args.prompt, args, sampling, history if args.chat else None, engine)
+        _one(source, plan, running, args.prompt, args, sampling, history if args.chat else None)
         return 0
     if sys.stdin.isatty():
         print(f"[{CHAT_HELP}]", file=sys.stderr)
@@ -253,6 +201,6 @@ def run(args) -> int:
         if text == "/clear":
             history = history[:1] if args.system else []
             continue
-        g = _one(model, tok, text, args, sampling, history, engine)
+        g = _one(source, plan, running, text, args, sampling, history)
         history += [{"role": "user", "content": text}, {"role": "assistant", "content": g.text}]
     return 0

@@ -16,7 +16,7 @@ import json
 import os
 from pathlib import Path
 
-from llamablock.fast.native import CHOICES
+from llamablock.fast.formats import CHOICES
 from llamablock.runtime.evaluate import compare_to_reference, sliding_perplexity
 from llamablock.util.devices import DEVICES
 from llamablock.util.reads import read_text_bounded, regular_file
@@ -83,17 +83,20 @@ def run(args) -> int:
     if args.stride is not None and args.stride < 1:
         raise ValueError(f"--stride must be at least 1, got {args.stride}")
     stride = args.stride or max(1, args.context // 2)
-    from llamablock.fast.native import load_model
+    from llamablock.fast.plan import build, decide
+    from llamablock.io.source import open_source
     from llamablock.util.devices import resolve_device
 
     device = resolve_device(args.device)
     if args.compare and device != "cpu":
         raise ValueError(f"--compare runs both models on the CPU (the packed formats' kernels); use --device cpu, "
                          f"not {device}")
-    model, tok, what = load_model(args.model, args.dtype, device)
+    source = open_source(args.model)
+    running = build(source, decide(source, args.dtype, "eager", device))
+    model, tok, what = running.model, source.tokenizer, running.engine.describe()
     ids = tok.encode(text) if args.max_tokens is None else prefix_ids(path, tok, args.max_tokens)
     if args.compare:
-        reference, _, _ = load_model(args.model, args.compare, device)
+        reference = build(source, decide(source, args.compare, "eager", device)).model
         r = compare_to_reference(model, reference, ids, args.context, stride, progress=not args.json)
         r.update(context=args.context, stride=stride, weights=what, reference=args.compare)
         print(json.dumps(r) if args.json else

@@ -33,13 +33,8 @@ import time
 import torch
 
 from llamablock.fast.build_options import attempts
-from llamablock.fast.quant import (
-    DTYPE_CHOICES,
-    FORMATS,
-    PREFILL_ROWS,
-    load_dtype,
-    quantize_model,
-)
+from llamablock.fast.formats import FORMATS, PACKED, load_dtype
+from llamablock.fast.quant import PREFILL_ROWS, quantize_model
 from llamablock.fast.static_decode import (
     StaticDecoder,
     cache_length,
@@ -63,8 +58,8 @@ class StaticEngine:
             raise ValueError(f"the compiled decoder does not support {reason}; run without compilation")
         dtype = model.embed.weight.dtype
         fmt = fmt or {torch.float32: "float32", torch.bfloat16: "bfloat16"}.get(dtype)
-        if fmt not in DTYPE_CHOICES:
-            raise ValueError(f"format must be one of {', '.join(DTYPE_CHOICES)}, got {fmt!r}")
+        if fmt not in FORMATS:
+            raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {fmt!r}")
         want = load_dtype(fmt)
         if dtype != want:
             raise ValueError(f"format {fmt} needs the model loaded in {want}, not {dtype}")
@@ -88,6 +83,9 @@ class StaticEngine:
         """True when a request of `total_tokens` can prefill and decode without building or compiling."""
         return self.static is not None and total_tokens <= self.length and self._ready()
 
+    def describe(self) -> str:
+        return f"{self.fmt}, the static layout run eagerly"
+
     def start(self, total_tokens: int) -> None:
         """Make room for a request of `total_tokens` (prompt + new): rebuild if the cache is too short."""
         if total_tokens <= self.length:
@@ -95,7 +93,7 @@ class StaticEngine:
         length = cache_length(total_tokens, self.cfg.max_seq_len)
         with torch.no_grad():
             static = StaticDecoder(self.model, length)
-            if self.fmt in FORMATS:
+            if self.fmt in PACKED:
                 quantize_model(static, self.fmt)
         self.static = static
         self._built()

@@ -36,8 +36,8 @@ import torch
 from torch import nn
 
 from llamablock.fast import int4pack
+from llamablock.fast.formats import PACKED
 
-FORMATS = ("q8", "q4")
 PREFILL_ROWS = 32  # from this many rows of x on, dequantize and use the bf16 GEMM (see above)
 
 
@@ -204,7 +204,7 @@ def quantize_linear(linear: nn.Linear, fmt: str, group_size: int = 32) -> nn.Mod
         return Int8Linear(linear.weight, linear.bias)
     if fmt == "q4":
         return Int4Linear(linear.weight, linear.bias, group_size)
-    raise ValueError(f"quantization format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    raise ValueError(f"quantization format must be one of {', '.join(PACKED)}, got {fmt!r}")
 
 
 @torch.no_grad()
@@ -216,10 +216,10 @@ def quantize_model(model: nn.Module, fmt: str, group_size: int = 32, head: str =
     tables and norms are untouched (an embedding lookup reads one row per token, not the table).
     For speed, load the model in bfloat16 first: the remaining layers then run in bfloat16 too.
     """
-    if fmt not in FORMATS:
-        raise ValueError(f"quantization format must be one of {', '.join(FORMATS)}, got {fmt!r}")
-    if head not in FORMATS:
-        raise ValueError(f"head format must be one of {', '.join(FORMATS)}, got {head!r}")
+    if fmt not in PACKED:
+        raise ValueError(f"quantization format must be one of {', '.join(PACKED)}, got {fmt!r}")
+    if head not in PACKED:
+        raise ValueError(f"head format must be one of {', '.join(PACKED)}, got {head!r}")
     head_module = getattr(model, "head", None)
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
@@ -245,18 +245,6 @@ def weight_bytes(model: nn.Module) -> int:
     return total
 
 
-# For the commands' --dtype: float32 and bfloat16 are plain dtypes; q8/q4 load in bfloat16
-# (the kernels' activation dtype) and are then quantized.
-DTYPE_CHOICES = ("float32", "bfloat16", "q8", "q4")
-
-
-def load_dtype(name: str) -> torch.dtype:
-    """The torch dtype to load weights in for a --dtype choice."""
-    if name not in DTYPE_CHOICES:
-        raise ValueError(f"--dtype must be one of {', '.join(DTYPE_CHOICES)}, got {name!r}")
-    return torch.float32 if name == "float32" else torch.bfloat16
-
-
 def apply_dtype(model: nn.Module, name: str) -> nn.Module:
-    """Quantize a model loaded with `load_dtype(name)` when `name` is q8 or q4; else leave it."""
-    return quantize_model(model, name) if name in FORMATS else model
+    """Quantize a model loaded with `formats.load_dtype(name)` when `name` is q8 or q4; else leave it."""
+    return quantize_model(model, name) if name in PACKED else model

@@ -290,14 +290,19 @@ def _check_expected(gguf_name: str, name: str, w, expected: dict) -> None:
                          f"{tuple(expected[name])}")
 
 
-def load_gguf(path_or_reader, dtype: torch.dtype = torch.float32, rope_layout: str = "half") -> Decoder:
-    """A `Decoder` with the file's weights dequantized to `dtype`, running in `rope_layout`."""
-    reader = path_or_reader if hasattr(path_or_reader, "tensors") else open_gguf(path_or_reader)
-    cfg = config_from_gguf(reader).replace(rope_layout=rope_layout)
+def gguf_decoder(reader, cfg: ModelConfig, dtype: torch.dtype = torch.float32) -> Decoder:
+    """A `Decoder` of `cfg` with the tensors of `reader` (an open GGUFReader or its TensorIndex)
+    dequantized to `dtype`."""
     model = empty_decoder(cfg)
     expected = {name: p.shape for name, p in model.state_dict(keep_vars=True).items()}
     state = {name: w for name, _, w in gguf_tensors(reader, cfg, expected, dtype)}
     return model.assign_weights(state)
+
+
+def load_gguf(path: str | Path, dtype: torch.dtype = torch.float32, rope_layout: str = "half") -> Decoder:
+    """A `Decoder` with the file's weights dequantized to `dtype`, running in `rope_layout`."""
+    reader = open_gguf(path)
+    return gguf_decoder(reader, config_from_gguf(reader).replace(rope_layout=rope_layout), dtype)
 
 
 def llamacpp_permute(w: torch.Tensor, n_head: int) -> torch.Tensor:

@@ -159,12 +159,20 @@ def _language_model(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]
     return out
 
 
-def load_hf_dir(path: str | Path, dtype: torch.dtype | None = None) -> Decoder:
-    path = Path(path)
-    cfg_file = path / "config.json"
+def read_hf_config(path: str | Path) -> tuple[ModelConfig, dict]:
+    """A transformers directory's config.json: (its ModelConfig, the file's own dict)."""
+    cfg_file = Path(path) / "config.json"
     if not cfg_file.exists():
         raise FileNotFoundError(f"{path} has no config.json; expected a transformers checkpoint directory")
-    cfg = ModelConfig.from_hf(read_config_json(cfg_file), cfg_file)
+    hf = read_config_json(cfg_file)
+    return ModelConfig.from_hf(hf, cfg_file), hf
+
+
+def load_hf_dir(path: str | Path, dtype: torch.dtype | None = None, cfg: ModelConfig | None = None) -> Decoder:
+    """A Decoder with the directory's safetensors weights in `dtype` (None: as stored); `cfg`: its
+    config.json's, when the caller has read it (io/source.py)."""
+    path = Path(path)
+    cfg = cfg or read_hf_config(path)[0]
     tensors = _language_model(read_safetensors(path))
     if cfg.family == "phi3":
         split_fused(cfg, tensors)

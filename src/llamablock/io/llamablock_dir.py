@@ -14,6 +14,7 @@ from safetensors.torch import load_model
 from llamablock.io.checkpoint_state import checked_checkpoint, checked_state
 from llamablock.io.llamablock_records import model_config, tokenizer_from_record
 from llamablock.io.resolve import is_checkpoint, read_json
+from llamablock.config import ModelConfig
 from llamablock.model import Decoder
 
 
@@ -48,6 +49,33 @@ def load_weights(model: Decoder, file: Path, config: str) -> None:
         raise ValueError(f"{file} does not hold the tensors {config} implies: {first[:300]}") from None
 
 
+def read_llamablock_dir(path: Path, tokenizer: bool = True) -> tuple[ModelConfig, object, str]:
+    """(config, Tokenizer or None, where the config was read) of a checkpoint folder (its state.json,
+    checked) or a llamablock export (its config.json): all but the weights."""
+    from llamablock.io.tokenizer import tokenizer_from_dir
+
+    path = Path(path)
+    if is_checkpoint(path):
+        state = checked_state(path, need_sums=False)
+        where = path / "state.json"
+        cfg = model_config(state.get("model_config"), f"{where}: model_config")
+        try:
+            tok = tokenizer_from_record(state.get("tokenizer")) if tokenizer else None
+        except ValueError as e:
+            raise ValueError(f"{where}: tokenizer: {e}") from None
+        return cfg, tok, f"{where}'s model_config"
+    conf = path / "config.json"
+    cfg = model_config(read_json(conf), str(conf))
+    return cfg, (tokenizer_from_dir(path) if tokenizer else None), str(conf)
+
+
+def load_llamablock_weights(path: Path, cfg: ModelConfig, where: str, dtype: torch.dtype | None = None) -> Decoder:
+    """The Decoder of `cfg` (read from `where`) with the folder's model.safetensors, in eval mode."""
+    model = Decoder(cfg)
+    load_weights(model, Path(path) / "model.safetensors", where)
+    return (model.to(dtype) if dtype is not None else model).eval()
+
+
 def load_checkpoint(path: Path, verify: bool = False) -> tuple[Decoder, object, dict]:
     """(model in eval mode, Tokenizer, state) of one training checkpoint folder. Its state.json is
     checked (typed, shapes bounded by the weights' headers) before any model is built; with
@@ -56,25 +84,16 @@ def load_checkpoint(path: Path, verify: bool = False) -> tuple[Decoder, object, 
     generate and serve still read a run saved before they were recorded."""
     state = checked_checkpoint(path, ("model.safetensors",)) if verify else checked_state(path, need_sums=False)
     where = Path(path) / "state.json"
-    model = Decoder(model_config(state.get("model_config"), f"{where}: model_config"))
-    load_weights(model, Path(path) / "model.safetensors", f"{where}'s model_config")
+    cfg = model_config(state.get("model_config"), f"{where}: model_config")
+    model = load_llamablock_weights(path, cfg, f"{where}'s model_config")
     try:
         tok = tokenizer_from_record(state.get("tokenizer"))
     except ValueError as e:
         raise ValueError(f"{where}: tokenizer: {e}") from None
-    return model.eval(), tok, state
+    return model, tok, state
 
 
 def load_llamablock_dir(path: Path, dtype: torch.dtype | None = None):
     """(Decoder, Tokenizer) of a checkpoint folder or a llamablock export."""
-    from llamablock.io.tokenizer import tokenizer_from_dir
-
-    path = Path(path)
-    if is_checkpoint(path):
-        model, tok, _ = load_checkpoint(path)
-    else:
-        conf = path / "config.json"
-        model = Decoder(model_config(read_json(conf), str(conf)))
-        load_weights(model, path / "model.safetensors", str(conf))
-        model, tok = model.eval(), tokenizer_from_dir(path)
-    return (model.to(dtype) if dtype is not None else model), tok
+    cfg, tok, where = read_llamablock_dir(Path(path))
+    return load_llamablock_weights(path, cfg, where, dtype), tok

@@ -8,6 +8,9 @@ An engine runs one sequence of batch 1 through a model with a cache:
                                       (before any timing starts)
     engine.prefill(ids (1, t))        the prompt at positions 0..t-1 -> logits (1, V) of the last
     engine.step(ids (1, 1), pos)      one token at position pos -> logits (1, V)
+    engine.covers(total_tokens)       whether a request of that length runs without building or
+                                      compiling anything first (the eager engines: always)
+    engine.describe()                 the weights and how they run, in one line (the summary)
 
 `EagerEngine` is the Decoder with its KVCache, the reference every other engine is tested
 against; `RecomputeEngine` keeps no cache and runs the whole sequence at every step (the
@@ -27,8 +30,13 @@ from llamablock.kv_cache import KVCache
 
 class Engine(Protocol):
     cfg: ModelConfig
+    device: torch.device
 
     def prepare(self, total_tokens: int) -> None: ...
+
+    def covers(self, total_tokens: int) -> bool: ...
+
+    def describe(self) -> str: ...
 
     def prefill(self, ids: torch.Tensor) -> torch.Tensor: ...
 
@@ -41,10 +49,16 @@ class EagerEngine:
 
     FIRST = 256  # cache slots allocated before the first growth
 
-    def __init__(self, model):
-        self.model, self.cfg = model, model.cfg
+    def __init__(self, model, what: str | None = None):
+        self.model, self.cfg, self.what = model, model.cfg, what  # what: the weights' formats, said by describe()
         self.cache: KVCache | None = None
         self.total = 0
+
+    def covers(self, total_tokens: int) -> bool:
+        return True
+
+    def describe(self) -> str:
+        return self.what or str(self.model.embed.weight.dtype).removeprefix("torch.")
 
     @property
     def device(self) -> torch.device:
@@ -81,6 +95,12 @@ class RecomputeEngine:
     def __init__(self, model):
         self.model, self.cfg = model, model.cfg
         self.seq: torch.Tensor | None = None
+
+    def covers(self, total_tokens: int) -> bool:
+        return True
+
+    def describe(self) -> str:
+        return "recomputed without a cache"
 
     @property
     def device(self) -> torch.device:

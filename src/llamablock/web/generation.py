@@ -27,7 +27,6 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from llamablock.runtime.engine import EagerEngine
 from llamablock.runtime.generate import generate
@@ -159,33 +158,27 @@ class ServedModel:
 
 def load_served(model: str | None = None, max_queue: int = 8, compile_tokens: int | None = None,
                 device: str = "cpu") -> ServedModel:
-    """Load a model (a name or path as `llamablock generate --model` takes, or a run directory) in
-    its own precision (llamablock.fast.native) and start its worker. The compiled engine serves the
-    requests it covers when `llamablock compile` has built it for this model (llamablock.fast.builds),
-    or when `compile_tokens` asks for it: then it is prepared now for requests up to that many
-    tokens, loaded from the compile cache or compiled once, so that no request waits for a
-    compilation; longer requests run eagerly."""
-    from llamablock.fast import builds
-    from llamablock.fast.native import engine_format, load_model
-    from llamablock.io.loading import load_pretrained
-    from llamablock.io.resolve import DEFAULT_MODEL, EMBEDDED, resolve_model
+    """Load a model (a name or path as `llamablock generate --model` takes, or a run directory) and
+    start its worker, the file read once (fast/plan.py). Requests run on the eager engine, in the
+    file's own precision; the compiled engine serves the requests it covers when `llamablock compile`
+    has built it for this model (fast/builds.py), or when `compile_tokens` asks for it: then it is
+    prepared now for requests up to that many tokens, loaded from the compile cache or compiled
+    once, so that no request waits for a compilation. With a compiled engine the eager model is
+    made from the same weights (plan.eager_beside)."""
+    from llamablock.fast.plan import build, decide, eager_beside, prepare
+    from llamablock.io.source import open_source
 
-    m, tok, _ = load_model(model, "auto", device)
-    path = resolve_model(model)
     if compile_tokens and device != "cpu":
         raise ValueError(f"the compiled engine runs on the CPU; serve with --device cpu to use --compile, not {device}")
-    # the format costs another parse of a GGUF's header: only where an engine is asked for or built
-    fmt = engine_format(path) if compile_tokens or (device == "cpu" and builds.any_build(path)) else None
-    tokens = compile_tokens or (builds.built_length(path, fmt) if fmt else None)
+    source = open_source(model)
+    plan = decide(source, "auto", "compiled" if compile_tokens else "auto", device)
+    built = build(source, plan)
     compiled = None
-    if tokens:
-        from llamablock.fast.compiled_decode import AOTIEngine
-        from llamablock.fast.quant import load_dtype
-
-        compiled = AOTIEngine(load_pretrained(path, load_dtype(fmt)), fmt, autotune=builds.autotuned(path, fmt))
-        seconds = compiled.prepare(min(tokens, m.cfg.max_seq_len))
-        if compiled.running.get("step") != "eager":
-            builds.record(path, fmt, compiled.length, compiled.packages(), seconds, autotune=compiled.autotune)
-    arg = model or DEFAULT_MODEL
-    name = arg if arg in EMBEDDED else Path(arg).name
-    return ServedModel(name, m, tok, GenerationWorker(m, tok, max_queue, compiled), int(time.time()), (arg,))
+    if plan.engine == "compiled":
+        compiled, m = built.engine, eager_beside(built)
+        prepare(compiled, source, min(compile_tokens or plan.built, source.cfg.max_seq_len))
+    else:
+        m = built.model
+    arg = model or source.name
+    return ServedModel(source.name, m, source.tokenizer, GenerationWorker(m, source.tokenizer, max_queue, compiled),
+                       int(time.time()), (arg,))

@@ -1,0 +1,108 @@
+"""How a command runs its model, decided once (`decide`), and the engine built from it (`build`).
+
+Every command that runs a model begins the same way (gpt-fast's main(): resolve once, load once,
+compile in one `if`):
+
+    source = open_source(args.model)                          # io/source.py: read once
+    plan = decide(source, args.dtype, args.engine, device)    # engine, format, device, and why
+    built = build(source, plan)                               # the weights read once
+
+The rules:
+- Device: the packed formats and the compiled engine run on the CPU; elsewhere the engine is
+  eager and `auto` is the float format (fast/native.py float_format).
+- Engine: `compiled` when asked; `auto` is compiled when fast/builds.py records a build of this
+  file in this format by this llamablock and torch (`llamablock compile` made it), else eager,
+  with a note that says how to build it (or that the build is another version's).
+- Format: the eager engine's `auto` is every tensor in its stored format (fast/native.py); the
+  compiled engine's is the file's majority format (native.own_format), since it quantizes its
+  fused q/k/v itself.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+from torch import nn
+
+from llamablock.fast import builds
+from llamablock.fast.formats import PACKED, load_dtype
+from llamablock.fast.native import load_in_format, own_format
+from llamablock.fast.quant import apply_dtype
+from llamablock.io.loading import load_decoder
+from llamablock.io.source import ModelSource
+from llamablock.runtime.engine import EagerEngine
+
+ENGINES = ("auto", "eager", "compiled")
+
+
+@dataclass(frozen=True)
+class Plan:
+    engine: str  # "eager" or "compiled"
+    fmt: str  # the weights' format (formats.FORMATS), or "auto" for the eager engine's per-tensor choice
+    device: str
+    built: int | None = None  # the recorded build's cache length (compiled), else None
+    autotune: bool = True  # the recorded build's setting: its packages' names hash it
+    note: str | None = None  # said with the summary: why eager where a compiled engine could run
+
+
+def decide(source: ModelSource, fmt: str = "auto", engine: str = "auto", device: str = "cpu") -> Plan:
+    """The plan for running `source`: `fmt` one of formats.CHOICES, `engine` one of ENGINES,
+    `device` a resolved device name (util/devices.resolve_device)."""
+    if engine not in ENGINES:
+        raise ValueError(f"--engine must be one of {', '.join(ENGINES)}, got {engine!r}")
+    if device != "cpu":
+        if engine == "compiled":
+            raise ValueError(f"the compiled engine runs on the CPU; use --device cpu, or --engine eager on {device}")
+        return Plan("eager", fmt, device)
+    if engine == "eager":
+        return Plan("eager", fmt, device)
+    built = None
+    if engine == "compiled" or builds.any_build(source.path):  # else the format is not needed
+        compiled_fmt = own_format(source) if fmt == "auto" else fmt
+        built = builds.built_length(source.path, compiled_fmt)
+    if engine == "auto" and built is None:
+        command = f"`llamablock compile{' --model ' + source.given if source.given else ''}`"
+        note = (f"eager engine: the compiled one was built by another llamablock or torch; {command} builds it "
+                "again" if builds.stale_build(source.path) else
+                f"eager engine: {command} builds the compiled one once, then generate uses it")
+        return Plan("eager", fmt, device, note=note)
+    return Plan("compiled", compiled_fmt, device, built, builds.autotuned(source.path, compiled_fmt))
+
+
+@dataclass
+class Built:
+    model: nn.Module  # the eager model: what the eager engine runs
+    engine: object  # what generation runs (runtime/engine.py's interface)
+
+
+def build(source: ModelSource, plan: Plan, notify=None) -> Built:
+    """The model and engine of `plan`, reading the weights once. A compiled engine is not prepared
+    here (`prepare` does it, loading or compiling its programs); `notify` gets its build lines."""
+    if plan.engine == "eager":
+        model, what = load_in_format(source, plan.fmt, plan.device)
+        return Built(model, EagerEngine(model, what))
+    from llamablock.fast.compiled_decode import AOTIEngine
+
+    model = load_decoder(source, load_dtype(plan.fmt))
+    return Built(model, AOTIEngine(model, plan.fmt, autotune=plan.autotune, notify=notify))
+
+
+def eager_beside(built: Built) -> nn.Module:
+    """An eager model beside a compiled engine, from the weights already read (a server runs the
+    requests its engine does not cover on it): the engine's float model itself, or a quantized copy
+    of it for q8/q4 (the dequantize-then-quantize path, whose logits equal the native load's:
+    tests/fast/test_native.py)."""
+    fmt = built.engine.fmt
+    return apply_dtype(copy.deepcopy(built.model), fmt) if fmt in PACKED else built.model
+
+
+def prepare(engine, source: ModelSource, total_tokens: int) -> float:
+    """Make `engine` ready for `total_tokens` (loading or compiling a compiled engine's programs) and
+    record a compiled build (fast/builds.py), so that later commands choose it; seconds compiling."""
+    seconds = engine.prepare(total_tokens) or 0.0
+    running = getattr(engine, "running", None)
+    if running is not None and running.get("step") != "eager":  # a step run eagerly is no build to choose
+        builds.record(source.path, engine.fmt, engine.length, engine.packages(), seconds, autotune=engine.autotune)
+    return seconds
+
