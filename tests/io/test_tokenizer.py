@@ -10,11 +10,8 @@ import pytest
 
 from llamablock.io.gguf import open_gguf
 from llamablock.io.resolve import resolve_model
-from llamablock.io.tokenizer import (
-    load_tokenizer,
-    tokenizer_from_dir,
-    tokenizer_from_gguf,
-)
+from llamablock.io.loading import load_tokenizer
+from llamablock.io.tokenizer import tokenizer_from_dir, tokenizer_from_gguf
 
 SMOL = resolve_model(None)
 STRINGS = [

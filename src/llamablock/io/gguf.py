@@ -139,12 +139,6 @@ def drop_array_fields(reader) -> None:
         del reader.fields[key]
 
 
-def field_array(reader, key: str) -> list | None:
-    """An array metadata field as a Python list, or None when the file lacks it."""
-    field = reader.get_field(key)
-    return None if field is None else field.contents()
-
-
 def _tensor_names(reader) -> set[str]:
     return {t.name for t in reader.tensors}
 

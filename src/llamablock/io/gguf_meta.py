@@ -60,3 +60,9 @@ def number(meta: dict, key: str, kind: type = float, default=REQUIRED, *, positi
     if positive and not value > 0:
         raise ValueError(f"GGUF metadata {key} must be positive, got {value!r}")
     return kind(value)
+
+
+def field_array(reader, key: str) -> list | None:
+    """An array metadata field as a Python list, or None when the file lacks it."""
+    field = reader.get_field(key)
+    return None if field is None else field.contents()

@@ -37,6 +37,11 @@ def load_pretrained(path: str | Path | None = None, dtype: torch.dtype | None = 
     return load_decoder(open_source(path, tokenizer=False), dtype or torch.float32)
 
 
+def load_tokenizer(path: str | Path | None = None):
+    """The tokenizer of a model name, GGUF file or checkpoint folder (None: the default model)."""
+    return open_source(path).tokenizer
+
+
 def load_model_and_tokenizer(path: str | Path | None = None, dtype: torch.dtype | None = None):
     """(Decoder, Tokenizer) for a model name or path, the file read once."""
     source = open_source(path)

@@ -203,7 +203,7 @@ def _file_of(reader) -> str:
 
 
 def tokenizer_from_gguf(reader) -> Tokenizer:
-    from llamablock.io.gguf import field_array, metadata
+    from llamablock.io.gguf_meta import field_array, read_metadata as metadata
 
     name = _file_of(reader)
     meta = metadata(reader)
@@ -307,17 +307,3 @@ def _chat_template(template, conf_file: Path) -> str | None:
         raise ValueError(f"{conf_file}: chat_template lists templates named {sorted(map(str, named))} but none named "
                          "'default', the one a chat uses")
     return named["default"]
-
-
-def load_tokenizer(path: str | Path | None = None, reader=None) -> Tokenizer:
-    """The tokenizer of a model name / GGUF file / transformers directory (None: the default model)."""
-    if reader is not None:
-        return tokenizer_from_gguf(reader)
-    from llamablock.io.resolve import resolve_model
-
-    p = resolve_model(path)
-    if p.is_dir():
-        return tokenizer_from_dir(p)
-    from llamablock.io.gguf import open_gguf
-
-    return tokenizer_from_gguf(open_gguf(p))
