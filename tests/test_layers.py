@@ -143,16 +143,57 @@ def test_no_import_cycle():
     assert cycles(graph()) == []
 
 
+# The module's own files, in its order (STYLE.md, "A house that shows the module"), and the entry point.
+ROOT = {"config", "presets", "rope", "rope_scaling", "alibi", "positions", "norm", "ffn", "attention", "kv_cache",
+        "blocks", "model", "cli"}
+# The longest chain of imports, package inits left out: a bound on how deep reading one module goes.
+CHAIN_BOUND = 15
+
+
+def root_modules() -> set[str]:
+    return {p.stem for p in PKG.glob("*.py") if p.stem not in ("__init__", "__main__")}
+
+
+def longest_chain(g: dict[str, set[str]]) -> list[str]:
+    """The longest path of imports (the graph has no cycle: test_no_import_cycle)."""
+    inits = {m for m in g if _modules()[m].name == "__init__.py"}
+    g = {m: {t for t in ts if t not in inits} for m, ts in g.items() if m not in inits}
+    memo: dict[str, list[str]] = {}
+
+    def from_(v: str) -> list[str]:
+        if v not in memo:
+            memo[v] = [v] + max((from_(w) for w in g[v]), key=len, default=[])
+        return memo[v]
+
+    return max((from_(v) for v in g), key=len)
+
+
 def test_package_root_holds_the_module_files_only():
-    root = sorted(p.stem for p in PKG.glob("*.py") if p.stem not in ("__init__", "__main__"))
-    assert len(root) <= 16, root
+    assert root_modules() == ROOT
 
 
-@pytest.mark.parametrize("case", ["up", "cycle"])
-def test_the_checks_can_fail(case):
-    """A root module importing from fast/ is reported, and so is a two-module cycle."""
+def test_the_longest_import_chain_is_bounded():
+    chain = longest_chain(graph())
+    assert len(chain) <= CHAIN_BOUND, " -> ".join(chain)
+
+
+@pytest.mark.parametrize("case", ["up", "cycle", "chain", "root"])
+def test_the_checks_can_fail(case, tmp_path, monkeypatch):
+    """A root module importing from fast/ is reported, a two-module cycle, a chain made longer than
+    the bound, and a file at the root that is not one of the module's."""
     g = graph()
-    if case == "up":
+    if case == "chain":
+        links = [f"llamablock.io.link{i}" for i in range(CHAIN_BOUND)]
+        g.update({a: {b} for a, b in zip(links, links[1:] + ["llamablock.config"])})
+        monkeypatch.setattr(__import__(__name__), "_modules",
+                            lambda real=_modules: {**real(), **{m: Path(f"{m}.py") for m in links}})
+        assert len(longest_chain(g)) > CHAIN_BOUND
+    elif case == "root":
+        monkeypatch.setattr(__import__(__name__), "PKG", tmp_path)
+        for name in [*ROOT, "loader_helpers"]:
+            (tmp_path / f"{name}.py").write_text("")
+        assert root_modules() - ROOT == {"loader_helpers"}
+    elif case == "up":
         g["llamablock.attention"] = g["llamablock.attention"] | {"llamablock.fast.quant"}
         added = set(upward_imports(g)) - set(upward_imports(graph()))
         assert added == {"llamablock.attention (root) -> llamablock.fast.quant (fast)"}
