@@ -26,7 +26,7 @@ def add_arguments(p) -> None:
                    help="where the model runs (default: auto, the best available); q8/q4 and the compiled engine: CPU")
     p.add_argument("--max-queue", type=int, default=8, metavar="N",
                    help="requests that may wait while one generates; more are answered 503 (default: %(default)s)")
-    p.add_argument("--compile", type=int, default=None, metavar="TOKENS",
+    p.add_argument("--compile-tokens", type=int, default=None, metavar="TOKENS",
                    help="serve requests of up to TOKENS (prompt + completion) with the compiled engine, prepared "
                         "before the server listens (loaded from the compile cache, or compiled once: minutes); "
                         "longer requests run eagerly (default: eager only)")
@@ -42,8 +42,8 @@ def run(args) -> int:
         raise UsageError(f"--port must be in 1..65535, got {args.port}")
     if args.max_queue <= 0:
         raise UsageError(f"--max-queue must be a positive integer, got {args.max_queue}")
-    if args.compile is not None and args.compile < 2:
-        raise UsageError(f"--compile takes the longest request in tokens (at least 2), got {args.compile}")
+    if args.compile_tokens is not None and args.compile_tokens < 2:
+        raise UsageError(f"--compile-tokens takes the longest request in tokens (at least 2), got {args.compile_tokens}")
     import socket
 
     import uvicorn
@@ -60,7 +60,7 @@ def run(args) -> int:
     try:
         from llamablock.util.devices import resolve_device
 
-        served = load_served(args.model, args.max_queue, args.compile, resolve_device(args.device))
+        served = load_served(args.model, args.max_queue, args.compile_tokens, resolve_device(args.device))
     except FileNotFoundError as e:
         if args.model is not None:
             raise

@@ -169,7 +169,7 @@ def load_served(model: str | None = None, max_queue: int = 8, compile_tokens: in
     from llamablock.io.source import open_source
 
     if compile_tokens and device != "cpu":
-        raise ValueError(f"the compiled engine runs on the CPU; serve with --device cpu to use --compile, not {device}")
+        raise ValueError(f"the compiled engine runs on the CPU; serve with --device cpu to use --compile-tokens, not {device}")
     source = open_source(model)
     plan = decide(source, "auto", "compiled" if compile_tokens else "auto", device)
     built = build(source, plan)
