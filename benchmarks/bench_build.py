@@ -20,7 +20,7 @@ import tempfile
 from benchmarks.common import Section, run_child
 
 NAME = "build"
-CLAIM = "cut the cold build time where it costs little speed (issue 20): autotuning's build seconds against its decode gain"
+CLAIM = "cut the cold build time where it costs little speed: autotuning's build seconds against its decode gain"
 
 CHILD = r"""
 import json, sys, time, torch

@@ -1,6 +1,6 @@
 """The compiled decode step's start-up: first run (cold) against a second run (warm cache).
 
-Issue 8 asks that compilation be paid once: a second run of the same command should start
+The target: compilation is paid once, so a second run of the same command should start
 decoding within 10 s. Two child processes run one after the other with the same, initially
 empty, inductor cache directory (TORCHINDUCTOR_CACHE_DIR, as llamablock.fast.compile_cache sets for
 the command line). Each loads the model, builds llamablock.fast.compiled_decode.AOTIEngine,

@@ -1,6 +1,6 @@
 """The plain command as a user runs it: `llamablock generate --prompt ...` after one build.
 
-Issue 20's targets are about the command, not the engine inside it: after `llamablock compile`,
+The targets are about the command, not the engine inside it: after `llamablock compile`,
 the plain `llamablock generate --prompt P` (engine and format left to their defaults) should
 decode at least 3x transformers' bfloat16 speed and 1.5x llama.cpp on the same file, and print
 its first token within 5 s of the process starting. Each side runs as a fresh process, as a user

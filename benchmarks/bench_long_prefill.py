@@ -1,4 +1,4 @@
-"""Prefill of long prompts: time and peak memory against length (issue 8, module section 15.5).
+"""Prefill of long prompts: time and peak memory against length (module section 15.5).
 
 Naive attention materializes a T x T score matrix per head: for SmolLM2-135M (9 query heads)
 at 8,192 tokens that is 9 x 8192^2 x 4 bytes = 2.4 GB per layer in float32. llamablock's prefill

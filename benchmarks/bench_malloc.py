@@ -1,4 +1,4 @@
-"""glibc's return-and-refault of large buffers, and llamablock.fast.malloc's fix (issue 8).
+"""glibc's return-and-refault of large buffers, and llamablock.fast.malloc's fix.
 
 LayerNorm over a (2048, 4096) float32 tensor allocates a 32 MiB output per call; glibc serves
 it with mmap and unmaps it on free, so every call faults fresh zeroed pages in. The fix

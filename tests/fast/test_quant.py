@@ -9,7 +9,7 @@ Bounds, and where they come from:
     and round the result to bfloat16 once, so |y - x @ dequant(W)^T| <= 2^-8 * (|x| @ |dequant(W)|^T)
     (one bf16 rounding of a float32 sum, whose own error 2^-24 * k is negligible at k <= 4096).
   * model quality: perplexity on Shakespeare's validation text within the issue's 3% (q8) and
-    5% (q4) of float32 (issue 8's quality targets).
+    5% (q4) of float32 (the quality targets the quantized formats were built to: BENCHMARKS.md's decode section).
 """
 
 from __future__ import annotations
