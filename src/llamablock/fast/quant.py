@@ -245,6 +245,6 @@ def weight_bytes(model: nn.Module) -> int:
     return total
 
 
-def apply_dtype(model: nn.Module, name: str) -> nn.Module:
-    """Quantize a model loaded with `formats.load_dtype(name)` when `name` is q8 or q4; else leave it."""
-    return quantize_model(model, name) if name in PACKED else model
+def apply_dtype(model: nn.Module, fmt: str) -> nn.Module:
+    """Quantize a model loaded with `formats.load_dtype(fmt)` when `fmt` is q8 or q4; else leave it."""
+    return quantize_model(model, fmt) if fmt in PACKED else model

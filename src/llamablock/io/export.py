@@ -63,7 +63,7 @@ from llamablock.util.files import (
     staging_dir,
 )
 
-FORMATS = ("auto", "hf", "gguf", "llamablock")
+EXPORT_FORMATS = ("auto", "hf", "gguf", "llamablock")  # what `export --format` writes
 
 
 def _write_tokenizer(folder: Path, record: dict, max_len: int, out: Path) -> None:
@@ -94,8 +94,8 @@ def transformers_family(cfg: ModelConfig) -> tuple[str | None, str | None]:
 
 def choose_format(cfg: ModelConfig, fmt: str) -> str:
     """`fmt`, or for "auto" hf where a transformers class matches and llamablock otherwise."""
-    if fmt not in FORMATS:
-        raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    if fmt not in EXPORT_FORMATS:
+        raise ValueError(f"format must be one of {', '.join(EXPORT_FORMATS)}, got {fmt!r}")
     family, why = transformers_family(cfg)
     if fmt == "auto":
         return "hf" if family else "llamablock"

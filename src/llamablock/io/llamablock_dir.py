@@ -26,7 +26,7 @@ def is_llamablock_dir(path: Path) -> bool:
     return path.is_dir() and conf.is_file() and "model_type" not in read_json(conf)
 
 
-def load_weights(model: Decoder, file: Path, config: str) -> None:
+def load_safetensors_into(model: Decoder, file: Path, config: str) -> None:
     """`file`'s tensors into `model`; a ValueError naming the file when it is unreadable or its
     tensors do not have the shapes `config` (the file the model was built from) implies."""
     from safetensors import safe_open
@@ -72,7 +72,7 @@ def read_llamablock_dir(path: Path, tokenizer: bool = True) -> tuple[ModelConfig
 def load_llamablock_weights(path: Path, cfg: ModelConfig, where: str, dtype: torch.dtype | None = None) -> Decoder:
     """The Decoder of `cfg` (read from `where`) with the folder's model.safetensors, in eval mode."""
     model = Decoder(cfg)
-    load_weights(model, Path(path) / "model.safetensors", where)
+    load_safetensors_into(model, Path(path) / "model.safetensors", where)
     return (model.to(dtype) if dtype is not None else model).eval()
 
 

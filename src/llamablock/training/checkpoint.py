@@ -160,7 +160,7 @@ def _prune(root: Path, keep: str) -> None:
 def load_weights(path: str | Path, model: torch.nn.Module) -> None:
     """The checkpoint's weights into `model`: a ValueError naming the file on missing, extra or
     misshapen tensors (a state.json whose model_config was edited)."""
-    from llamablock.io.llamablock_dir import load_weights as load_checked
+    from llamablock.io.llamablock_dir import load_safetensors_into as load_checked
 
     load_checked(model, Path(path) / "model.safetensors", f"{Path(path) / 'state.json'}'s model_config")
 
