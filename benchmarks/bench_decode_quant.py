@@ -344,7 +344,7 @@ def run(quick: bool = False) -> list[Section]:
                   f"{ids.shape[1]} tokens", ["implementation", "weights MiB", "decode tok/s (median)", "decode tok/s (best)",
                                               "x transformers", "ceiling tok/s", "prefill tok/s", "prefill x transformers",
                                               "ppl", "ppl vs float32"])
-    for k, r in runners.items():
+    for k in runners:
         fmt = k.split()[1]
         wb = weight_bytes(runners[k.removesuffix(" compiled")].model)  # the compiled twin reads the same weights
         d = 1 / dec[k]["median"]

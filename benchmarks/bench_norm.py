@@ -30,10 +30,10 @@ def run(quick: bool = False) -> list[Section]:
     for width in WIDTHS:
         x = torch.randn(rows, width)
         ln, rms = torch.nn.LayerNorm(width), RMSNorm(width)
-        fns = {"layernorm": lambda: ln(x), "rmsnorm eager": lambda: rms(x)}
+        fns = {"layernorm": lambda ln=ln, x=x: ln(x), "rmsnorm eager": lambda rms=rms, x=x: rms(x)}
         if not quick:
             torch.testing.assert_close(fused_rms_norm(x, rms.weight, rms.eps), rms(x), atol=1e-5, rtol=1e-5)
-            fns["rmsnorm compiled"] = lambda: fused_rms_norm(x, rms.weight, rms.eps)
+            fns["rmsnorm compiled"] = lambda rms=rms, x=x: fused_rms_norm(x, rms.weight, rms.eps)
         t = time_calls(fns, repeats=repeats, warmup=2)
         base = t["layernorm"]["median"]
         if width == 4096 and "rmsnorm compiled" in t:

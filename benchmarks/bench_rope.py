@@ -39,12 +39,12 @@ def run(quick: bool = False) -> list[Section]:
         cos, sin = rope_cos_sin(cfg, pos, torch.float32)  # (1, t, d/2)
         cos2, sin2 = torch.cat((cos, cos), -1), torch.cat((sin, sin), -1)  # transformers' (1, t, d)
         q = torch.randn(1, h, t, d)
-        fns = {"llamablock half": lambda: apply_rope(q, cos, sin, "half"),
-               "llamablock interleaved": lambda: apply_rope(q, cos, sin, "interleaved"),
-               "transformers (q and k)": lambda: apply_rotary_pos_emb(q, q, cos2, sin2)}
+        fns = {"llamablock half": lambda q=q, cos=cos, sin=sin: apply_rope(q, cos, sin, "half"),
+               "llamablock interleaved": lambda q=q, cos=cos, sin=sin: apply_rope(q, cos, sin, "interleaved"),
+               "transformers (q and k)": lambda q=q, cos2=cos2, sin2=sin2: apply_rotary_pos_emb(q, q, cos2, sin2)}
         if not quick:
             torch.testing.assert_close(fused_apply_rope(q, cos, sin, "half"), apply_rope(q, cos, sin, "half"))
-            fns["compiled half"] = lambda: fused_apply_rope(q, cos, sin, "half")
+            fns["compiled half"] = lambda q=q, cos=cos, sin=sin: fused_apply_rope(q, cos, sin, "half")
         torch.testing.assert_close(apply_rotary_pos_emb(q, q, cos2, sin2)[0], apply_rope(q, cos, sin, "half"))
         r = time_calls(fns, repeats=repeats, warmup=2)
         base = r["llamablock half"]["median"]

@@ -39,7 +39,8 @@ def run(quick: bool = False) -> list[Section]:
         for t in tokens:
             x = torch.randn(1, t, d)
             torch.testing.assert_close(fused(x), swi(x), atol=1e-5, rtol=1e-5)
-            r = time_calls({"mlp relu 4d": lambda: mlp(x), "swiglu": lambda: swi(x), "swiglu fused": lambda: fused(x)},
+            r = time_calls({"mlp relu 4d": lambda x=x, mlp=mlp: mlp(x), "swiglu": lambda x=x, swi=swi: swi(x),
+                            "swiglu fused": lambda x=x, fused=fused: fused(x)},
                            repeats=repeats, warmup=2)
             base = r["mlp relu 4d"]["median"]
             for name, v in r.items():

@@ -58,7 +58,7 @@ def int8_kernels(static, repeats: int = 7, stream_mib: int = STREAM_MIB) -> tupl
             torch._int_mm(xq[m.in_features], m.qweight.t())
 
     def onednn():  # oneDNN's quantized linear (PT2E's x86 path): uint8 activations, weights prepacked
-        for m, p, s, z in zip(layers, packed, w_scale, w_zero):
+        for m, p, s, z in zip(layers, packed, w_scale, w_zero, strict=True):
             torch.ops.onednn.qlinear_pointwise(xu[m.in_features], 0.02, 128, p, s, z, None, 1.0, 0,
                                                torch.bfloat16, "none", [], "")
 

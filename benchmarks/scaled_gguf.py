@@ -28,7 +28,7 @@ def write_scaled(src: Path, out: Path, d_model: int, n_layers: int, n_heads: int
     arch = reader.fields["general.architecture"].contents()
     meta = {k: f.contents() for k, f in reader.fields.items()}
     head_dim = d_model // n_heads
-    sizes = dict(zip(SIZE_KEYS, (n_layers, d_model, d_ff, n_heads, n_kv_heads, head_dim)))
+    sizes = dict(zip(SIZE_KEYS, (n_layers, d_model, d_ff, n_heads, n_kv_heads, head_dim), strict=True))
     vocab = meta[f"{arch}.vocab_size"] if f"{arch}.vocab_size" in meta else len(meta["tokenizer.ggml.tokens"])
     shapes = {"token_embd": (vocab, d_model), "attn_q": (d_model, d_model), "attn_k": (n_kv_heads * head_dim, d_model),
               "attn_v": (n_kv_heads * head_dim, d_model), "attn_output": (d_model, d_model), "ffn_gate": (d_ff, d_model),

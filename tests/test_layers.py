@@ -184,7 +184,7 @@ def test_the_checks_can_fail(case, tmp_path, monkeypatch):
     g = graph()
     if case == "chain":
         links = [f"llamablock.io.link{i}" for i in range(CHAIN_BOUND)]
-        g.update({a: {b} for a, b in zip(links, links[1:] + ["llamablock.config"])})
+        g.update({a: {b} for a, b in zip(links, links[1:] + ["llamablock.config"], strict=True)})
         monkeypatch.setattr(__import__(__name__), "_modules",
                             lambda real=_modules: {**real(), **{m: Path(f"{m}.py") for m in links}})
         assert len(longest_chain(g)) > CHAIN_BOUND

@@ -107,7 +107,7 @@ def test_rope_visualizer_matches_the_rotation_matrix(client, m, n, pair, base):
     assert d["k_rot"] == pytest.approx(_rotate(d["k"], n * theta), abs=1e-5)
     # q . R(n - m) k, the identity of 15.1; float32 rounding (the module measures 4.77e-7)
     assert d["dot"] == pytest.approx(d["dot_from_gap"], abs=1e-5)
-    expected = sum(a * b for a, b in zip(d["q"], _rotate(d["k"], (n - m) * theta)))
+    expected = sum(a * b for a, b in zip(d["q"], _rotate(d["k"], (n - m) * theta), strict=True))
     assert d["dot"] == pytest.approx(expected, abs=1e-5)
 
 

@@ -64,7 +64,7 @@ def _assert_static_equals_eager(model, ids, steps, length):
     static = StaticDecoder(model, length)
     ref = _eager_logits(model, ids, steps)
     got = _static_logits(static.prefill, lambda t, p: static.step(t, torch.tensor([p])), ids, steps)
-    for r, g in zip(ref, got):
+    for r, g in zip(ref, got, strict=True):
         torch.testing.assert_close(g, r, atol=1e-5, rtol=0)
 
 
@@ -92,10 +92,10 @@ def test_padded_prefill_equals_eager_decoder(tmp_path, family, kw):
     ref = _eager_logits(model, ids, 6)
     got = _static_logits(lambda x: static.prefill(padded, torch.tensor([149])),
                          lambda t, p: static.step(t, torch.tensor([p])), ids, 6)
-    for r, g in zip(ref, got):
+    for r, g in zip(ref, got, strict=True):
         torch.testing.assert_close(g, r, atol=1e-5, rtol=0)
     plain.prefill(ids)
-    for a, b in zip(static.cache.keys, plain.cache.keys):
+    for a, b in zip(static.cache.keys, plain.cache.keys, strict=True):
         torch.testing.assert_close(a[:, :, :150], b[:, :, :150], atol=1e-5, rtol=0)
 
 
@@ -122,7 +122,7 @@ def test_compiled_step_equals_eager(tiny):
     engine = InductorEngine(tiny, autotune=False)
     got = _static_logits(engine.prefill, engine.step, ids, 12)
     assert engine.compile_seconds > 0  # the first step compiled
-    for r, g in zip(ref, got):
+    for r, g in zip(ref, got, strict=True):
         torch.testing.assert_close(g, r, atol=1e-4, rtol=0)
         assert int(r.argmax()) == int(g.argmax())
 
@@ -157,7 +157,7 @@ def test_quantized_engine_equals_quantized_eager_model(tiny, fmt):
     ids = torch.tensor([PROMPT])
     ref = _eager_logits(eager, ids, 8)
     got = _static_logits(engine.prefill, engine.step, ids, 8)
-    for r, g in zip(ref, got):
+    for r, g in zip(ref, got, strict=True):
         torch.testing.assert_close(g.float(), r.float(), atol=0.05, rtol=0.02)  # bfloat16 activations
 
 
@@ -292,7 +292,7 @@ def test_aoti_backend_equals_eager_and_reloads_from_its_package(tiny):
         ids = torch.tensor([PROMPT]) if n == len(PROMPT) else torch.randint(0, tiny.cfg.vocab_size, (1, n), generator=gen)
         ref = _eager_logits(tiny, ids, steps)
         got = _static_logits(engine.prefill, engine.step, ids, steps)
-        for r, g in zip(ref, got):
+        for r, g in zip(ref, got, strict=True):
             torch.testing.assert_close(g, r, atol=1e-4, rtol=0)
     assert engine._prefill_program is not None and engine.length == 256 and PREFILL_MIN > len(PROMPT)
     for program in (engine._step_program, engine._prefill_program):
@@ -347,5 +347,5 @@ def test_float32_step_calls_mkl_gemv_and_equals_eager(tiny):
     assert step_options("float32", inductor_options(False)) == inductor_options(False)
     engine = AOTIEngine(tiny, "float32", compile_prefill=False)
     ids = torch.tensor([PROMPT])
-    for r, g in zip(_eager_logits(tiny, ids, 6), _static_logits(engine.prefill, engine.step, ids, 6)):
+    for r, g in zip(_eager_logits(tiny, ids, 6), _static_logits(engine.prefill, engine.step, ids, 6), strict=True):
         torch.testing.assert_close(g, r, atol=1e-4, rtol=0)

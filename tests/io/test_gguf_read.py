@@ -69,7 +69,7 @@ def test_the_tensor_index_reads_what_the_reader_reads_and_lets_it_go():
     del reader
     assert gone() is None  # nothing of the index keeps the reader (and its parse) alive
     assert index.architecture == "llama" and len(index.tensors) == len(expected)
-    for t, (name, kind, shape, data) in zip(index.tensors, expected):
+    for t, (name, kind, shape, data) in zip(index.tensors, expected, strict=True):
         assert (t.name, t.tensor_type, t.shape.tolist(), t.data.shape, t.data.dtype) == (name, kind, shape, data.shape,
                                                                                         data.dtype)
     embed = index.tensors[0]  # the largest tensor, read by read(2) as the loaders read it

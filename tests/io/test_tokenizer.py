@@ -9,8 +9,8 @@ import gguf
 import pytest
 
 from llamablock.io.gguf import open_gguf
-from llamablock.io.resolve import resolve_model
 from llamablock.io.loading import load_tokenizer
+from llamablock.io.resolve import resolve_model
 from llamablock.io.tokenizer import tokenizer_from_dir, tokenizer_from_gguf
 
 SMOL = resolve_model(None)

@@ -61,7 +61,7 @@ def test_batch_rows_stop_at_their_own_eos(tiny):
     free = [generate(tiny, p, max_new_tokens=10).tokens for p in prompts]
     eos = free[0][3]  # row 0 stops at its 4th token; row 1 stops wherever that id first appears
     got = generate_batch(tiny, prompts, max_new_tokens=10, eos_ids=[eos])
-    for row, full in zip(got, free):
+    for row, full in zip(got, free, strict=True):
         want = full[: full.index(eos) + 1] if eos in full else full
         assert row == want
 

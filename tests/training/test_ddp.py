@@ -31,7 +31,7 @@ def test_two_process_ddp_matches_single_process(tmp_path):
     assert [r["step"] for r in ddp] == [r["step"] for r in single] == list(range(1, 7))
     # Same global batch, gradients averaged by DDP's all-reduce instead of one mean: equal up to
     # float32 summation order. Stated tolerance: 1e-4 nats after 6 AdamW steps.
-    for a, b in zip(ddp, single):
+    for a, b in zip(ddp, single, strict=True):
         assert abs(a["train_loss"] - b["train_loss"]) < 1e-4, (a, b)
         if "val_loss" in b:
             assert abs(a["val_loss"] - b["val_loss"]) < 1e-4, (a, b)

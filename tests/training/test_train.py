@@ -53,7 +53,7 @@ def test_resume_from_step_15_is_exact(full_run, tmp_path):
     # Same machine, same threads: the resumed run is the same computation, so equal exactly.
     assert _vals(resumed["history"]) == _vals(uninterrupted["history"])
     assert resumed["history"][-1]["train_loss"] == uninterrupted["history"][-1]["train_loss"]
-    for a, b in zip(resumed["model"].state_dict().values(), uninterrupted["model"].state_dict().values()):
+    for a, b in zip(resumed["model"].state_dict().values(), uninterrupted["model"].state_dict().values(), strict=True):
         assert torch.equal(a, b)
     lines = (out / "log.jsonl").read_text().splitlines()
     assert [json.loads(x)["step"] for x in lines] == list(range(1, 31))

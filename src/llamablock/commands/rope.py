@@ -113,7 +113,7 @@ def _ranges(ix: list[int]) -> str:
     if not ix:
         return "none"
     out, start = [], ix[0]
-    for a, b in zip(ix, ix[1:] + [None]):
+    for a, b in zip(ix, ix[1:] + [None], strict=True):
         if b != a + 1:
             out.append(f"{start}" if start == a else f"{start}-{a}")
             start = b

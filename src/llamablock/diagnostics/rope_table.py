@@ -66,7 +66,7 @@ def pair_records(cfg: RopeSpec | ModelConfig, train_len: int, target_len: int) -
     base_freq, _ = rope_frequencies(cfg.replace(rope_scaling=None))
     scaled, attention = rope_frequencies(cfg, seq_len=target_len)
     rows = []
-    for i, (f, g) in enumerate(zip(base_freq.double().tolist(), scaled.double().tolist())):
+    for i, (f, g) in enumerate(zip(base_freq.double().tolist(), scaled.double().tolist(), strict=True)):
         wavelength, ratio = 2 * math.pi / f, f / g
         seen_all = wavelength <= train_len
         rows.append({

@@ -71,7 +71,7 @@ def tensor_ranges(tensors) -> list[tuple[int, int]]:
         if t.is_mkldnn:
             start, size = torch.ops.mkldnn.data_ptr(t), torch.ops.mkldnn._nbytes(t)
         else:
-            extent = 1 + sum((n - 1) * stride for n, stride in zip(t.shape, t.stride()))  # elements spanned
+            extent = 1 + sum((n - 1) * stride for n, stride in zip(t.shape, t.stride(), strict=True))  # elements spanned
             start, size = t.data_ptr(), extent * t.element_size() if t.numel() else 0
         if size > 0:
             spans.append((start, start + size))

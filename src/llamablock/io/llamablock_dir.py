@@ -11,10 +11,10 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_model
 
+from llamablock.config import ModelConfig
 from llamablock.io.checkpoint_state import checked_checkpoint, checked_state
 from llamablock.io.llamablock_records import model_config, tokenizer_from_record
 from llamablock.io.resolve import is_checkpoint, read_json
-from llamablock.config import ModelConfig
 from llamablock.model import Decoder
 
 

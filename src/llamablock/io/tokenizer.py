@@ -125,9 +125,9 @@ def _add_typed_tokens(backend: Backend, tokens: list[str], types: list[int] | No
     if not types:
         return
     backend.add_special_tokens([AddedToken(t, normalized=False, special=True)
-                                for t, k in zip(tokens, types) if k == CONTROL])
+                                for t, k in zip(tokens, types, strict=True) if k == CONTROL])
     backend.add_tokens([AddedToken(t, normalized=False, special=False)
-                        for t, k in zip(tokens, types) if k == USER_DEFINED])
+                        for t, k in zip(tokens, types, strict=True) if k == USER_DEFINED])
 
 
 def byte_level_bpe(tokens: list[str], merges: list[str], pre: str | None, types: list[int] | None = None) -> Backend:
@@ -203,7 +203,8 @@ def _file_of(reader) -> str:
 
 
 def tokenizer_from_gguf(reader) -> Tokenizer:
-    from llamablock.io.gguf_meta import field_array, read_metadata as metadata
+    from llamablock.io.gguf_meta import field_array
+    from llamablock.io.gguf_meta import read_metadata as metadata
 
     name = _file_of(reader)
     meta = metadata(reader)

@@ -139,7 +139,7 @@ def plot(result: dict, path) -> None:
     lengths = sorted({int(n) for per in result["curves"].values() for n in per})
     colours = {n: f"C{i % 10}" for i, n in enumerate(result["curves"])}
     fig, axes = pyplot().subplots(1, len(lengths), figsize=(5 * len(lengths), 4), sharey=True, dpi=100)
-    for ax, n in zip(axes, lengths):
+    for ax, n in zip(axes, lengths, strict=True):
         for scheme, per in result["curves"].items():
             if str(n) in per:
                 c = per[str(n)]

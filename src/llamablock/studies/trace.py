@@ -103,7 +103,7 @@ def trace_model(model, tokenizer, text: str, top_k: int = 5) -> dict:
     probs = torch.softmax(logits[-1].float(), -1)
     top = torch.topk(probs, min(top_k, probs.numel()))
     return {"tokens": [tokenizer.decode([i]) for i in ids[0].tolist()], "stages": stages,
-            "top": [{"token": tokenizer.decode([i]), "prob": float(p)} for p, i in zip(top.values, top.indices)],
+            "top": [{"token": tokenizer.decode([i]), "prob": float(p)} for p, i in zip(top.values, top.indices, strict=True)],
             "logits": logits}
 
 
