@@ -28,6 +28,7 @@ from llamablock.fast.malloc import tune_allocator
 tune_allocator()
 from llamablock.fast.native import load_in_format
 from llamablock.io.source import open_source
+from llamablock.runtime.engine import EagerEngine
 from llamablock.runtime.generate import generate
 
 def kib(field):
@@ -37,7 +38,7 @@ open("/proc/self/clear_refs", "w").write("5")  # the peak (VmHWM) counts from he
 before = kib("VmRSS")
 source = open_source(sys.argv[3] or None)
 (model, what), tok = load_in_format(source, sys.argv[1]), source.tokenizer
-g = generate(model, tok.encode("The capital of France is"), int(sys.argv[2]), eos_ids=())
+g = generate(EagerEngine(model), tok.encode("The capital of France is"), int(sys.argv[2]), eos_ids=())
 storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in [*model.parameters(), *model.buffers()]}
 print(json.dumps({"peak": (kib("VmHWM") - before) * 1024, "after": (kib("VmRSS") - before) * 1024,
                   "weights": sum(storages.values()), "tokens_per_s": g.decode_tokens_per_s, "what": what}))

@@ -30,12 +30,13 @@ if quick:
 else:
     import llamablock
     model = llamablock.load_pretrained(None)
+from llamablock.runtime.engine import EagerEngine
 from llamablock.runtime.generate import generate
 prompt = list(range(1, 33))
-generate(model, prompt, 4)  # warm-up
+generate(EagerEngine(model), prompt, 4)  # warm-up
 best = 0.0
 for _ in range(3):
-    g = generate(model, prompt, steps, eos_ids=())
+    g = generate(EagerEngine(model), prompt, steps, eos_ids=())
     best = max(best, g.decode_tokens_per_s)
 print(json.dumps({"tokens_per_s": best}))
 """

@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from llamablock.io.gguf import config_from_gguf, gguf_decoder, open_gguf  # noqa: E402
 from llamablock.io.resolve import resolve_model  # noqa: E402
 from llamablock.kv_cache import KVCache  # noqa: E402
+from llamablock.runtime.engine import EagerEngine  # noqa: E402
 from llamablock.runtime.generate import generate  # noqa: E402
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -202,7 +203,7 @@ def main() -> None:
         hg = generate_call_speed(lambda hf=hf: hf.generate(ids, max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens,
                                                      do_sample=False, pad_token_id=0), len(prompt) / h[0],
                                  args.new_tokens, args.repeat)
-        og = generate_call_speed(lambda ours=ours: generate(ours, prompt, args.new_tokens, eos_ids=[]), len(prompt) / o[0],
+        og = generate_call_speed(lambda ours=ours: generate(EagerEngine(ours), prompt, args.new_tokens, eos_ids=[]), len(prompt) / o[0],
                                  args.new_tokens, args.repeat)
         print(f"{name:<10}{'transformers generate()':<22}{'':>14}{hg:>14.1f}{'':>11}{1.0:>10.2f}")
         print(f"{name:<10}{'llamablock generate()':<22}{'':>14}{og:>14.1f}{'':>11}{og / hg:>10.2f}")

@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import importlib
 
-__all__ = ["ModelConfig", "Decoder", "KVCache", "PRESETS", "preset", "load_pretrained", "save_pretrained"]
+__all__ = ["ModelConfig", "Decoder", "KVCache", "PRESETS", "preset", "load_pretrained", "load_model_and_tokenizer",
+           "save_pretrained"]
 _LAZY = {"ModelConfig": "llamablock.config", "Decoder": "llamablock.model", "KVCache": "llamablock.kv_cache",
          "PRESETS": "llamablock.presets", "preset": "llamablock.presets"}
 
@@ -41,6 +42,13 @@ def __dir__() -> list[str]:
 def load_pretrained(path=None, dtype=None):
     """A model from a transformers directory (config.json + safetensors) or a GGUF file."""
     from llamablock.io.loading import load_pretrained as _load
+
+    return _load(path, dtype=dtype)
+
+
+def load_model_and_tokenizer(path=None, dtype=None):
+    """(Decoder, Tokenizer) for a model name, GGUF file or checkpoint directory (None: the default model)."""
+    from llamablock.io.loading import load_model_and_tokenizer as _load
 
     return _load(path, dtype=dtype)
 

@@ -99,7 +99,7 @@ def _gate_open():
 def reference(server, text: str, n: int, chat=False, temperature=0.0, seed=None) -> str:
     tok = server.tok
     ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": text}]) if chat else text)
-    return generate(server.model, ids, n, Sampling(temperature), seed=seed, eos_ids=tok.eos_ids, tokenizer=tok).text
+    return generate(EagerEngine(server.model), ids, n, Sampling(temperature), seed=seed, eos_ids=tok.eos_ids, tokenizer=tok).text
 
 
 # -- answers ------------------------------------------------------------------------------------
@@ -349,6 +349,6 @@ def test_the_worker_uses_a_prepared_engine_only_for_requests_it_covers(server):
         assert len(steps) == 19 and short.tokens == generate(StaticEngine(model), ids, 20).tokens
         n = prepared.length  # with the prompt, past the prepared length: eager
         long = asyncio.run(ask(n))
-        assert len(steps) == 19 and long.tokens == generate(model, ids, n).tokens
+        assert len(steps) == 19 and long.tokens == generate(EagerEngine(model), ids, n).tokens
     finally:
         worker.close()

@@ -21,6 +21,7 @@ from llamablock import cli
 from llamablock.fast import aoti_step, builds
 from llamablock.fast.build_options import attempts, inductor_options
 from llamablock.fast.compiled_decode import AOTIEngine
+from llamablock.runtime.engine import EagerEngine
 from llamablock.runtime.generate import generate
 from llamablock.util import cpu
 
@@ -89,7 +90,7 @@ def test_when_nothing_builds_the_static_layout_runs_eagerly(tiny_dir, monkeypatc
     assert engine.running == {"step": "eager", "prefill": "eager"} and engine.packages() == []
     assert len(lines) == len(attempts("float32", "step")) + len(attempts("float32", "prefill"))
     assert all("simulated: no kernel" in line for line in lines) and "run eagerly" in lines[1]
-    assert tokens == generate(model, PROMPT, max_new_tokens=8).tokens
+    assert tokens == generate(EagerEngine(model), PROMPT, max_new_tokens=8).tokens
     # A later process: the failures are remembered beside the packages, said briefly, not compiled again.
     later = []
     again = AOTIEngine(model, "float32", notify=later.append)

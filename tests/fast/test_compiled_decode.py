@@ -32,6 +32,7 @@ from llamablock.fast.static_decode import (
 )
 from llamablock.kv_cache import KVCache
 from llamablock.model import Decoder
+from llamablock.runtime.engine import EagerEngine
 from llamablock.runtime.generate import generate
 from llamablock.runtime.sampling import Sampling
 
@@ -129,16 +130,16 @@ def test_compiled_step_equals_eager(tiny):
 
 def test_generate_with_the_compiled_engine_equals_eager(tiny):
     engine = InductorEngine(tiny, autotune=False)
-    a = generate(tiny, PROMPT, max_new_tokens=20)
+    a = generate(EagerEngine(tiny), PROMPT, max_new_tokens=20)
     b = generate(engine, PROMPT, max_new_tokens=20)
     assert a.tokens == b.tokens and len(b.tokens) == 20
     s = Sampling(temperature=0.8, top_k=30, top_p=0.95, repetition_penalty=1.2)
-    a = generate(tiny, PROMPT, max_new_tokens=20, sampling=s, seed=3)
+    a = generate(EagerEngine(tiny), PROMPT, max_new_tokens=20, sampling=s, seed=3)
     b = generate(engine, PROMPT, max_new_tokens=20, sampling=s, seed=3)
     assert a.tokens == b.tokens
     # A second request reuses the graph; stale slots from the first are masked out.
     c = generate(engine, PROMPT[:3], max_new_tokens=20)
-    assert c.tokens == generate(tiny, PROMPT[:3], max_new_tokens=20).tokens
+    assert c.tokens == generate(EagerEngine(tiny), PROMPT[:3], max_new_tokens=20).tokens
 
 
 @torch.no_grad()
@@ -168,7 +169,7 @@ def test_cache_grows_for_longer_requests(tiny):
     long_prompt = (PROMPT * 40)[:MIN_CACHE]
     g = generate(engine, long_prompt, max_new_tokens=4)  # needs MIN_CACHE + 4 slots
     assert engine.length == 2 * MIN_CACHE
-    assert g.tokens == generate(tiny, long_prompt, max_new_tokens=4).tokens
+    assert g.tokens == generate(EagerEngine(tiny), long_prompt, max_new_tokens=4).tokens
 
 
 def test_cache_length_rule():
@@ -190,8 +191,8 @@ def test_unsupported_configs_are_named(tiny):
         AOTIEngine(tiny, "q8")
     with pytest.raises(ValueError, match="format must be one of"):
         InductorEngine(tiny, "q3")
-    with pytest.raises(ValueError, match="use_cache=False needs the eager Decoder"):
-        generate(StaticEngine(tiny), PROMPT, 4, use_cache=False)
+    with pytest.raises(TypeError, match="generate runs an engine"):
+        generate(tiny, PROMPT, 4)
 
 
 def test_persistent_compile_cache_location(monkeypatch, tmp_path):
@@ -301,7 +302,7 @@ def test_aoti_backend_equals_eager_and_reloads_from_its_package(tiny):
         assert not list(program.path.parent.parent.glob(f"*/{library.name}"))
     assert engine.compile_seconds > 0
     again = AOTIEngine(tiny, autotune=False)
-    assert generate(again, PROMPT, max_new_tokens=12).tokens == generate(tiny, PROMPT, max_new_tokens=12).tokens
+    assert generate(again, PROMPT, max_new_tokens=12).tokens == generate(EagerEngine(tiny), PROMPT, max_new_tokens=12).tokens
     assert again.compile_seconds == 0 and again._step_program.path == engine._step_program.path
     import copy
 

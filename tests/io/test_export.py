@@ -65,9 +65,10 @@ def test_hf_export_loads_in_transformers_with_equal_logits(run2024, tmp_path):
     assert diff <= 1e-4, diff
     with torch.no_grad():  # and greedy decoding, token for token
         theirs = hf.generate(ids[:, :20], max_new_tokens=15, do_sample=False)[0, 20:].tolist()
+    from llamablock.runtime.engine import EagerEngine
     from llamablock.runtime.generate import generate
 
-    assert generate(model, ids[0, :20].tolist(), 15).tokens == theirs
+    assert generate(EagerEngine(model), ids[0, :20].tolist(), 15).tokens == theirs
 
 
 def test_train_writes_the_export_at_its_end(run2024, run2017):
@@ -88,9 +89,10 @@ def test_gguf_export_round_trips_with_identical_logits(run2024, tmp_path):
         loaded, gguf_tok = load_model_and_tokenizer(f)  # what `generate --model m.gguf` runs
         assert (loaded(ids) - want).abs().max().item() <= 1e-5  # "half" layout: the same sums, reordered
     assert gguf_tok.encode(TEXT) == ids[0].tolist() and gguf_tok.decode(ids[0].tolist()) == TEXT
+    from llamablock.runtime.engine import EagerEngine
     from llamablock.runtime.generate import generate
 
-    assert generate(loaded, ids[0, :20].tolist(), 15).tokens == generate(model, ids[0, :20].tolist(), 15).tokens
+    assert generate(EagerEngine(loaded), ids[0, :20].tolist(), 15).tokens == generate(EagerEngine(model), ids[0, :20].tolist(), 15).tokens
 
 
 def test_gguf_export_runs_in_llama_cpp(run2024, tmp_path):
@@ -114,9 +116,10 @@ def test_gguf_export_runs_in_llama_cpp(run2024, tmp_path):
         theirs.append(t)
         if len(theirs) == 10:
             break
+    from llamablock.runtime.engine import EagerEngine
     from llamablock.runtime.generate import generate
 
-    assert generate(model, prompt[:20], 10).tokens == theirs
+    assert generate(EagerEngine(model), prompt[:20], 10).tokens == theirs
 
 
 def test_2017_model_exports_as_a_llamablock_directory(run2017, tmp_path):
@@ -173,9 +176,10 @@ def test_generate_runs_the_export_that_train_wrote(run2024, capsys):
                      "--json"])
     out, err = capsys.readouterr()
     assert code == 0, err
+    from llamablock.runtime.engine import EagerEngine
     from llamablock.runtime.generate import generate
 
-    assert json.loads(out)["tokens"] == generate(model, tok.encode("ROMEO:"), 8).tokens
+    assert json.loads(out)["tokens"] == generate(EagerEngine(model), tok.encode("ROMEO:"), 8).tokens
 
 
 @pytest.mark.parametrize("which", ["run2024", "run2017"])
@@ -184,9 +188,10 @@ def test_generate_and_perplexity_take_a_run_directory(which, request, tmp_path, 
     code = cli.main(["generate", "--model", str(run), "--prompt", "ROMEO:", "--max-new-tokens", "5", "--json"])
     out, err = capsys.readouterr()
     assert code == 0, err
+    from llamablock.runtime.engine import EagerEngine
     from llamablock.runtime.generate import generate
 
-    assert json.loads(out)["tokens"] == generate(model, tok.encode("ROMEO:"), 5).tokens
+    assert json.loads(out)["tokens"] == generate(EagerEngine(model), tok.encode("ROMEO:"), 5).tokens
     text = tmp_path / "t.txt"
     text.write_text(TEXT)
     assert cli.main(["perplexity", str(text), "--model", str(run), "--context", "64", "--json"]) == 0

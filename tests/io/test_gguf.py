@@ -40,13 +40,14 @@ def test_smollm2_logits_match_transformers(smol_pair):
 
 @pytest.mark.slow
 def test_smollm2_greedy_ids_match_transformers(smol_pair):
+    from llamablock.runtime.engine import EagerEngine
     from llamablock.runtime.generate import generate
 
     ref, ours = smol_pair
     prompt = torch.tensor([[504, 3575, 282, 4649, 314]])  # "The capital of France is" (SmolLM2 vocab)
     with torch.no_grad():
         want = ref.generate(prompt, max_new_tokens=32, do_sample=False, eos_token_id=None, pad_token_id=2)[0, 5:]
-    got = generate(ours, prompt[0].tolist(), max_new_tokens=32, eos_ids=[]).tokens
+    got = generate(EagerEngine(ours), prompt[0].tolist(), max_new_tokens=32, eos_ids=[]).tokens
     assert got == want.tolist()
 
 

@@ -15,6 +15,7 @@ import torch
 from hf_reference import tiny_hf_model
 
 import llamablock
+from llamablock.runtime.engine import EagerEngine, RecomputeEngine
 from llamablock.runtime.generate import generate, generate_batch
 from llamablock.runtime.sampling import (
     Sampling,
@@ -35,30 +36,30 @@ PROMPT = [5, 17, 3, 88, 42, 9, 61]
 
 
 def test_cached_generation_equals_uncached(tiny):
-    a = generate(tiny, PROMPT, max_new_tokens=24)
-    b = generate(tiny, PROMPT, max_new_tokens=24, use_cache=False)
+    a = generate(EagerEngine(tiny), PROMPT, max_new_tokens=24)
+    b = generate(RecomputeEngine(tiny), PROMPT, max_new_tokens=24)
     assert a.tokens == b.tokens and len(a.tokens) == 24 and a.stop_reason == "length"
     s = Sampling(temperature=0.9, top_k=20, top_p=0.9, repetition_penalty=1.3)
-    a = generate(tiny, PROMPT, max_new_tokens=24, sampling=s, seed=7)
-    b = generate(tiny, PROMPT, max_new_tokens=24, sampling=s, seed=7, use_cache=False)
+    a = generate(EagerEngine(tiny), PROMPT, max_new_tokens=24, sampling=s, seed=7)
+    b = generate(RecomputeEngine(tiny), PROMPT, max_new_tokens=24, sampling=s, seed=7)
     assert a.tokens == b.tokens
 
 
 def test_seed_reproduces_and_differs(tiny):
     s = Sampling(temperature=1.5)
-    runs = [generate(tiny, PROMPT, 16, s, seed=k).tokens for k in (1, 1, 2)]
+    runs = [generate(EagerEngine(tiny), PROMPT, 16, s, seed=k).tokens for k in (1, 1, 2)]
     assert runs[0] == runs[1] and runs[0] != runs[2]
 
 
 def test_batch_of_different_lengths_equals_each_alone(tiny):
     prompts = [PROMPT, [7, 8], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12], [33]]
-    alone = [generate(tiny, p, max_new_tokens=12).tokens for p in prompts]
+    alone = [generate(EagerEngine(tiny), p, max_new_tokens=12).tokens for p in prompts]
     assert generate_batch(tiny, prompts, max_new_tokens=12, pad_id=0) == alone
 
 
 def test_batch_rows_stop_at_their_own_eos(tiny):
     prompts = [PROMPT, [7, 8]]
-    free = [generate(tiny, p, max_new_tokens=10).tokens for p in prompts]
+    free = [generate(EagerEngine(tiny), p, max_new_tokens=10).tokens for p in prompts]
     eos = free[0][3]  # row 0 stops at its 4th token; row 1 stops wherever that id first appears
     got = generate_batch(tiny, prompts, max_new_tokens=10, eos_ids=[eos])
     for row, full in zip(got, free, strict=True):
@@ -78,8 +79,8 @@ def test_padding_mask_makes_padded_logits_equal_unpadded(tiny):
 
 
 def test_eos_stops(tiny):
-    first = generate(tiny, PROMPT, 8).tokens
-    g = generate(tiny, PROMPT, 8, eos_ids=[first[2]])
+    first = generate(EagerEngine(tiny), PROMPT, 8).tokens
+    g = generate(EagerEngine(tiny), PROMPT, 8, eos_ids=[first[2]])
     assert g.tokens == first[: first.index(first[2]) + 1] and g.stop_reason == "eos"
 
 
@@ -92,15 +93,15 @@ class _CharTokenizer:
 
 def test_stop_string_and_streaming(tiny):
     tok = _CharTokenizer()
-    full = generate(tiny, PROMPT, 20, tokenizer=tok)
+    full = generate(EagerEngine(tiny), PROMPT, 20, tokenizer=tok)
     stop = full.text[5:7]
     pieces = []
-    g = generate(tiny, PROMPT, 20, tokenizer=tok, stop_strings=[stop], on_text=pieces.append)
+    g = generate(EagerEngine(tiny), PROMPT, 20, tokenizer=tok, stop_strings=[stop], on_text=pieces.append)
     cut = full.text.index(stop)
     assert g.stop_reason == "stop_string" and g.text == full.text[:cut]
     assert "".join(pieces) == g.text  # nothing of the stop string was streamed
     streamed = []
-    generate(tiny, PROMPT, 20, tokenizer=tok, on_text=streamed.append)
+    generate(EagerEngine(tiny), PROMPT, 20, tokenizer=tok, on_text=streamed.append)
     assert "".join(streamed) == full.text and len(streamed) > 1
 
 
@@ -133,12 +134,12 @@ def test_greedy_is_argmax_and_sampling_stays_in_top_k():
 
 def test_bad_requests(tiny):
     with pytest.raises(ValueError, match="prompt is empty"):
-        generate(tiny, [], 5)
+        generate(EagerEngine(tiny), [], 5)
     for n in (0, -3):
         with pytest.raises(ValueError, match="max_new_tokens must be a positive integer"):
-            generate(tiny, PROMPT, n)
+            generate(EagerEngine(tiny), PROMPT, n)
     with pytest.raises(ValueError, match="exceeds the model's context of 4096 tokens"):
-        generate(tiny, [1] * 4090, 10)
+        generate(EagerEngine(tiny), [1] * 4090, 10)
     with pytest.raises(ValueError, match="temperature must be >= 0"):
         Sampling(temperature=-1)
     with pytest.raises(ValueError, match="top_p must be in"):
@@ -152,6 +153,7 @@ from llamablock.fast.malloc import tune_allocator
 tune_allocator()  # as the command line runs: freed memory stays with the process
 from llamablock.fast.native import load_in_format
 from llamablock.io.source import open_source
+from llamablock.runtime.engine import EagerEngine
 from llamablock.runtime.generate import generate
 
 def kib(field):
@@ -160,10 +162,10 @@ def kib(field):
 source = open_source(None)
 (model, _), tok = load_in_format(source, "auto"), source.tokenizer
 prompt = tok.encode("The capital of France is")
-generate(model, prompt, 20, eos_ids=())  # what any generation builds once
+generate(EagerEngine(model), prompt, 20, eos_ids=())  # what any generation builds once
 open("/proc/self/clear_refs", "w").write("5")  # the peak (VmHWM) counts from here
 before = kib("VmRSS")
-g = generate(model, prompt, int(sys.argv[1]), eos_ids=())
+g = generate(EagerEngine(model), prompt, int(sys.argv[1]), eos_ids=())
 kv = model.cfg.kv_bytes_per_token(2) * (len(prompt) + len(g.tokens))  # the final cache, bfloat16
 print(json.dumps([(kib("VmHWM") - before) * 1024, kv, len(g.tokens)]))
 """

@@ -7,8 +7,9 @@ Stops on an end-of-sequence id, on a stop string (needs the tokenizer), or after
 max_new_tokens. Text streams through `on_text`: each call gets the newly final characters,
 holding back an incomplete UTF-8 character and anything that could still become a stop string.
 
-`generate` runs any engine of llamablock.runtime.engine (prefill, step): a Decoder is wrapped in
-the eager one; the compiled engines of llamablock.fast are passed in as they are.
+`generate` runs an engine of llamablock.runtime.engine (prefill, step): EagerEngine(model) for a
+Decoder, RecomputeEngine(model) for the reference without a cache, or a compiled engine of
+llamablock.fast; it never looks at which.
 
 Batches: prompts of different lengths are left-padded to the longest, so every row's next token
 sits in the same column; `pad_mask` hides padding keys and position_ids count real tokens only,
@@ -25,7 +26,6 @@ import torch
 
 from llamablock.kv_cache import KVCache
 from llamablock.model import Decoder
-from llamablock.runtime.engine import EagerEngine, RecomputeEngine
 from llamablock.runtime.sampling import Sampling, next_token
 
 
@@ -92,18 +92,13 @@ class _TextStream:
 
 
 @torch.no_grad()
-def generate(model, prompt_ids: Sequence[int], max_new_tokens: int = 64, sampling: Sampling | None = None, *,
+def generate(engine, prompt_ids: Sequence[int], max_new_tokens: int = 64, sampling: Sampling | None = None, *,
              seed: int | None = None, eos_ids: Sequence[int] = (), stop_strings: Sequence[str] = (),
-             tokenizer=None, on_text: Callable[[str], None] | None = None, use_cache: bool = True) -> Generation:
-    """Continue one prompt. `model` is a Decoder or an engine (llamablock.runtime.engine);
-    `use_cache=False` recomputes the whole sequence each step (a reference, Decoder only)."""
+             tokenizer=None, on_text: Callable[[str], None] | None = None) -> Generation:
+    """Continue one prompt on `engine` (llamablock.runtime.engine's interface)."""
+    if isinstance(engine, Decoder):  # a clear line instead of "'Decoder' object has no attribute 'prepare'"
+        raise TypeError("generate runs an engine: pass llamablock.runtime.engine.EagerEngine(model), not the Decoder")
     prompt = list(prompt_ids)
-    if isinstance(model, Decoder):
-        engine = EagerEngine(model) if use_cache else RecomputeEngine(model)
-    elif not use_cache:
-        raise ValueError("use_cache=False needs the eager Decoder, not a compiled engine")
-    else:
-        engine = model
     check_request(engine, len(prompt), max_new_tokens)
     if stop_strings and tokenizer is None:
         raise ValueError("stop strings need the tokenizer")
