@@ -17,8 +17,8 @@ and the block's descendants (beyond the module; README "Families"), each a field
     layer_types   "full" or "sliding" per layer, the sliding ones attending to their last
                   `sliding_window` tokens; local_rope_theta gives those their own RoPE base (Gemma 3)
 
-`from_hf` / `to_hf` speak the field names of transformers' config.json (v4 `rope_scaling`
-and v5 `rope_parameters` both read). Invalid values raise ValueError naming the field.
+Invalid values raise ValueError naming the field. transformers' config.json is translated
+by hf_config.py (`config_from_hf`, `config_to_hf`).
 """
 
 from __future__ import annotations
@@ -29,11 +29,9 @@ import math
 import types
 import typing
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from llamablock.ffn import default_ffn_width
-from llamablock.hf_config import config_to_hf, fields_from_hf
 from llamablock.rope_scaling import validate_rope_scaling
 
 POSITIONS = ("rope", "alibi", "learned", "sinusoidal", "none")
@@ -233,33 +231,6 @@ class ModelConfig:
             out[name] = _convert_override(name, text.strip(), allowed[name])
         return out
 
-    # transformers config.json ----------------------------------------------------------
-    @classmethod
-    def from_hf(cls, hf: dict[str, Any], source: str | Path | None = None) -> "ModelConfig":
-        """From a transformers config.json's object; `source` (its path) names the file in errors."""
-        try:
-            return cls(**fields_from_hf(hf))
-        except ValueError as e:
-            if source is None:
-                raise
-            msg = str(e)
-            raise ValueError(f"{source} {msg[len('config.json '):]}" if msg.startswith("config.json ")
-                             else f"{source}: {msg}") from None
-
-    def to_hf(self) -> dict[str, Any]:
-        return config_to_hf(self)
-
-    @classmethod
-    def from_json_file(cls, path: str | Path) -> "ModelConfig":
-        """A transformers config.json, or one of ours (written by `save_pretrained` or training)."""
-        d = read_config_json(path)
-        if "model_type" in d:
-            return cls.from_hf(d, path)
-        try:
-            return cls.from_dict(d)
-        except ValueError as e:
-            raise ValueError(f"{path}: {e}") from None
-
 
 def _convert_override(name: str, text: str, allowed: tuple):
     """`text` as the first of the `allowed` types it parses as (ModelConfig.parse_overrides)."""
@@ -289,18 +260,3 @@ def _convert_override(name: str, text: str, allowed: tuple):
             return text
     names = " or ".join("None" if k is type(None) else ("a JSON object" if k is dict else k.__name__) for k in allowed)
     raise ValueError(f"--set {name}={text}: {name} expects {names}")
-
-
-def read_config_json(path: str | Path) -> dict[str, Any]:
-    """A config file's JSON object, with errors that name the file and what is wrong with it."""
-    from llamablock.util.reads import MAX_JSON, read_bytes_bounded
-
-    try:  # a FIFO, a device or a huge file is refused by name before it is read (util/reads.py)
-        d = json.loads(read_bytes_bounded(path, MAX_JSON, "config file").decode("utf-8"))
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path} is not valid JSON: {e}") from None
-    except UnicodeDecodeError as e:
-        raise ValueError(f"{path} is not UTF-8 text (byte {e.start}); is it the right file?") from None
-    if not isinstance(d, dict):
-        raise ValueError(f"{path} must hold a JSON object (a transformers config.json)")
-    return d

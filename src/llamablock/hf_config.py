@@ -19,16 +19,18 @@ hidden_size says; Gemma 2 caps unless the key is null).
 RoPE settings are read from v5 `rope_parameters` or v4 `rope_theta` + `rope_scaling`, and
 written back in the v5 form.
 
-This module sits beneath `llamablock.config`: it turns a config.json into the keyword arguments
-of `ModelConfig` (and any object with ModelConfig's fields back into a config.json), and never
-imports the dataclass, so `ModelConfig.from_hf` / `to_hf` can call it without an import cycle.
+`config_from_hf` turns a config.json's object into a `ModelConfig`, `config_to_hf` a config
+back into one, and `config_from_file` reads either a transformers config.json or one of ours.
 """
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 from typing import Any
 
+from llamablock.config import ModelConfig
 from llamablock.rope_scaling import ntk_base
 
 SUPPORTED = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3")
@@ -311,3 +313,41 @@ def config_to_hf(cfg) -> dict[str, Any]:
     for k, v in cfg.extra.items():
         hf.setdefault(k, v)
     return hf
+
+
+def config_from_hf(hf: dict[str, Any], source: str | Path | None = None) -> ModelConfig:
+    """The ModelConfig of a transformers config.json's object; `source` (its path) names the file in errors."""
+    try:
+        return ModelConfig(**fields_from_hf(hf))
+    except ValueError as e:
+        if source is None:
+            raise
+        msg = str(e)
+        raise ValueError(f"{source} {msg[len('config.json '):]}" if msg.startswith("config.json ")
+                         else f"{source}: {msg}") from None
+
+
+def config_from_file(path: str | Path) -> ModelConfig:
+    """A transformers config.json, or one of ours (written by `save_pretrained` or training)."""
+    d = read_config_json(path)
+    if "model_type" in d:
+        return config_from_hf(d, path)
+    try:
+        return ModelConfig.from_dict(d)
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from None
+
+
+def read_config_json(path: str | Path) -> dict[str, Any]:
+    """A config file's JSON object, with errors that name the file and what is wrong with it."""
+    from llamablock.util.reads import MAX_JSON, read_bytes_bounded
+
+    try:  # a FIFO, a device or a huge file is refused by name before it is read (util/reads.py)
+        d = json.loads(read_bytes_bounded(path, MAX_JSON, "config file").decode("utf-8"))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path} is not valid JSON: {e}") from None
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path} is not UTF-8 text (byte {e.start}); is it the right file?") from None
+    if not isinstance(d, dict):
+        raise ValueError(f"{path} must hold a JSON object (a transformers config.json)")
+    return d

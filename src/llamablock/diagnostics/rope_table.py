@@ -28,8 +28,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from llamablock.config import ModelConfig, read_config_json
-from llamablock.hf_config import SUPPORTED, rope_settings
+from llamablock.config import ModelConfig
+from llamablock.hf_config import (
+    SUPPORTED,
+    config_from_file,
+    read_config_json,
+    rope_settings,
+)
 from llamablock.presets import PRESETS, preset
 from llamablock.rope_scaling import RopeSpec, original_length, rope_frequencies
 
@@ -142,7 +147,7 @@ def read_rope_config(source: str) -> RopeConfig:
         d = read_config_json(source)
         if "model_type" in d and d["model_type"] not in SUPPORTED:
             return _foreign(d, source)
-        cfg = ModelConfig.from_json_file(source)
+        cfg = config_from_file(source)
     spec = RopeSpec.of(cfg) if cfg.position == "rope" else None
     return RopeConfig(cfg.family, cfg.position, cfg.n_heads, cfg.head_dim, cfg.partial_rotary_factor, spec)
 

@@ -22,7 +22,8 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from llamablock.config import ModelConfig, read_config_json
+from llamablock.config import ModelConfig
+from llamablock.hf_config import config_from_hf, config_to_hf, read_config_json
 from llamablock.io.empty import empty_decoder
 from llamablock.model import Decoder
 from llamablock.util.files import atomic_write
@@ -164,7 +165,7 @@ def load_hf_dir(path: str | Path, dtype: torch.dtype | None = None) -> Decoder:
     cfg_file = path / "config.json"
     if not cfg_file.exists():
         raise FileNotFoundError(f"{path} has no config.json; expected a transformers checkpoint directory")
-    cfg = ModelConfig.from_hf(read_config_json(cfg_file), cfg_file)
+    cfg = config_from_hf(read_config_json(cfg_file), cfg_file)
     tensors = _language_model(read_safetensors(path))
     if cfg.family == "phi3":
         split_fused(cfg, tensors)
@@ -194,7 +195,7 @@ def load_hf_dir(path: str | Path, dtype: torch.dtype | None = None) -> Decoder:
 def save_pretrained(model: Decoder, path: str | Path) -> None:
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    hf_cfg = model.cfg.to_hf()
+    hf_cfg = config_to_hf(model.cfg)
     tensors = {hf_name(n, model.cfg.sandwich_norm): t.detach().contiguous() for n, t in model.state_dict().items()
                if not (model.cfg.tie_embeddings and n == "head.weight")}
     if model.cfg.family == "phi3":
