@@ -25,7 +25,7 @@ __all__ = ["ModelConfig", "Decoder", "KVCache", "PRESETS", "preset", "config_fro
            "load_pretrained", "save_pretrained"]
 _LAZY = {"ModelConfig": "llamablock.config", "Decoder": "llamablock.model", "KVCache": "llamablock.kv_cache",
          "PRESETS": "llamablock.presets", "preset": "llamablock.presets",
-         "config_from_hf": "llamablock.hf_config", "config_to_hf": "llamablock.hf_config"}
+         "config_from_hf": "llamablock.io.hf_config", "config_to_hf": "llamablock.io.hf_config"}
 
 
 def __getattr__(name: str):

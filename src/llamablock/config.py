@@ -18,7 +18,7 @@ and the block's descendants (beyond the module; README "Families"), each a field
                   `sliding_window` tokens; local_rope_theta gives those their own RoPE base (Gemma 3)
 
 Invalid values raise ValueError naming the field. transformers' config.json is translated
-by hf_config.py (`config_from_hf`, `config_to_hf`).
+by io/hf_config.py (`config_from_hf`, `config_to_hf`).
 """
 
 from __future__ import annotations

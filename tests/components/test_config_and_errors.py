@@ -9,7 +9,7 @@ from hf_reference import tiny_hf_model
 
 import llamablock
 from llamablock import Decoder, ModelConfig, preset
-from llamablock.hf_config import config_from_hf, config_to_hf
+from llamablock.io.hf_config import config_from_hf, config_to_hf
 from llamablock.presets import PRESETS
 
 BASE = dict(vocab_size=50, d_model=32, n_layers=1, n_heads=4)

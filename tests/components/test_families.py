@@ -13,7 +13,7 @@ import torch
 from hf_reference import max_logit_gap_at_offsets, tiny_hf_model
 
 import llamablock
-from llamablock.hf_config import config_from_hf, config_to_hf
+from llamablock.io.hf_config import config_from_hf, config_to_hf
 
 SLIDING, FULL = "sliding_attention", "full_attention"
 LONG = dict(rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0, 1.3, 2.0, 4.0],

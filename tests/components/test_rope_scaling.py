@@ -18,7 +18,7 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 from transformers.models.phi.modeling_phi import PhiRotaryEmbedding
 
 from llamablock import ModelConfig
-from llamablock.hf_config import config_from_hf
+from llamablock.io.hf_config import config_from_hf
 from llamablock.rope import rope_cos_sin
 from llamablock.rope_scaling import (
     default_inv_freq,

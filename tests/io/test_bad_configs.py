@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import llamablock
-from llamablock.hf_config import config_from_file, config_from_hf
+from llamablock.io.hf_config import config_from_file, config_from_hf
 
 
 def _valid() -> dict:

@@ -176,7 +176,7 @@ def test_a_sentencepiece_token_of_a_million_characters_is_refused():
 
 def test_a_config_file_or_a_safetensors_index_that_is_a_fifo_is_refused(tmp_path):
     """read_config_json (every config.json reader) and a sharded checkpoint's index."""
-    from llamablock.hf_config import read_config_json
+    from llamablock.io.hf_config import read_config_json
 
     fifo = tmp_path / "config.json"
     os.mkfifo(fifo)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from llamablock.config import ModelConfig
 from llamablock.diagnostics.kv_calculator import layouts
-from llamablock.hf_config import config_from_file
+from llamablock.io.hf_config import config_from_file
 from llamablock.presets import PRESETS, preset
 from llamablock.util.units import DTYPE_BYTES, human_bytes
 

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from llamablock.hf_config import read_config_json
+from llamablock.io.hf_config import read_config_json
 from llamablock.util.reads import MAX_JSON, regular_file
 
 # The types transformers 5 computes (ROPE_INIT_FUNCTIONS plus "default"); "ntk" is llamablock's own.

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from llamablock.config import ModelConfig
-from llamablock.hf_config import (
+from llamablock.io.hf_config import (
     SUPPORTED,
     config_from_file,
     read_config_json,

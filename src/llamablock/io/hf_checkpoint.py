@@ -23,8 +23,8 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from llamablock.config import ModelConfig
-from llamablock.hf_config import config_from_hf, config_to_hf, read_config_json
 from llamablock.io.empty import empty_decoder
+from llamablock.io.hf_config import config_from_hf, config_to_hf, read_config_json
 from llamablock.model import Decoder
 from llamablock.util.files import atomic_write
 from llamablock.util.reads import MAX_JSON, read_bytes_bounded
