@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from llamablock.io.hf_config import read_config_json
+from llamablock.io.resolve import read_json
 from llamablock.util.reads import MAX_JSON, regular_file
 
 # The types transformers 5 computes (ROPE_INIT_FUNCTIONS plus "default"); "ntk" is llamablock's own.
@@ -184,4 +184,4 @@ def lint_file(path: str | Path) -> list[RopeWarning]:
     (a FIFO hung the read, /dev/zero exhausted memory) and a config at most MAX_JSON bytes."""
     if Path(path).suffix.lower() == ".gguf":
         return lint_gguf(regular_file(path, "GGUF file"))
-    return lint_config(read_config_json(regular_file(path, "config file", MAX_JSON)))
+    return lint_config(read_json(regular_file(path, "config file", MAX_JSON)))

@@ -24,7 +24,8 @@ from safetensors.torch import save_file
 
 from llamablock.config import ModelConfig
 from llamablock.io.empty import empty_decoder
-from llamablock.io.hf_config import config_from_hf, config_to_hf, read_config_json
+from llamablock.io.hf_config import config_from_hf, config_to_hf
+from llamablock.io.resolve import read_json
 from llamablock.model import Decoder
 from llamablock.util.files import atomic_write
 from llamablock.util.reads import MAX_JSON, read_bytes_bounded
@@ -165,7 +166,7 @@ def load_hf_dir(path: str | Path, dtype: torch.dtype | None = None) -> Decoder:
     cfg_file = path / "config.json"
     if not cfg_file.exists():
         raise FileNotFoundError(f"{path} has no config.json; expected a transformers checkpoint directory")
-    cfg = config_from_hf(read_config_json(cfg_file), cfg_file)
+    cfg = config_from_hf(read_json(cfg_file), cfg_file)
     tensors = _language_model(read_safetensors(path))
     if cfg.family == "phi3":
         split_fused(cfg, tensors)

@@ -25,13 +25,14 @@ back into one, and `config_from_file` reads either a transformers config.json or
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
 
 from llamablock.config import ModelConfig
+from llamablock.io.resolve import read_json
 from llamablock.rope_scaling import ntk_base
+from llamablock.util.reads import MAX_JSON, regular_file
 
 SUPPORTED = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3")
 _GEMMAS = ("gemma", "gemma2", "gemma3_text")
@@ -328,26 +329,12 @@ def config_from_hf(hf: dict[str, Any], source: str | Path | None = None) -> Mode
 
 
 def config_from_file(path: str | Path) -> ModelConfig:
-    """A transformers config.json, or one of ours (written by `save_pretrained` or training)."""
-    d = read_config_json(path)
+    """A transformers config.json, or one of ours (written by `save_pretrained` or training). A FIFO,
+    a device or a huge file is refused by name before it is read (util/reads.py)."""
+    d = read_json(regular_file(path, "config file", MAX_JSON))
     if "model_type" in d:
         return config_from_hf(d, path)
     try:
         return ModelConfig.from_dict(d)
     except ValueError as e:
         raise ValueError(f"{path}: {e}") from None
-
-
-def read_config_json(path: str | Path) -> dict[str, Any]:
-    """A config file's JSON object, with errors that name the file and what is wrong with it."""
-    from llamablock.util.reads import MAX_JSON, read_bytes_bounded
-
-    try:  # a FIFO, a device or a huge file is refused by name before it is read (util/reads.py)
-        d = json.loads(read_bytes_bounded(path, MAX_JSON, "config file").decode("utf-8"))
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path} is not valid JSON: {e}") from None
-    except UnicodeDecodeError as e:
-        raise ValueError(f"{path} is not UTF-8 text (byte {e.start}); is it the right file?") from None
-    if not isinstance(d, dict):
-        raise ValueError(f"{path} must hold a JSON object (a transformers config.json)")
-    return d
