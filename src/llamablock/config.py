@@ -31,6 +31,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
+from llamablock.families import FAMILIES
 from llamablock.ffn import default_ffn_width
 from llamablock.rope_scaling import validate_rope_scaling
 
@@ -39,7 +40,6 @@ NORMS = ("rmsnorm", "layernorm")
 PLACEMENTS = ("pre", "post")
 FFNS = ("swiglu", "geglu", "relu", "gelu")
 ROPE_LAYOUTS = ("half", "interleaved")
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "llamablock")
 LAYER_TYPES = ("full", "sliding")
 
 
@@ -100,7 +100,7 @@ class ModelConfig:
             )
         for name, allowed in (
             ("position", POSITIONS), ("norm", NORMS), ("norm_placement", PLACEMENTS),
-            ("ffn", FFNS), ("rope_layout", ROPE_LAYOUTS), ("family", FAMILIES),
+            ("ffn", FFNS), ("rope_layout", ROPE_LAYOUTS), ("family", tuple(FAMILIES)),
         ):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")

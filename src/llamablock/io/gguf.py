@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from llamablock.config import ModelConfig
+from llamablock.families import GGUF_ARCHS
 from llamablock.io import gguf_families as fam
 from llamablock.io.empty import empty_decoder
 from llamablock.io.gguf_meta import REQUIRED, Metadata, number, read_metadata
@@ -50,11 +51,9 @@ from llamablock.io.gguf_rope import rope_scaling_from_gguf
 from llamablock.model import Decoder
 from llamablock.rope import permute_qk
 
-# Architectures implemented, with the family name our config uses and whether the file's q/k rows
-# are in llama.cpp's interleaved ("NORM") rope order.
-# The block's descendants (io/gguf_families.py) are all in the half layout.
-ARCHITECTURES = {"llama": ("llama", True), "qwen2": ("qwen2", False),
-                 **{arch: (family, False) for arch, family in fam.FAMILIES.items()}}
+# Architectures implemented (the family records, families.py), with the family name our config uses
+# and whether the file's q/k rows are in llama.cpp's interleaved ("NORM") rope order.
+ARCHITECTURES = {arch: (f.name, f.gguf_interleaved) for arch, f in GGUF_ARCHS.items()}
 
 LAYER_NAMES = {
     "attn_norm": "norm1", "ffn_norm": "norm2", "attn_q": "attn.wq", "attn_k": "attn.wk", "attn_v": "attn.wv",
@@ -197,8 +196,7 @@ def config_from_gguf(reader, rope_scaling: bool = True) -> ModelConfig:
         qkv_bias="blk.0.attn_q.bias" in names, o_bias="blk.0.attn_output.bias" in names,
         tie_embeddings="output.weight" not in names, family=family,
     )
-    if arch in fam.FAMILIES:
-        fields.update(fam.family_fields(arch, meta, names, fields))
+    fields.update(fam.family_fields(GGUF_ARCHS[arch], meta, names, fields))
     try:
         cfg = ModelConfig(**fields)
     except ValueError as e:  # fields that disagree with each other: name the file's keys behind them
