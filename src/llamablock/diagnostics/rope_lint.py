@@ -142,12 +142,12 @@ def lint_gguf(path: str | Path) -> list[RopeWarning]:
     """The GGUF rules above, from the file's metadata and tensor names (of the tensors, only the small
     rope_freqs is read)."""
     from llamablock.io.gguf import (
-        ROPE_FREQS,
         config_from_gguf,
         metadata,
         open_gguf,
         rope_scaling_of,
     )
+    from llamablock.io.tensor_names import ROPE_FREQS
 
     reader = open_gguf(path)
     meta = metadata(reader)

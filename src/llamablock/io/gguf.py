@@ -48,31 +48,18 @@ from llamablock.io.gguf_read import (  # noqa: F401 (public here)
     dequantize_to,
 )
 from llamablock.io.gguf_rope import rope_scaling_from_gguf
+from llamablock.io.tensor_names import (
+    ROPE_FACTORS,
+    ROPE_FREQS,
+    gguf_layer_name,
+    our_name,
+)
 from llamablock.model import Decoder
 from llamablock.rope import permute_qk
 
 # Architectures implemented (the family records, families.py), with the family name our config uses
 # and whether the file's q/k rows are in llama.cpp's interleaved ("NORM") rope order.
 ARCHITECTURES = {arch: (f.name, f.gguf_interleaved) for arch, f in GGUF_ARCHS.items()}
-
-LAYER_NAMES = {
-    "attn_norm": "norm1", "ffn_norm": "norm2", "attn_q": "attn.wq", "attn_k": "attn.wk", "attn_v": "attn.wv",
-    "attn_output": "attn.wo", "ffn_gate": "ffn.w_gate", "ffn_up": "ffn.w_up", "ffn_down": "ffn.w_down",
-    **fam.LAYER_NAMES,
-}
-ROPE_FREQS = "rope_freqs.weight"  # LLaMA 3.1's per-pair RoPE divisors (io/gguf_rope.py)
-TOP_NAMES = {"token_embd.weight": "embed.weight", "output_norm.weight": "final_norm.weight", "output.weight": "head.weight"}
-
-
-def our_name(gguf_name: str) -> str:
-    """llama.cpp tensor name -> ours, e.g. blk.3.attn_q.weight -> layers.3.attn.wq.weight."""
-    if gguf_name in TOP_NAMES:
-        return TOP_NAMES[gguf_name]
-    parts = gguf_name.split(".")
-    if len(parts) == 4 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in LAYER_NAMES:
-        return f"layers.{parts[1]}.{LAYER_NAMES[parts[2]]}.{parts[3]}"
-    raise ValueError(f"GGUF tensor {gguf_name!r} has no counterpart in llamablock's model")
-
 
 def _plain_reader_class():
     """gguf.GGUFReader whose byte view is a plain ndarray over the memory map, not a np.memmap.
@@ -203,7 +190,7 @@ def config_from_gguf(reader, rope_scaling: bool = True) -> ModelConfig:
         keys = [f"{arch}.{k}" for field, k in _FIELD_KEYS.items() if field in str(e)]
         raise ValueError(f"GGUF metadata describes no valid model ({', '.join(keys) or 'its sizes'}): {e}") from None
     _check_shapes(cfg, reader)
-    factors = {t.name: torch.from_numpy(dequantize(t)) for t in reader.tensors if t.name in fam.ROPE_FACTORS}
+    factors = {t.name: torch.from_numpy(dequantize(t)) for t in reader.tensors if t.name in ROPE_FACTORS}
     scaling = fam.phi3_longrope(arch, meta, factors)
     if scaling is None and rope_scaling:
         scaling = rope_scaling_of(reader, cfg)
@@ -223,9 +210,8 @@ def _check_shapes(cfg: ModelConfig, reader) -> None:
     exists: a lying head count or width would otherwise size the model without bound."""
     shapes = {t.name: tuple(int(n) for n in reversed(t.shape.tolist())) for t in reader.tensors}
     want = {"token_embd.weight": (cfg.vocab_size, cfg.d_model)}
-    gguf_of = {v: k for k, v in LAYER_NAMES.items()}
-    want.update({f"blk.0.{gguf_of[ours]}.weight": shape for ours, shape in cfg.layer_shapes().items()
-                 if not fam.is_fused(cfg.family, gguf_of[ours])})
+    want.update({f"blk.0.{gguf_layer_name(ours)}.weight": shape for ours, shape in cfg.layer_shapes().items()
+                 if not fam.is_fused(cfg.family, gguf_layer_name(ours))})
     for name, shape in want.items():
         if name in shapes and shapes[name] != shape:
             raise ValueError(f"GGUF tensor {name!r} has shape {shapes[name]}, the metadata implies {shape}")
@@ -262,7 +248,7 @@ def gguf_tensors(reader, cfg: ModelConfig, expected: dict[str, torch.Size], dtyp
 
     seen = set()
     for t in reader.tensors:
-        if t.name == ROPE_FREQS or t.name in fam.ROPE_FACTORS:  # read into cfg.rope_scaling by config_from_gguf
+        if t.name == ROPE_FREQS or t.name in ROPE_FACTORS:  # read into cfg.rope_scaling by config_from_gguf
             continue
         gguf_kind = t.name.split(".")[2] if t.name.startswith("blk.") else ""
         if fam.is_fused(cfg.family, gguf_kind):  # Phi-3: one tensor holds several of ours

@@ -30,12 +30,7 @@ import torch
 
 from llamablock.families import FAMILIES, GGUF_ARCHS, Family
 from llamablock.io.gguf_meta import number
-from llamablock.io.hf_checkpoint import split_rows
-
-LAYER_NAMES = {"attn_q_norm": "attn.q_norm", "attn_k_norm": "attn.k_norm", "post_attention_norm": "post_norm1",
-               "post_ffw_norm": "post_norm2"}
-FUSED = {"attn_qkv": ("attn.wq", "attn.wk", "attn.wv"), "ffn_up": ("ffn.w_gate", "ffn.w_up")}  # Phi-3's rows
-ROPE_FACTORS = ("rope_factors_long.weight", "rope_factors_short.weight")
+from llamablock.io.tensor_names import GGUF_FUSED, ROPE_FACTORS, gguf_name, split_rows
 
 
 def family_fields(fam: Family, meta: dict, names: set[str], base: dict) -> dict:
@@ -79,7 +74,7 @@ def _qk_norms(names: set[str], n_layers: int, fam: Family) -> bool:
     alone reported an unused tensor elsewhere)."""
     if not fam.qk_norm:
         return False
-    wanted = [f"blk.{i}.attn_{x}_norm.weight" for i in range(n_layers) for x in ("q", "k")]
+    wanted = [gguf_name(f"layers.{i}.attn.{x}_norm.weight") for i in range(n_layers) for x in ("q", "k")]
     present = [n for n in wanted if n in names]
     if len(present) != len(wanted):
         missing = next(n for n in wanted if n not in names)
@@ -106,13 +101,13 @@ def phi3_longrope(arch: str, meta: dict, factors: dict[str, torch.Tensor]) -> di
 
 def split_fused(gguf_kind: str, layer: str, w: torch.Tensor, cfg) -> list[tuple[str, torch.Tensor]]:
     """Phi-3's fused tensor `w` of `layer` ("layers.N") as (our name, rows) for each part, in row order."""
-    pieces = split_rows(w, FUSED[gguf_kind], cfg, f"blk.{layer.split('.')[1]}.{gguf_kind}.weight")
-    return [(f"{layer}.{part}.weight", piece.contiguous()) for part, piece in zip(FUSED[gguf_kind], pieces)]
+    pieces = split_rows(w, GGUF_FUSED[gguf_kind], cfg, f"blk.{layer.split('.')[1]}.{gguf_kind}.weight")
+    return [(f"{layer}.{part}.weight", piece.contiguous()) for part, piece in zip(GGUF_FUSED[gguf_kind], pieces)]
 
 
 def is_fused(family: str, gguf_kind: str) -> bool:
     """Whether a GGUF tensor kind holds several of our tensors in this family's files (Phi-3's)."""
-    return FAMILIES[family].fused and gguf_kind in FUSED
+    return FAMILIES[family].fused and gguf_kind in GGUF_FUSED
 
 
 def unshift_norm(arch: str, name: str, w: torch.Tensor) -> torch.Tensor:
