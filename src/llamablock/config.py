@@ -24,10 +24,7 @@ by io/hf_config.py (`config_from_hf`, `config_to_hf`).
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
-import types
-import typing
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -207,56 +204,3 @@ class ModelConfig:
         if unknown:
             raise ValueError(f"unknown config field(s) {unknown}; known fields are {sorted(known)}")
         return cls(**d)
-
-    @classmethod
-    def parse_overrides(cls, items: list[str]) -> dict[str, Any]:
-        """Field values from "field=value" strings (`llamablock train --set`), each converted to a
-        type its annotation allows: int, float, bool (true/false/1/0), str, a JSON object for dict
-        fields, and none/null where the field may be None. The values themselves are checked when
-        a config is built from them. Raises ValueError for an unknown field or a value of the wrong type."""
-        hints = typing.get_type_hints(cls)
-        allowed = {}  # field -> the python types its annotation allows (NoneType included)
-        for f in dataclasses.fields(cls):
-            hint = hints[f.name]
-            args = typing.get_args(hint) if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union else (hint,)
-            allowed[f.name] = tuple(typing.get_origin(a) or a for a in args)
-        out = {}
-        for item in items:
-            if "=" not in item:
-                raise ValueError(f"--set expects field=value, got {item!r}")
-            name, text = item.split("=", 1)
-            name = name.strip()
-            if name not in allowed:
-                raise ValueError(f"--set: unknown field {name!r}; ModelConfig fields are {', '.join(sorted(allowed))}")
-            out[name] = _convert_override(name, text.strip(), allowed[name])
-        return out
-
-
-def _convert_override(name: str, text: str, allowed: tuple):
-    """`text` as the first of the `allowed` types it parses as (ModelConfig.parse_overrides)."""
-    if type(None) in allowed and text.lower() in ("none", "null"):
-        return None
-    for kind in allowed:
-        if kind is bool and text.lower() in ("true", "false", "1", "0"):
-            return text.lower() in ("true", "1")
-        if kind is int:
-            try:
-                return int(text)
-            except ValueError:
-                pass
-        if kind is float:
-            try:
-                return float(text)
-            except ValueError:
-                pass
-        if kind is dict:
-            try:
-                value = json.loads(text)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(value, dict):
-                return value
-        if kind is str:
-            return text
-    names = " or ".join("None" if k is type(None) else ("a JSON object" if k is dict else k.__name__) for k in allowed)
-    raise ValueError(f"--set {name}={text}: {name} expects {names}")
