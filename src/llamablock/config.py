@@ -8,14 +8,8 @@ config serializes to JSON (the convention of litgpt's `Config` and gpt-fast's `M
     ffn           "swiglu" | "geglu" | "relu" | "gelu"                      (15.4)
     n_kv_heads    == n_heads is MHA, 1 is MQA, between is GQA             (15.5)
 
-and the block's descendants (beyond the module; README "Families"), each a field off by default:
-
-    qk_norm       RMSNorm over each head's queries and keys before RoPE    (Qwen3, Gemma 3)
-    sandwich_norm a norm after each sub-layer as well as before it         (Gemma 2, 3)
-    attn_softcap, final_softcap   scores or logits through c tanh(x / c)   (Gemma 2)
-    query_pre_attn_scalar         scores scaled by its -1/2 power, not head_dim's (Gemma 2, 3)
-    layer_types   "full" or "sliding" per layer, the sliding ones attending to their last
-                  `sliding_window` tokens; local_rope_theta gives those their own RoPE base (Gemma 3)
+and the block's descendants (beyond the module; README "Families"), each a field off by default,
+described where it is declared; each family's record (families.py) says which it sets.
 
 Invalid values raise ValueError naming the field. transformers' config.json is translated
 by io/hf_config.py (`config_from_hf`, `config_to_hf`).
@@ -42,6 +36,7 @@ LAYER_TYPES = ("full", "sliding")
 
 @dataclass
 class ModelConfig:
+    # Shape: sizes of the embedding, the stack, the heads and the context.
     vocab_size: int
     d_model: int
     n_layers: int
@@ -49,13 +44,14 @@ class ModelConfig:
     n_kv_heads: int | None = None  # None: as many as n_heads (MHA)
     head_dim: int | None = None  # None: d_model // n_heads
     d_ff: int | None = None  # None: 4 d for relu/gelu, 8/3 d rounded to 256 for gated
+    max_seq_len: int = 2048
+
+    # The module's choices, 2017 to 2024 (15.1-15.5).
     norm: str = "rmsnorm"
     norm_placement: str = "pre"
     norm_eps: float = 1e-5
-    norm_offset: float = 0.0  # Gemma stores RMSNorm scales as w with output x/rms * (1 + w)
     ffn: str = "swiglu"
     position: str = "rope"
-    max_seq_len: int = 2048
     rope_theta: float = 10000.0
     rope_layout: str = "half"  # "half": rotate_half as transformers; "interleaved": Meta, the module
     partial_rotary_factor: float = 1.0
@@ -64,17 +60,22 @@ class ModelConfig:
     o_bias: bool = False
     mlp_bias: bool = False
     tie_embeddings: bool = False
-    embed_scale: float | None = None  # Gemma: sqrt(d_model)
-    sliding_window: int | None = None
+
+    # The descendants (families.py names who uses each); off by default.
+    norm_offset: float = 0.0  # RMSNorm scales stored as w with output x/rms * (offset + w) (Gemma: 1)
+    embed_scale: float | None = None  # embeddings times this (Gemma: sqrt(d_model))
+    sliding_window: int | None = None  # a "sliding" layer attends to its last sliding_window tokens
     layer_types: list[str] | None = None  # None: every layer "sliding" if sliding_window is set, else "full"
     local_rope_theta: float | None = None  # sliding layers' own RoPE base, unscaled; None: the full layers' RoPE
-    qk_norm: bool = False
-    sandwich_norm: bool = False
-    attn_softcap: float | None = None
-    final_softcap: float | None = None
-    query_pre_attn_scalar: float | None = None  # None: head_dim
+    qk_norm: bool = False  # RMSNorm over each head's queries and keys before RoPE
+    sandwich_norm: bool = False  # a norm after each sub-layer as well as before it
+    attn_softcap: float | None = None  # scores through c tanh(x / c)
+    final_softcap: float | None = None  # logits through c tanh(x / c)
+    query_pre_attn_scalar: float | None = None  # scores scaled by its -1/2 power; None: head_dim's
+
+    # Where it came from: the family whose file formats it speaks, and config.json keys kept for round trips.
     family: str = "llamablock"
-    extra: dict[str, Any] = field(default_factory=dict)  # hf keys we keep for to_hf round trips
+    extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self):
         if self.n_kv_heads is None:
