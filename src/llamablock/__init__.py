@@ -1,8 +1,8 @@
 """llamablock: the 2017 Transformer block and the 2024 LLaMA block, exact and side by side.
 
 The module's own files sit at the package root, one idea each, in the module's order: config,
-presets, rope (15.1), rope_scaling and alibi (15.2), positions, norm (15.3),
-ffn (15.4), attention and kv_cache (15.5), blocks and model (15.6). Every other concern is a
+presets and families (the descendants' records), rope (15.1), rope_scaling and alibi (15.2),
+positions, norm (15.3), ffn (15.4), attention and kv_cache (15.5), blocks and model (15.6). Every other concern is a
 folder that imports only from the layers beneath it (tests/test_layers.py checks it): util, io,
 runtime, fast and training, diagnostics, studies, lab, web, commands.
 
