@@ -92,14 +92,10 @@ class ModelConfig:
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if self.n_heads % self.n_kv_heads:
-            raise ValueError(
-                f"n_heads ({self.n_heads}) must be divisible by n_kv_heads ({self.n_kv_heads}): "
-                "each key-value head serves a whole group of query heads"
-            )
-        for name, allowed in (
-            ("position", POSITIONS), ("norm", NORMS), ("norm_placement", PLACEMENTS),
-            ("ffn", FFNS), ("rope_layout", ROPE_LAYOUTS), ("family", tuple(FAMILIES)),
-        ):
+            raise ValueError(f"n_heads ({self.n_heads}) must be divisible by n_kv_heads ({self.n_kv_heads}): "
+                             "each key-value head serves a whole group of query heads")
+        for name, allowed in (("position", POSITIONS), ("norm", NORMS), ("norm_placement", PLACEMENTS),
+                              ("ffn", FFNS), ("rope_layout", ROPE_LAYOUTS), ("family", tuple(FAMILIES))):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
         for name in ("qkv_bias", "o_bias", "mlp_bias", "tie_embeddings", "qk_norm", "sandwich_norm"):
@@ -119,10 +115,9 @@ class ModelConfig:
             if not self.rope_theta > 0:
                 raise ValueError(f"rope_theta must be positive, got {self.rope_theta!r}")
             if self.rotary_dim % 2 or self.rotary_dim == 0:
-                raise ValueError(
-                    f"rotary width must be even and positive (head_dim {self.head_dim} x partial_rotary_factor "
-                    f"{self.partial_rotary_factor} = {self.rotary_dim}): RoPE rotates pairs"
-                )
+                raise ValueError(f"rotary width must be even and positive (head_dim {self.head_dim} x "
+                                 f"partial_rotary_factor {self.partial_rotary_factor} = {self.rotary_dim}): "
+                                 "RoPE rotates pairs")
         if self.sliding_window is not None and (not isinstance(self.sliding_window, int) or self.sliding_window <= 0):
             raise ValueError(f"sliding_window must be a positive integer or None, got {self.sliding_window!r}")
         if self.rope_scaling is not None:

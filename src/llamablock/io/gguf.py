@@ -52,6 +52,7 @@ from llamablock.io.tensor_names import (
     ROPE_FACTORS,
     ROPE_FREQS,
     gguf_layer_name,
+    gguf_name,
     our_name,
 )
 from llamablock.model import Decoder
@@ -168,7 +169,7 @@ def config_from_gguf(reader, rope_scaling: bool = True) -> ModelConfig:
     if vocab is None:
         vocab = len(tokens.data) if tokens is not None else None
     if vocab is None:
-        vocab = next(t for t in reader.tensors if t.name == "token_embd.weight").shape[-1]
+        vocab = next(t for t in reader.tensors if t.name == gguf_name("embed.weight")).shape[-1]
     rot = get("rope.dimension_count", head_dim)
     if not 0 < rot <= head_dim or rot % 2:
         raise ValueError(f"GGUF metadata {arch}.rope.dimension_count must be an even number of features in "
@@ -180,8 +181,8 @@ def config_from_gguf(reader, rope_scaling: bool = True) -> ModelConfig:
         norm_eps=get("attention.layer_norm_rms_epsilon", kind=float, positive=True), ffn="swiglu", position="rope",
         max_seq_len=get("context_length", 2048, positive=True), rope_theta=get("rope.freq_base", 10000.0, float, positive=True),
         rope_layout="half", partial_rotary_factor=rot / head_dim,
-        qkv_bias="blk.0.attn_q.bias" in names, o_bias="blk.0.attn_output.bias" in names,
-        tie_embeddings="output.weight" not in names, family=family,
+        qkv_bias=gguf_name("layers.0.attn.wq.bias") in names, o_bias=gguf_name("layers.0.attn.wo.bias") in names,
+        tie_embeddings=gguf_name("head.weight") not in names, family=family,
     )
     fields.update(fam.family_fields(GGUF_ARCHS[arch], meta, names, fields))
     try:
@@ -209,7 +210,7 @@ def _check_shapes(cfg: ModelConfig, reader) -> None:
     """The metadata's sizes against the file's own tensors (embedding, block 0), before any module
     exists: a lying head count or width would otherwise size the model without bound."""
     shapes = {t.name: tuple(int(n) for n in reversed(t.shape.tolist())) for t in reader.tensors}
-    want = {"token_embd.weight": (cfg.vocab_size, cfg.d_model)}
+    want = {gguf_name("embed.weight"): (cfg.vocab_size, cfg.d_model)}
     want.update({f"blk.0.{gguf_layer_name(ours)}.weight": shape for ours, shape in cfg.layer_shapes().items()
                  if not fam.is_fused(cfg.family, gguf_layer_name(ours))})
     for name, shape in want.items():
