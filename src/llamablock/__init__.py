@@ -1,8 +1,8 @@
 """llamablock: the 2017 Transformer block and the 2024 LLaMA block, exact and side by side.
 
 The module's own files sit at the package root, one idea each, in the module's order: config,
-presets (and hf_config), rope (15.1), rope_scaling and alibi (15.2), positions, norm (15.3),
-ffn (15.4), attention and kv_cache (15.5), blocks and model (15.6). Every other concern is a
+presets and families (the descendants' records), rope (15.1), rope_scaling and alibi (15.2),
+positions, norm (15.3), ffn (15.4), attention and kv_cache (15.5), blocks and model (15.6). Every other concern is a
 folder that imports only from the layers beneath it (tests/test_layers.py checks it): util, io,
 runtime, fast and training, diagnostics, studies, lab, web, commands.
 
@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import importlib
 
-__all__ = ["ModelConfig", "Decoder", "KVCache", "PRESETS", "preset", "load_pretrained", "load_model_and_tokenizer",
-           "save_pretrained"]
+__all__ = ["ModelConfig", "Decoder", "KVCache", "PRESETS", "preset", "config_from_hf", "config_to_hf",
+           "load_pretrained", "load_model_and_tokenizer", "save_pretrained"]
 _LAZY = {"ModelConfig": "llamablock.config", "Decoder": "llamablock.model", "KVCache": "llamablock.kv_cache",
-         "PRESETS": "llamablock.presets", "preset": "llamablock.presets"}
+         "PRESETS": "llamablock.presets", "preset": "llamablock.presets",
+         "config_from_hf": "llamablock.io.hf_config", "config_to_hf": "llamablock.io.hf_config"}
 
 
 def __getattr__(name: str):

@@ -8,10 +8,9 @@ to the query heads:
   * decode (t == 1) and every masked case: the g query heads of a group are stacked along the
     sequence axis, q (b, n_kv, g*t, hd), and multiplied once against their key head
     (b, n_kv, hd, s): a grouped matmul that reads each cached key once per step (`llamablock
-    bench attention` times it against SDPA's GQA path). In bfloat16 and float16 on the CPU a
-    decode step reads s rounded up to KEY_BUCKET keys, the rest masked (`bucketed_keys`): oneDNN
-    keeps a kernel for every shape it has run, so the key length takes one value per bucket,
-    not one per token.
+    bench attention` times it against SDPA's GQA path). A decode step may read more keys than it
+    has, the rest masked: the cache pads them to a bucket where a CPU kernel library needs it
+    (KVCache.bucketed, kv_cache.py).
 The forward reads as project -> position -> cache -> attend. What every layer shares in one
 forward pass (RoPE's cos/sin, the mask) is built once by the decoder (`attention_inputs`):
 RoPE rotates q and k here; ALiBi is an additive bias in the mask; learned and sinusoidal
@@ -31,7 +30,7 @@ from torch import nn
 
 from llamablock.alibi import ALiBi
 from llamablock.config import ModelConfig
-from llamablock.kv_cache import KVCache
+from llamablock.kv_cache import KVCache, pad_keys
 from llamablock.norm import make_norm
 from llamablock.rope import Rotary
 
@@ -118,54 +117,6 @@ def attention_inputs(position_ids: torch.Tensor, start: int, *, dtype: torch.dty
     return AttentionInputs(rope, key_rope, bias, pad_bias)
 
 
-# A reduced-precision CPU decode step pads its keys to a multiple of this many slots (`bucketed_keys`).
-# Why 256: a step then reads at most 255 keys more per layer, which cost less than building a
-# new pair of oneDNN kernels at every step did (timed side by side when it was chosen; the commit
-# that introduced it has the figures; no benchmark repeats that comparison), while an
-# 8,192-token context builds 32 pairs in all.
-KEY_BUCKET = 256
-_ONEDNN_DTYPES = (torch.bfloat16, torch.float16)  # CPU bmm by oneDNN (BMM_LIBRARY, benchmarks/bench_attention.py)
-
-
-def bucketed_keys(cache: KVCache, layer: int, k: torch.Tensor,
-                  v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int | None]:
-    """k, v (b, n_kv, s, hd), as `cache.update` returned them for one new token -> (k, v, keys):
-    where the layer's buffers hold the same s keys in their first s slots, those buffers' first S
-    slots instead, S = s rounded up to KEY_BUCKET (at most the buffer's length), and keys = s,
-    for `attend` to mask the rest; else k, v as given and None.
-
-    Why: on the CPU, torch runs bfloat16 and float16 batched matmuls with oneDNN, which builds a
-    kernel for every new shape and keeps it for the life of the process, whatever
-    ONEDNN_PRIMITIVE_CACHE_CAPACITY says (its brgemm kernels outlive the primitive cache, as in
-    uxlfoundation/oneDNN#1757). Unpadded, a decode step's two attention matmuls have a new key
-    length at every token: the heap grew with every generated token, and each step paid for
-    building two kernels. Padded, a whole context builds context / KEY_BUCKET pairs (plus a pair
-    per buffer length), and a step reads at most KEY_BUCKET - 1 slots more. The unfilled slots
-    hold zeros or an older sequence's (finite) values; their weight after the softmax is exactly
-    0, so the output is the unpadded one bit for bit (tests/components/test_attention.py).
-    Left as it is: a ring that has wrapped (its length is fixed at W + 1), keys rotated late (a
-    new tensor each step), float32 (MKL keeps no kernel per shape), other devices.
-    tests/runtime/test_generate.py measures the memory a generation adds; `llamablock bench
-    decode` the speed.
-    """
-    if k.device.type != "cpu" or k.dtype not in _ONEDNN_DTYPES:
-        return k, v, None
-    buf_k, buf_v = cache.keys[layer], cache.values[layer]
-    s = k.shape[2]
-    padded = min(-(-s // KEY_BUCKET) * KEY_BUCKET, buf_k.shape[2])
-    # A ring holds tokens 0..length in slots 0..length until it wraps (KVCache._ring_update); a
-    # full layer's buffer always holds them there.
-    in_order = cache.length + 1 <= cache.ring if cache.in_ring[layer] else True
-    if padded <= s or not in_order:
-        return k, v, None
-    return buf_k[:, :, :padded], buf_v[:, :, :padded], s
-
-
-def _pad_keys(mask: torch.Tensor, s: int) -> torch.Tensor:
-    """A mask (..., keys) widened to s keys with zeros (the padding is masked out by `attend`)."""
-    return mask if mask.shape[-1] == s else F.pad(mask, (0, s - mask.shape[-1]))
-
-
 class Attention(nn.Module):
     """W_q, W_k, W_v, W_o around grouped attention; `rotary` (shared by the layers of its kind) or None.
 
@@ -208,8 +159,8 @@ class Attention(nn.Module):
         keys = None
         if cache is not None:
             k, v = cache.update(self.layer, k, v)  # (b, n_kv, s, hd)
-            if t == 1 and inputs.key_rope is None:
-                k, v, keys = bucketed_keys(cache, self.layer, k, v)  # (b, n_kv, S >= s, hd)
+            if t == 1 and inputs.key_rope is None:  # a decode step: keys padded to a bucket, maybe
+                k, v, keys = cache.bucketed(self.layer, k, v)  # (b, n_kv, S >= s, hd)
         if inputs.key_rope is not None:  # keys cached before rotation: rotate all with today's angles
             k = self.rotary.rotate(k, *inputs.key_rope)
         out = self.attend(q, k, v, inputs, keys)  # (b, h, t, hd)
@@ -219,7 +170,7 @@ class Attention(nn.Module):
                keys: int | None = None) -> torch.Tensor:
         """softmax(q k^T / sqrt(hd) + mask) v, grouped: q (b, h, t, hd), k and v (b, n_kv, s, hd).
         `keys`: how many of the s keys are real when k and v were padded to a bucket
-        (`bucketed_keys`); the rest are masked out. The masks in `inputs` cover the real keys."""
+        (KVCache.bucketed); the rest are masked out. The masks in `inputs` cover the real keys."""
         b, h, t, hd = q.shape
         s = k.shape[2]
         if inputs.causal:
@@ -234,10 +185,10 @@ class Attention(nn.Module):
         if self.softcap is not None:  # Gemma 2: before the mask, as transformers' eager attention
             scores = torch.tanh(scores / self.softcap) * self.softcap
         if inputs.bias is not None:
-            bias = _pad_keys(inputs.bias.to(scores.dtype), s)
+            bias = pad_keys(inputs.bias.to(scores.dtype), s)
             scores = scores + bias.expand(h, t, s).reshape(self.n_kv, g * t, s)
         if inputs.pad_bias is not None:  # rows ordered (group member, token), as qg's
-            scores = scores + _pad_keys(inputs.pad_bias, s)[:, None].repeat(1, 1, g, 1)  # (b, 1, g*t, s)
+            scores = scores + pad_keys(inputs.pad_bias, s)[:, None].repeat(1, 1, g, 1)  # (b, 1, g*t, s)
         if keys is not None and keys < s:  # padding slots: weight exactly 0 after the softmax
             scores[..., keys:] = float("-inf")
         probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)

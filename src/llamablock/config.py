@@ -8,32 +8,22 @@ config serializes to JSON (the convention of litgpt's `Config` and gpt-fast's `M
     ffn           "swiglu" | "geglu" | "relu" | "gelu"                      (15.4)
     n_kv_heads    == n_heads is MHA, 1 is MQA, between is GQA             (15.5)
 
-and the block's descendants (beyond the module; README "Families"), each a field off by default:
+and the block's descendants (beyond the module; README "Families"), each a field off by default,
+described where it is declared; each family's record (families.py) says which it sets.
 
-    qk_norm       RMSNorm over each head's queries and keys before RoPE    (Qwen3, Gemma 3)
-    sandwich_norm a norm after each sub-layer as well as before it         (Gemma 2, 3)
-    attn_softcap, final_softcap   scores or logits through c tanh(x / c)   (Gemma 2)
-    query_pre_attn_scalar         scores scaled by its -1/2 power, not head_dim's (Gemma 2, 3)
-    layer_types   "full" or "sliding" per layer, the sliding ones attending to their last
-                  `sliding_window` tokens; local_rope_theta gives those their own RoPE base (Gemma 3)
-
-`from_hf` / `to_hf` speak the field names of transformers' config.json (v4 `rope_scaling`
-and v5 `rope_parameters` both read). Invalid values raise ValueError naming the field.
+Invalid values raise ValueError naming the field. transformers' config.json is translated
+by io/hf_config.py (`config_from_hf`, `config_to_hf`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
-import types
-import typing
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
+from llamablock.families import FAMILIES
 from llamablock.ffn import default_ffn_width
-from llamablock.hf_config import config_to_hf, fields_from_hf
 from llamablock.rope_scaling import validate_rope_scaling
 
 POSITIONS = ("rope", "alibi", "learned", "sinusoidal", "none")
@@ -41,12 +31,12 @@ NORMS = ("rmsnorm", "layernorm")
 PLACEMENTS = ("pre", "post")
 FFNS = ("swiglu", "geglu", "relu", "gelu")
 ROPE_LAYOUTS = ("half", "interleaved")
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "llamablock")
 LAYER_TYPES = ("full", "sliding")
 
 
 @dataclass
 class ModelConfig:
+    # Shape: sizes of the embedding, the stack, the heads and the context.
     vocab_size: int
     d_model: int
     n_layers: int
@@ -54,13 +44,14 @@ class ModelConfig:
     n_kv_heads: int | None = None  # None: as many as n_heads (MHA)
     head_dim: int | None = None  # None: d_model // n_heads
     d_ff: int | None = None  # None: 4 d for relu/gelu, 8/3 d rounded to 256 for gated
+    max_seq_len: int = 2048
+
+    # The module's choices, 2017 to 2024 (15.1-15.5).
     norm: str = "rmsnorm"
     norm_placement: str = "pre"
     norm_eps: float = 1e-5
-    norm_offset: float = 0.0  # Gemma stores RMSNorm scales as w with output x/rms * (1 + w)
     ffn: str = "swiglu"
     position: str = "rope"
-    max_seq_len: int = 2048
     rope_theta: float = 10000.0
     rope_layout: str = "half"  # "half": rotate_half as transformers; "interleaved": Meta, the module
     partial_rotary_factor: float = 1.0
@@ -69,17 +60,22 @@ class ModelConfig:
     o_bias: bool = False
     mlp_bias: bool = False
     tie_embeddings: bool = False
-    embed_scale: float | None = None  # Gemma: sqrt(d_model)
-    sliding_window: int | None = None
+
+    # The descendants (families.py names who uses each); off by default.
+    norm_offset: float = 0.0  # RMSNorm scales stored as w with output x/rms * (offset + w) (Gemma: 1)
+    embed_scale: float | None = None  # embeddings times this (Gemma: sqrt(d_model))
+    sliding_window: int | None = None  # a "sliding" layer attends to its last sliding_window tokens
     layer_types: list[str] | None = None  # None: every layer "sliding" if sliding_window is set, else "full"
     local_rope_theta: float | None = None  # sliding layers' own RoPE base, unscaled; None: the full layers' RoPE
-    qk_norm: bool = False
-    sandwich_norm: bool = False
-    attn_softcap: float | None = None
-    final_softcap: float | None = None
-    query_pre_attn_scalar: float | None = None  # None: head_dim
+    qk_norm: bool = False  # RMSNorm over each head's queries and keys before RoPE
+    sandwich_norm: bool = False  # a norm after each sub-layer as well as before it
+    attn_softcap: float | None = None  # scores through c tanh(x / c)
+    final_softcap: float | None = None  # logits through c tanh(x / c)
+    query_pre_attn_scalar: float | None = None  # scores scaled by its -1/2 power; None: head_dim's
+
+    # Where it came from: the family whose file formats it speaks, and config.json keys kept for round trips.
     family: str = "llamablock"
-    extra: dict[str, Any] = field(default_factory=dict)  # hf keys we keep for to_hf round trips
+    extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self):
         if self.n_kv_heads is None:
@@ -96,14 +92,10 @@ class ModelConfig:
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if self.n_heads % self.n_kv_heads:
-            raise ValueError(
-                f"n_heads ({self.n_heads}) must be divisible by n_kv_heads ({self.n_kv_heads}): "
-                "each key-value head serves a whole group of query heads"
-            )
-        for name, allowed in (
-            ("position", POSITIONS), ("norm", NORMS), ("norm_placement", PLACEMENTS),
-            ("ffn", FFNS), ("rope_layout", ROPE_LAYOUTS), ("family", FAMILIES),
-        ):
+            raise ValueError(f"n_heads ({self.n_heads}) must be divisible by n_kv_heads ({self.n_kv_heads}): "
+                             "each key-value head serves a whole group of query heads")
+        for name, allowed in (("position", POSITIONS), ("norm", NORMS), ("norm_placement", PLACEMENTS),
+                              ("ffn", FFNS), ("rope_layout", ROPE_LAYOUTS), ("family", tuple(FAMILIES))):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
         for name in ("qkv_bias", "o_bias", "mlp_bias", "tie_embeddings", "qk_norm", "sandwich_norm"):
@@ -123,10 +115,9 @@ class ModelConfig:
             if not self.rope_theta > 0:
                 raise ValueError(f"rope_theta must be positive, got {self.rope_theta!r}")
             if self.rotary_dim % 2 or self.rotary_dim == 0:
-                raise ValueError(
-                    f"rotary width must be even and positive (head_dim {self.head_dim} x partial_rotary_factor "
-                    f"{self.partial_rotary_factor} = {self.rotary_dim}): RoPE rotates pairs"
-                )
+                raise ValueError(f"rotary width must be even and positive (head_dim {self.head_dim} x "
+                                 f"partial_rotary_factor {self.partial_rotary_factor} = {self.rotary_dim}): "
+                                 "RoPE rotates pairs")
         if self.sliding_window is not None and (not isinstance(self.sliding_window, int) or self.sliding_window <= 0):
             raise ValueError(f"sliding_window must be a positive integer or None, got {self.sliding_window!r}")
         if self.rope_scaling is not None:
@@ -209,98 +200,3 @@ class ModelConfig:
         if unknown:
             raise ValueError(f"unknown config field(s) {unknown}; known fields are {sorted(known)}")
         return cls(**d)
-
-    @classmethod
-    def parse_overrides(cls, items: list[str]) -> dict[str, Any]:
-        """Field values from "field=value" strings (`llamablock train --set`), each converted to a
-        type its annotation allows: int, float, bool (true/false/1/0), str, a JSON object for dict
-        fields, and none/null where the field may be None. The values themselves are checked when
-        a config is built from them. Raises ValueError for an unknown field or a value of the wrong type."""
-        hints = typing.get_type_hints(cls)
-        allowed = {}  # field -> the python types its annotation allows (NoneType included)
-        for f in dataclasses.fields(cls):
-            hint = hints[f.name]
-            args = typing.get_args(hint) if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union else (hint,)
-            allowed[f.name] = tuple(typing.get_origin(a) or a for a in args)
-        out = {}
-        for item in items:
-            if "=" not in item:
-                raise ValueError(f"--set expects field=value, got {item!r}")
-            name, text = item.split("=", 1)
-            name = name.strip()
-            if name not in allowed:
-                raise ValueError(f"--set: unknown field {name!r}; ModelConfig fields are {', '.join(sorted(allowed))}")
-            out[name] = _convert_override(name, text.strip(), allowed[name])
-        return out
-
-    # transformers config.json ----------------------------------------------------------
-    @classmethod
-    def from_hf(cls, hf: dict[str, Any], source: str | Path | None = None) -> "ModelConfig":
-        """From a transformers config.json's object; `source` (its path) names the file in errors."""
-        try:
-            return cls(**fields_from_hf(hf))
-        except ValueError as e:
-            if source is None:
-                raise
-            msg = str(e)
-            raise ValueError(f"{source} {msg[len('config.json '):]}" if msg.startswith("config.json ")
-                             else f"{source}: {msg}") from None
-
-    def to_hf(self) -> dict[str, Any]:
-        return config_to_hf(self)
-
-    @classmethod
-    def from_json_file(cls, path: str | Path) -> "ModelConfig":
-        """A transformers config.json, or one of ours (written by `save_pretrained` or training)."""
-        d = read_config_json(path)
-        if "model_type" in d:
-            return cls.from_hf(d, path)
-        try:
-            return cls.from_dict(d)
-        except ValueError as e:
-            raise ValueError(f"{path}: {e}") from None
-
-
-def _convert_override(name: str, text: str, allowed: tuple):
-    """`text` as the first of the `allowed` types it parses as (ModelConfig.parse_overrides)."""
-    if type(None) in allowed and text.lower() in ("none", "null"):
-        return None
-    for kind in allowed:
-        if kind is bool and text.lower() in ("true", "false", "1", "0"):
-            return text.lower() in ("true", "1")
-        if kind is int:
-            try:
-                return int(text)
-            except ValueError:
-                pass
-        if kind is float:
-            try:
-                return float(text)
-            except ValueError:
-                pass
-        if kind is dict:
-            try:
-                value = json.loads(text)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(value, dict):
-                return value
-        if kind is str:
-            return text
-    names = " or ".join("None" if k is type(None) else ("a JSON object" if k is dict else k.__name__) for k in allowed)
-    raise ValueError(f"--set {name}={text}: {name} expects {names}")
-
-
-def read_config_json(path: str | Path) -> dict[str, Any]:
-    """A config file's JSON object, with errors that name the file and what is wrong with it."""
-    from llamablock.util.reads import MAX_JSON, read_bytes_bounded
-
-    try:  # a FIFO, a device or a huge file is refused by name before it is read (util/reads.py)
-        d = json.loads(read_bytes_bounded(path, MAX_JSON, "config file").decode("utf-8"))
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path} is not valid JSON: {e}") from None
-    except UnicodeDecodeError as e:
-        raise ValueError(f"{path} is not UTF-8 text (byte {e.start}); is it the right file?") from None
-    if not isinstance(d, dict):
-        raise ValueError(f"{path} must hold a JSON object (a transformers config.json)")
-    return d

@@ -19,13 +19,26 @@ Size: 2 x layers x n_kv x hd x L x bytes per element, times the batch.
 
 Both keep one pair of buffers per layer: a single buffer shared by all layers makes a compiled
 decode step copy the whole cache at every layer.
+
+A CPU workaround lives here too, beside the buffers it reads: in bfloat16 and float16 a decode
+step's keys are padded to a multiple of KEY_BUCKET slots (`KVCache.bucketed`), because oneDNN
+keeps a kernel for every shape it has run; the attention masks the padding (`pad_keys`).
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from llamablock.config import ModelConfig
+
+# A reduced-precision CPU decode step pads its keys to a multiple of this many slots (KVCache.bucketed).
+# Why 256: a step then reads at most 255 keys more per layer, which cost less than building a
+# new pair of oneDNN kernels at every step did (timed side by side when it was chosen; the commit
+# that introduced it has the figures; no benchmark repeats that comparison), while an
+# 8,192-token context builds 32 pairs in all.
+KEY_BUCKET = 256
+_ONEDNN_DTYPES = (torch.bfloat16, torch.float16)  # CPU bmm by oneDNN (BMM_LIBRARY, benchmarks/bench_attention.py)
 
 
 def _buffers(cfg: ModelConfig, batch_size: int, length: int, dtype, device,
@@ -73,6 +86,38 @@ class KVCache:
         self.values[layer].index_copy_(2, slots, v[:, :, t - keep:])
         return keys, values
 
+    def bucketed(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int | None]:
+        """k, v (b, n_kv, s, hd), as `update` returned them for one new token -> (k, v, keys):
+        where the layer's buffers hold the same s keys in their first s slots, those buffers' first S
+        slots instead, S = s rounded up to KEY_BUCKET (at most the buffer's length), and keys = s,
+        for the attention to mask the rest; else k, v as given and None.
+
+        Why: on the CPU, torch runs bfloat16 and float16 batched matmuls with oneDNN, which builds a
+        kernel for every new shape and keeps it for the life of the process, whatever
+        ONEDNN_PRIMITIVE_CACHE_CAPACITY says (its brgemm kernels outlive the primitive cache, as in
+        uxlfoundation/oneDNN#1757). Unpadded, a decode step's two attention matmuls have a new key
+        length at every token: the heap grew with every generated token, and each step paid for
+        building two kernels. Padded, a whole context builds context / KEY_BUCKET pairs (plus a pair
+        per buffer length), and a step reads at most KEY_BUCKET - 1 slots more. The unfilled slots
+        hold zeros or an older sequence's (finite) values; their weight after the softmax is exactly
+        0, so the output is the unpadded one bit for bit (tests/components/test_attention.py).
+        Left as it is: a ring that has wrapped (its length is fixed at W + 1), keys rotated late (a
+        new tensor each step), float32 (MKL keeps no kernel per shape), other devices.
+        tests/runtime/test_generate.py measures the memory a generation adds; `llamablock bench
+        decode` the speed.
+        """
+        if k.device.type != "cpu" or k.dtype not in _ONEDNN_DTYPES:
+            return k, v, None
+        buf_k, buf_v = self.keys[layer], self.values[layer]
+        s = k.shape[2]
+        padded = min(-(-s // KEY_BUCKET) * KEY_BUCKET, buf_k.shape[2])
+        # A ring holds tokens 0..length in slots 0..length until it wraps (_ring_update); a full
+        # layer's buffer always holds them there.
+        in_order = self.length + 1 <= self.ring if self.in_ring[layer] else True
+        if padded <= s or not in_order:
+            return k, v, None
+        return buf_k[:, :, :padded], buf_v[:, :, :padded], s
+
     def key_slots(self) -> torch.Tensor | None:
         """(W,) the token index each ring slot holds, once the ring has wrapped (the mask's key
         order for ring layers); None while slots 0..length-1 hold tokens 0..length-1, or without a ring."""
@@ -106,6 +151,12 @@ class KVCache:
 
     def reset(self) -> None:
         self.length = 0
+
+
+def pad_keys(mask: torch.Tensor, s: int) -> torch.Tensor:
+    """A mask (..., keys) widened to s keys with zeros, for keys padded by KVCache.bucketed (the
+    attention masks the padding itself)."""
+    return mask if mask.shape[-1] == s else F.pad(mask, (0, s - mask.shape[-1]))
 
 
 class StaticKVCache:

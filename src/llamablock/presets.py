@@ -7,9 +7,8 @@ Shakespeare pair of section 15.6, sized to equal parameter counts (tests check w
 
 from __future__ import annotations
 
-import math
-
 from llamablock.config import ModelConfig
+from llamablock.families import FAMILIES
 
 _LLAMA3_8B = dict(vocab_size=128256, d_model=4096, n_layers=32, n_heads=32, n_kv_heads=8, d_ff=14336,
                   norm_eps=1e-5, rope_theta=500000.0, max_seq_len=8192, family="llama")
@@ -27,17 +26,15 @@ PRESETS: dict[str, dict] = {
     "qwen2.5-0.5b": dict(vocab_size=151936, d_model=896, n_layers=24, n_heads=14, n_kv_heads=2, d_ff=4864,
                          norm_eps=1e-6, rope_theta=1000000.0, max_seq_len=32768, qkv_bias=True,
                          tie_embeddings=True, family="qwen2"),
-    "gemma-2b": dict(vocab_size=256000, d_model=2048, n_layers=18, n_heads=8, n_kv_heads=1, head_dim=256,
-                     d_ff=16384, norm_eps=1e-6, norm_offset=1.0, ffn="geglu", rope_theta=10000.0,
-                     max_seq_len=8192, tie_embeddings=True, embed_scale=math.sqrt(2048), family="gemma"),
-    # Gemma 3 4B's language model (text_config): five sliding layers (window 1024, base 10,000) to
-    # each global one (base 1,000,000, linear scaling 8), q/k and sandwich norms.
-    "gemma-3-4b": dict(vocab_size=262208, d_model=2560, n_layers=34, n_heads=8, n_kv_heads=4, head_dim=256,
-                       d_ff=10240, norm_eps=1e-6, norm_offset=1.0, ffn="geglu", rope_theta=1_000_000.0,
-                       rope_scaling={"rope_type": "linear", "factor": 8.0}, local_rope_theta=10_000.0,
-                       max_seq_len=131072, tie_embeddings=True, embed_scale=math.sqrt(2560), sliding_window=1024,
-                       layer_types=["full" if (i + 1) % 6 == 0 else "sliding" for i in range(34)], qk_norm=True,
-                       sandwich_norm=True, query_pre_attn_scalar=256.0, family="gemma3_text"),
+    # Gemma's own settings (GeGLU, 1 + w norms, scaled and tied embeddings) from its family record.
+    "gemma-2b": dict(FAMILIES["gemma"].fields(2048, 18), vocab_size=256000, d_model=2048, n_layers=18, n_heads=8,
+                     n_kv_heads=1, head_dim=256, d_ff=16384, norm_eps=1e-6, rope_theta=10000.0, max_seq_len=8192),
+    # Gemma 3 4B's language model (text_config): the family's five sliding layers (here window 1024,
+    # base 10,000) to each global one (base 1,000,000, linear scaling 8), q/k and sandwich norms.
+    "gemma-3-4b": dict(FAMILIES["gemma3_text"].fields(2560, 34), vocab_size=262208, d_model=2560, n_layers=34,
+                       n_heads=8, n_kv_heads=4, head_dim=256, d_ff=10240, norm_eps=1e-6, rope_theta=1_000_000.0,
+                       rope_scaling={"rope_type": "linear", "factor": 8.0}, max_seq_len=131072, sliding_window=1024,
+                       layer_types=FAMILIES["gemma3_text"].layer_pattern(34)),
     # The same name as the embedded checkpoint (llamablock.io.resolve), whose architecture this is.
     "smollm2-135m-instruct": dict(vocab_size=49152, d_model=576, n_layers=30, n_heads=9, n_kv_heads=3,
                                   d_ff=1536, norm_eps=1e-5, rope_theta=100000.0, max_seq_len=8192,

@@ -22,7 +22,7 @@ in the config (alibi.py): nothing here applies to it.
 Defaults follow transformers 5 (modeling_rope_utils.py; the tests compare to 1e-6). Known
 differences elsewhere, with a keyword switch where a user may need the other:
   * the original length L: yarn/llama3/longrope read `original_max_position_embeddings` (a
-    top-level one, as Phi-3 writes, wins: hf_config.py), else `max_position_embeddings`;
+    top-level one, as Phi-3 writes, wins: io/hf_config.py), else `max_position_embeddings`;
     dynamic always uses `max_position_embeddings` (`cfg.max_seq_len`).
   * transformers 4.x before PR #40320 replaced yarn's `factor` by max_position_embeddings /
     original_max_position_embeddings whenever both lengths were given (Qwen's 32768/32768

@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from llamablock import Decoder, KVCache, ModelConfig, attention
+from llamablock import Decoder, KVCache, ModelConfig, attention, kv_cache
 from llamablock.alibi import alibi_slopes
 from llamablock.attention import Attention, attention_inputs
 
@@ -139,7 +139,7 @@ def _decode_bf16(cfg, ids, pad_mask=None, stale=False):
 
 @pytest.mark.parametrize("case", ["gqa", "stale", "padded-batch", "alibi", "ring", "softcap"])
 def test_bfloat16_decode_padded_to_key_buckets_is_bit_for_bit_unpadded(monkeypatch, case):
-    """Decode steps pad their keys to KEY_BUCKET slots (attention.bucketed_keys) so that oneDNN
+    """Decode steps pad their keys to KEY_BUCKET slots (KVCache.bucketed) so that oneDNN
     builds a bounded set of kernels; the padding's weight is exactly 0, so every step's logits
     equal the unpadded ones (KEY_BUCKET = 1) bit for bit, over several buckets, whatever the
     unfilled slots hold, with each kind of mask a decode step can carry."""
@@ -157,8 +157,8 @@ def test_bfloat16_decode_padded_to_key_buckets_is_bit_for_bit_unpadded(monkeypat
     monkeypatch.setattr(attention.Attention, "attend",
                         lambda self, q, k, v, inputs, keys=None: seen.append((k.shape[2], keys))
                         or real_attend(self, q, k, v, inputs, keys))
-    monkeypatch.setattr(attention, "KEY_BUCKET", 8)
+    monkeypatch.setattr(kv_cache, "KEY_BUCKET", 8)
     padded = _decode_bf16(cfg, ids, pad_mask, stale=case == "stale")
     assert {(8, 4), (16, 9), (21, 17)} <= set(seen)  # buckets crossed; the last cut to the cache's 21
-    monkeypatch.setattr(attention, "KEY_BUCKET", 1)
+    monkeypatch.setattr(kv_cache, "KEY_BUCKET", 1)
     assert torch.equal(padded, _decode_bf16(cfg, ids, pad_mask, stale=case == "stale"))

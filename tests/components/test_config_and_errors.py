@@ -9,6 +9,7 @@ from hf_reference import tiny_hf_model
 
 import llamablock
 from llamablock import Decoder, ModelConfig, preset
+from llamablock.io.hf_config import config_from_hf, config_to_hf
 from llamablock.presets import PRESETS
 
 BASE = dict(vocab_size=50, d_model=32, n_layers=1, n_heads=4)
@@ -46,8 +47,8 @@ def test_presets_round_trip_through_transformers_config(name):
     import transformers
 
     cfg = preset(name)
-    hf = transformers.AutoConfig.for_model(**cfg.to_hf())
-    back = ModelConfig.from_hf(hf.to_dict())
+    hf = transformers.AutoConfig.for_model(**config_to_hf(cfg))
+    back = config_from_hf(hf.to_dict())
     assert back.to_dict() | {"extra": {}} == cfg.to_dict() | {"extra": {}}
 
 
@@ -56,13 +57,13 @@ def test_from_hf_reads_v4_rope_scaling_form():
               intermediate_size=64, rope_theta=500000.0,
               rope_scaling={"type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                             "original_max_position_embeddings": 8192})
-    cfg = ModelConfig.from_hf(v4)
+    cfg = config_from_hf(v4)
     assert cfg.rope_theta == 500000.0 and cfg.rope_scaling["rope_type"] == "llama3"
 
 
 def test_unknown_family_is_refused():
     with pytest.raises(ValueError, match="model_type 'falcon' is not supported"):
-        ModelConfig.from_hf({"model_type": "falcon", "hidden_size": 8})
+        config_from_hf({"model_type": "falcon", "hidden_size": 8})
 
 
 def test_token_out_of_vocabulary():
@@ -137,7 +138,7 @@ def test_static_ntk_exports_as_default_rope_at_the_raised_base():
     from llamablock.rope_scaling import rope_frequencies
 
     cfg = preset("smollm2-135m-instruct", rope_scaling={"rope_type": "ntk", "factor": 4.0})
-    hf = transformers.LlamaConfig(**{k: v for k, v in cfg.to_hf().items() if k not in ("model_type", "architectures")})
+    hf = transformers.LlamaConfig(**{k: v for k, v in config_to_hf(cfg).items() if k not in ("model_type", "architectures")})
     ours, _ = rope_frequencies(cfg)
     ref = LlamaRotaryEmbedding(hf).inv_freq
     assert torch.allclose(ours, ref, rtol=1e-6, atol=0)

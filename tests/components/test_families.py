@@ -13,6 +13,7 @@ import torch
 from hf_reference import max_logit_gap_at_offsets, tiny_hf_model
 
 import llamablock
+from llamablock.io.hf_config import config_from_hf, config_to_hf
 
 SLIDING, FULL = "sliding_attention", "full_attention"
 LONG = dict(rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0, 1.3, 2.0, 4.0],
@@ -123,13 +124,13 @@ def test_incompatible_options_are_refused_by_name(change, words):
 def test_bad_descendant_configs_name_the_field(change, words):
     hf = dict(vocab_size=50, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=24)
     with pytest.raises(ValueError, match=words):
-        llamablock.ModelConfig.from_hf({**hf, **change})
+        config_from_hf({**hf, **change})
 
 
 def test_the_compiled_engines_refuse_the_descendants_by_name():
     from llamablock.fast.static_decode import unsupported_reason
 
-    cfg = llamablock.ModelConfig.from_hf(dict(
+    cfg = config_from_hf(dict(
         model_type="gemma2", vocab_size=50, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
         intermediate_size=24))
     reason = unsupported_reason(cfg)
@@ -163,6 +164,6 @@ def test_gemma3_with_one_scaled_rope_round_trips(tmp_path):
     as the same config (tests above compare the logits with transformers)."""
     _, ours = _load_pair(tmp_path, "gemma3-one-scaled-rope")
     assert ours.cfg.local_rope_theta is None and ours.cfg.rope_scaling["rope_type"] == "linear"
-    hf = ours.cfg.to_hf()
+    hf = config_to_hf(ours.cfg)
     assert hf["rope_parameters"]["sliding_attention"] == hf["rope_parameters"]["full_attention"]
-    assert llamablock.ModelConfig.from_hf(hf).replace(extra={}) == ours.cfg.replace(extra={})
+    assert config_from_hf(hf).replace(extra={}) == ours.cfg.replace(extra={})

@@ -18,6 +18,7 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 from transformers.models.phi.modeling_phi import PhiRotaryEmbedding
 
 from llamablock import ModelConfig
+from llamablock.io.hf_config import config_from_hf
 from llamablock.rope import rope_cos_sin
 from llamablock.rope_scaling import (
     default_inv_freq,
@@ -88,7 +89,7 @@ def _pair(params, head_dim, max_pos):
     hf = transformers.LlamaConfig(vocab_size=16, hidden_size=4 * head_dim, num_attention_heads=4, head_dim=head_dim,
                                   max_position_embeddings=max_pos, rope_parameters=dict(params),
                                   num_hidden_layers=1, intermediate_size=8)
-    return hf, ModelConfig.from_hf(hf.to_dict())
+    return hf, config_from_hf(hf.to_dict())
 
 
 def _lengths(params, max_pos):  # the lengths at which length-dependent types change
@@ -166,8 +167,8 @@ def test_v4_rope_scaling_form_reads_the_same_as_v5():
     params = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
     common = dict(model_type="llama", vocab_size=16, hidden_size=512, num_attention_heads=4, num_hidden_layers=1,
                   intermediate_size=8, max_position_embeddings=131072)
-    v4 = ModelConfig.from_hf({**common, "rope_theta": 500000.0, "rope_scaling": {"type": "llama3", **params}})
-    v5 = ModelConfig.from_hf({**common, "rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, **params}})
+    v4 = config_from_hf({**common, "rope_theta": 500000.0, "rope_scaling": {"type": "llama3", **params}})
+    v5 = config_from_hf({**common, "rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, **params}})
     assert v4.rope_theta == v5.rope_theta == 500000.0 and v4.rope_scaling == v5.rope_scaling
     assert torch.equal(rope_frequencies(v4)[0], rope_frequencies(v5)[0])
 
@@ -177,7 +178,7 @@ def test_both_forms_present_follow_transformers_which_takes_rope_scaling():
                intermediate_size=8, rope_theta=30000.0, rope_scaling={"rope_type": "linear", "factor": 2.0},
                rope_parameters={"rope_type": "dynamic", "factor": 4.0, "rope_theta": 10000.0})
     ref = transformers.LlamaConfig.from_dict(dict(raw)).rope_parameters
-    ours = ModelConfig.from_hf(raw)
+    ours = config_from_hf(raw)
     assert ours.rope_scaling["rope_type"] == ref["rope_type"] == "linear" and ours.rope_theta == ref["rope_theta"]
 
 
@@ -304,6 +305,6 @@ def test_top_level_original_length_wins_as_in_transformers():
                intermediate_size=8, max_position_embeddings=131072, original_max_position_embeddings=1024,
                rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4096})
     ref = LlamaRotaryEmbedding(transformers.LlamaConfig.from_dict(dict(raw))).inv_freq
-    ours = ModelConfig.from_hf(raw)
+    ours = config_from_hf(raw)
     assert ours.rope_scaling["original_max_position_embeddings"] == 1024
     assert torch.equal(rope_frequencies(ours)[0], ref)

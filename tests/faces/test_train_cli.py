@@ -1,7 +1,7 @@
 """`llamablock train` from the command line: a short run, and clear errors for bad input."""
 
 from llamablock.cli import main
-from llamablock.config import ModelConfig
+from llamablock.commands.train import parse_overrides
 
 TINY = ["--set", "d_model=32", "--set", "n_layers=1", "--set", "n_heads=4", "--set", "d_ff=64",
         "--set", "max_seq_len=16"]
@@ -44,8 +44,8 @@ def test_set_invalid_value_is_reported_by_the_config(capsys):
 
 
 def test_overrides_are_typed():
-    got = ModelConfig.parse_overrides(["n_kv_heads=2", "ffn=gelu", "rope_theta=5e5", "tie_embeddings=false",
-                                      "head_dim=none", 'rope_scaling={"rope_type": "llama3", "factor": 2.0}'])
+    got = parse_overrides(["n_kv_heads=2", "ffn=gelu", "rope_theta=5e5", "tie_embeddings=false",
+                           "head_dim=none", 'rope_scaling={"rope_type": "llama3", "factor": 2.0}'])
     assert got == {"n_kv_heads": 2, "ffn": "gelu", "rope_theta": 5e5, "tie_embeddings": False, "head_dim": None,
                    "rope_scaling": {"rope_type": "llama3", "factor": 2.0}}
 

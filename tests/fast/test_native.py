@@ -175,7 +175,7 @@ def test_peak_memory_of_the_straight_load_against_the_file_size():
     The issue's target, 1.5x for the run, is not met. Beyond the weights (the q4 layers' packed
     ids and scales, one int8 copy of the tied embedding and head) the load's peak holds the
     tokenizer and the library code the load pages in; the decode adds the cache and a pair of
-    oneDNN kernels per bucket of key lengths (attention.bucketed_keys; the growth over a long
+    oneDNN kernels per bucket of key lengths (KVCache.bucketed; the growth over a long
     generation is bounded in tests/runtime/test_generate.py). What the load no longer holds:
     the reader's parse of the vocabulary and the file's mapped pages (io/gguf.py, io/gguf_read.py),
     a nibble copy of every q4 layer (fast/int4pack.py), a bfloat16 embedding beside the 8-bit head

@@ -175,13 +175,13 @@ def test_a_sentencepiece_token_of_a_million_characters_is_refused():
 
 
 def test_a_config_file_or_a_safetensors_index_that_is_a_fifo_is_refused(tmp_path):
-    """read_config_json (every config.json reader) and a sharded checkpoint's index."""
-    from llamablock.config import read_config_json
+    """config_from_file (every config.json reader) and a sharded checkpoint's index."""
+    from llamablock.io.hf_config import config_from_file
 
     fifo = tmp_path / "config.json"
     os.mkfifo(fifo)
     with pytest.raises(ValueError, match=r"config file .*config.json is a FIFO"):
-        within(lambda: read_config_json(fifo), fifo)
+        within(lambda: config_from_file(fifo), fifo)
     tiny_hf_model("llama", n_heads=4, n_kv=2).save_pretrained(tmp_path / "m")
     (tmp_path / "m" / "model.safetensors").unlink()
     os.mkfifo(tmp_path / "m" / "model.safetensors.index.json")

@@ -181,7 +181,7 @@ def test_a_long_generation_adds_about_its_kv_cache_not_memory_per_token():
     Twice the cache: EagerEngine's cache starts at 256 slots and doubles, and under
     tune_allocator the buffers it replaced (together smaller than the final ones) stay in the
     heap. SLACK: the attention's oneDNN kernels, one pair per KEY_BUCKET of keys and one per
-    cache length (attention.bucketed_keys; two pairs here), and the heap's own slack. Without
+    cache length (KVCache.bucketed; two pairs here), and the heap's own slack. Without
     the key buckets (KEY_BUCKET = 1) oneDNN keeps a pair of kernels for every key length, so the
     growth is proportional to the tokens generated and many times this bound."""
     out = subprocess.run([sys.executable, "-c", GROWTH, str(NEW_TOKENS)], capture_output=True, text=True, check=True)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from llamablock.config import ModelConfig
 from llamablock.diagnostics.kv_calculator import layouts
+from llamablock.io.hf_config import config_from_file
 from llamablock.presets import PRESETS, preset
 from llamablock.util.units import DTYPE_BYTES, human_bytes
 
@@ -25,7 +26,7 @@ def load_config(name_or_path: str) -> ModelConfig:
     if name_or_path in PRESETS:
         return preset(name_or_path)
     if Path(name_or_path).exists():
-        return ModelConfig.from_json_file(name_or_path)
+        return config_from_file(name_or_path)
     raise ValueError(f"--config {name_or_path!r} is neither a preset ({', '.join(sorted(PRESETS))}) nor a file")
 
 

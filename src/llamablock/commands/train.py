@@ -7,6 +7,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import types
+import typing
+
 from llamablock.commands import UsageError
 from llamablock.config import ModelConfig
 from llamablock.presets import ARCH_PRESETS as ARCHS
@@ -14,13 +19,54 @@ from llamablock.presets import PRESETS, preset
 
 
 def parse_overrides(items: list[str] | None) -> dict:
-    """`--set field=value` pairs (ModelConfig.parse_overrides); vocab_size is the tokenizer's, not a field to set."""
+    """ModelConfig field values from `--set field=value` strings, each converted to a type its
+    annotation allows: int, float, bool (true/false/1/0), str, a JSON object for dict fields, and
+    none/null where the field may be None. The values themselves are checked when a config is built
+    from them (ModelConfig.validate). Raises ValueError for an unknown field or a value of the wrong
+    type, naming the first bad item; vocab_size is the tokenizer's, not a field to set."""
+    hints = typing.get_type_hints(ModelConfig)
+    allowed = {}  # field -> the python types its annotation allows (NoneType included)
+    for f in dataclasses.fields(ModelConfig):
+        hint = hints[f.name]
+        union = isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union
+        allowed[f.name] = tuple(typing.get_origin(a) or a for a in (typing.get_args(hint) if union else (hint,)))
     out = {}
     for item in items or []:  # one at a time: the first bad item is the one reported
-        if "=" in item and item.split("=", 1)[0].strip() == "vocab_size":
+        if "=" not in item:
+            raise ValueError(f"--set expects field=value, got {item!r}")
+        name, text = item.split("=", 1)
+        name = name.strip()
+        if name == "vocab_size":
             raise UsageError("--set vocab_size: the vocabulary size is taken from the tokenizer (use --tokenizer)")
-        out.update(ModelConfig.parse_overrides([item]))
+        if name not in allowed:
+            raise ValueError(f"--set: unknown field {name!r}; ModelConfig fields are {', '.join(sorted(allowed))}")
+        out[name] = _convert(name, text.strip(), allowed[name])
     return out
+
+
+def _convert(name: str, text: str, allowed: tuple):
+    """`text` as the first of the `allowed` types it parses as (parse_overrides)."""
+    if type(None) in allowed and text.lower() in ("none", "null"):
+        return None
+    for kind in allowed:
+        if kind is bool and text.lower() in ("true", "false", "1", "0"):
+            return text.lower() in ("true", "1")
+        if kind in (int, float):
+            try:
+                return kind(text)
+            except ValueError:
+                pass
+        if kind is dict:
+            try:
+                value = json.loads(text)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(value, dict):
+                return value
+        if kind is str:
+            return text
+    names = " or ".join("None" if k is type(None) else ("a JSON object" if k is dict else k.__name__) for k in allowed)
+    raise ValueError(f"--set {name}={text}: {name} expects {names}")
 
 
 def model_config(preset_name: str | None, arch: str | None, overrides: list[str] | None) -> ModelConfig:

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from llamablock.config import read_config_json
+from llamablock.io.resolve import read_json
 from llamablock.util.reads import MAX_JSON, regular_file
 
 # The types transformers 5 computes (ROPE_INIT_FUNCTIONS plus "default"); "ntk" is llamablock's own.
@@ -142,12 +142,12 @@ def lint_gguf(path: str | Path) -> list[RopeWarning]:
     """The GGUF rules above, from the file's metadata and tensor names (of the tensors, only the small
     rope_freqs is read)."""
     from llamablock.io.gguf import (
-        ROPE_FREQS,
         config_from_gguf,
         metadata,
         open_gguf,
         rope_scaling_of,
     )
+    from llamablock.io.tensor_names import ROPE_FREQS
 
     reader = open_gguf(path)
     meta = metadata(reader)
@@ -184,4 +184,4 @@ def lint_file(path: str | Path) -> list[RopeWarning]:
     (a FIFO hung the read, /dev/zero exhausted memory) and a config at most MAX_JSON bytes."""
     if Path(path).suffix.lower() == ".gguf":
         return lint_gguf(regular_file(path, "GGUF file"))
-    return lint_config(read_config_json(regular_file(path, "config file", MAX_JSON)))
+    return lint_config(read_json(regular_file(path, "config file", MAX_JSON)))

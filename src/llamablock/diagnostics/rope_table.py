@@ -28,10 +28,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from llamablock.config import ModelConfig, read_config_json
-from llamablock.hf_config import SUPPORTED, rope_settings
+from llamablock.config import ModelConfig
+from llamablock.io.hf_config import (
+    SUPPORTED,
+    config_from_file,
+    rope_settings,
+)
+from llamablock.io.resolve import read_json
 from llamablock.presets import PRESETS, preset
 from llamablock.rope_scaling import RopeSpec, original_length, rope_frequencies
+from llamablock.util.reads import MAX_JSON, regular_file
 
 TOL = 1e-3
 # Methods compared, in the order of section 15.2. longrope needs per-pair factor lists that
@@ -139,10 +145,10 @@ def read_rope_config(source: str) -> RopeConfig:
     elif not Path(source).exists():
         raise ValueError(f"--config {source!r} is neither a preset ({', '.join(sorted(PRESETS))}) nor an existing file")
     else:
-        d = read_config_json(source)
+        d = read_json(regular_file(source, "config file", MAX_JSON))
         if "model_type" in d and d["model_type"] not in SUPPORTED:
             return _foreign(d, source)
-        cfg = ModelConfig.from_json_file(source)
+        cfg = config_from_file(source)
     spec = RopeSpec.of(cfg) if cfg.position == "rope" else None
     return RopeConfig(cfg.family, cfg.position, cfg.n_heads, cfg.head_dim, cfg.partial_rotary_factor, spec)
 

@@ -43,14 +43,14 @@ import torch
 from safetensors.torch import save_file, save_model
 
 from llamablock.config import ModelConfig
-from llamablock.hf_config import config_to_hf
 from llamablock.io.export_gguf import export_gguf
-from llamablock.io.hf_checkpoint import hf_name
+from llamablock.io.hf_config import config_to_hf
 from llamablock.io.llamablock_dir import load_checkpoint
 from llamablock.io.llamablock_records import CHAT_TEMPLATE, tokenizer_json
 from llamablock.io.resolve import (
     resolve_model,
 )
+from llamablock.io.tensor_names import hf_name
 from llamablock.model import Decoder
 from llamablock.rope import permute_qk
 from llamablock.util.files import (

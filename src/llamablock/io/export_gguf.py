@@ -1,7 +1,7 @@
 """A trained model as one GGUF file, written with the `gguf` package as llama.cpp's converter does.
 
 Architecture "llama", float32 tensors (file type ALL_F32), named as llama.cpp names them
-(io/gguf.py's table read backwards). llama.cpp's llama rope rotates neighbouring pairs
+(io/tensor_names.py's table read backwards). llama.cpp's llama rope rotates neighbouring pairs
 ("NORM" mode), so W_q and W_k are written in the "interleaved" row order: the module's presets
 already train in it; a "half" model is permuted (convert_hf_to_gguf.py's `LlamaModel.permute`).
 
@@ -26,22 +26,12 @@ from pathlib import Path
 
 import numpy as np
 
-from llamablock.io.gguf import LAYER_NAMES, TOP_NAMES
+from llamablock.io.tensor_names import gguf_name
 from llamablock.model import Decoder
 from llamablock.rope import permute_qk
 from llamablock.util.files import EXPORT_MARKER, atomic_write, clean_stale, disk_full
 
-_GGUF_NAME = {ours: theirs for theirs, ours in TOP_NAMES.items()}
-_GGUF_LAYER = {ours: theirs for theirs, ours in LAYER_NAMES.items()}
 SPACE = "\u2581"  # SentencePiece's spelling of a space
-
-
-def gguf_name(name: str) -> str:
-    """Ours -> llama.cpp's, e.g. layers.3.attn.wq.weight -> blk.3.attn_q.weight."""
-    if name in _GGUF_NAME:
-        return _GGUF_NAME[name]
-    _, i, *mid, kind = name.split(".")
-    return f"blk.{i}.{_GGUF_LAYER['.'.join(mid)]}.{kind}"
 
 
 def _interleaved_state(model: Decoder) -> dict[str, np.ndarray]:

@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from llamablock.config import ModelConfig
+from llamablock.families import GGUF_ARCHS
 from llamablock.io import gguf_families as fam
 from llamablock.io.empty import empty_decoder
 from llamablock.io.gguf_meta import REQUIRED, Metadata, number, read_metadata
@@ -47,33 +48,19 @@ from llamablock.io.gguf_read import (  # noqa: F401 (public here)
     dequantize_to,
 )
 from llamablock.io.gguf_rope import rope_scaling_from_gguf
+from llamablock.io.tensor_names import (
+    ROPE_FACTORS,
+    ROPE_FREQS,
+    gguf_layer_name,
+    gguf_name,
+    our_name,
+)
 from llamablock.model import Decoder
 from llamablock.rope import permute_qk
 
-# Architectures implemented, with the family name our config uses and whether the file's q/k rows
-# are in llama.cpp's interleaved ("NORM") rope order.
-# The block's descendants (io/gguf_families.py) are all in the half layout.
-ARCHITECTURES = {"llama": ("llama", True), "qwen2": ("qwen2", False),
-                 **{arch: (family, False) for arch, family in fam.FAMILIES.items()}}
-
-LAYER_NAMES = {
-    "attn_norm": "norm1", "ffn_norm": "norm2", "attn_q": "attn.wq", "attn_k": "attn.wk", "attn_v": "attn.wv",
-    "attn_output": "attn.wo", "ffn_gate": "ffn.w_gate", "ffn_up": "ffn.w_up", "ffn_down": "ffn.w_down",
-    **fam.LAYER_NAMES,
-}
-ROPE_FREQS = "rope_freqs.weight"  # LLaMA 3.1's per-pair RoPE divisors (io/gguf_rope.py)
-TOP_NAMES = {"token_embd.weight": "embed.weight", "output_norm.weight": "final_norm.weight", "output.weight": "head.weight"}
-
-
-def our_name(gguf_name: str) -> str:
-    """llama.cpp tensor name -> ours, e.g. blk.3.attn_q.weight -> layers.3.attn.wq.weight."""
-    if gguf_name in TOP_NAMES:
-        return TOP_NAMES[gguf_name]
-    parts = gguf_name.split(".")
-    if len(parts) == 4 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in LAYER_NAMES:
-        return f"layers.{parts[1]}.{LAYER_NAMES[parts[2]]}.{parts[3]}"
-    raise ValueError(f"GGUF tensor {gguf_name!r} has no counterpart in llamablock's model")
-
+# Architectures implemented (the family records, families.py), with the family name our config uses
+# and whether the file's q/k rows are in llama.cpp's interleaved ("NORM") rope order.
+ARCHITECTURES = {arch: (f.name, f.gguf_interleaved) for arch, f in GGUF_ARCHS.items()}
 
 def _plain_reader_class():
     """gguf.GGUFReader whose byte view is a plain ndarray over the memory map, not a np.memmap.
@@ -176,7 +163,7 @@ def config_from_gguf(reader, rope_scaling: bool = True) -> ModelConfig:
     if vocab is None:
         vocab = len(tokens.data) if tokens is not None else None
     if vocab is None:
-        vocab = next(t for t in reader.tensors if t.name == "token_embd.weight").shape[-1]
+        vocab = next(t for t in reader.tensors if t.name == gguf_name("embed.weight")).shape[-1]
     rot = get("rope.dimension_count", head_dim)
     if not 0 < rot <= head_dim or rot % 2:
         raise ValueError(f"GGUF metadata {arch}.rope.dimension_count must be an even number of features in "
@@ -188,18 +175,17 @@ def config_from_gguf(reader, rope_scaling: bool = True) -> ModelConfig:
         norm_eps=get("attention.layer_norm_rms_epsilon", kind=float, positive=True), ffn="swiglu", position="rope",
         max_seq_len=get("context_length", 2048, positive=True), rope_theta=get("rope.freq_base", 10000.0, float, positive=True),
         rope_layout="half", partial_rotary_factor=rot / head_dim,
-        qkv_bias="blk.0.attn_q.bias" in names, o_bias="blk.0.attn_output.bias" in names,
-        tie_embeddings="output.weight" not in names, family=family,
+        qkv_bias=gguf_name("layers.0.attn.wq.bias") in names, o_bias=gguf_name("layers.0.attn.wo.bias") in names,
+        tie_embeddings=gguf_name("head.weight") not in names, family=family,
     )
-    if arch in fam.FAMILIES:
-        fields.update(fam.family_fields(arch, meta, names, fields))
+    fields.update(fam.family_fields(GGUF_ARCHS[arch], meta, names, fields))
     try:
         cfg = ModelConfig(**fields)
     except ValueError as e:  # fields that disagree with each other: name the file's keys behind them
         keys = [f"{arch}.{k}" for field, k in _FIELD_KEYS.items() if field in str(e)]
         raise ValueError(f"GGUF metadata describes no valid model ({', '.join(keys) or 'its sizes'}): {e}") from None
     _check_shapes(cfg, reader)
-    factors = {t.name: torch.from_numpy(dequantize(t)) for t in reader.tensors if t.name in fam.ROPE_FACTORS}
+    factors = {t.name: torch.from_numpy(dequantize(t)) for t in reader.tensors if t.name in ROPE_FACTORS}
     scaling = fam.phi3_longrope(arch, meta, factors)
     if scaling is None and rope_scaling:
         scaling = rope_scaling_of(reader, cfg)
@@ -218,10 +204,9 @@ def _check_shapes(cfg: ModelConfig, reader) -> None:
     """The metadata's sizes against the file's own tensors (embedding, block 0), before any module
     exists: a lying head count or width would otherwise size the model without bound."""
     shapes = {t.name: tuple(int(n) for n in reversed(t.shape.tolist())) for t in reader.tensors}
-    want = {"token_embd.weight": (cfg.vocab_size, cfg.d_model)}
-    gguf_of = {v: k for k, v in LAYER_NAMES.items()}
-    want.update({f"blk.0.{gguf_of[ours]}.weight": shape for ours, shape in cfg.layer_shapes().items()
-                 if not fam.is_fused(cfg.family, gguf_of[ours])})
+    want = {gguf_name("embed.weight"): (cfg.vocab_size, cfg.d_model)}
+    want.update({f"blk.0.{gguf_layer_name(ours)}.weight": shape for ours, shape in cfg.layer_shapes().items()
+                 if not fam.is_fused(cfg.family, gguf_layer_name(ours))})
     for name, shape in want.items():
         if name in shapes and shapes[name] != shape:
             raise ValueError(f"GGUF tensor {name!r} has shape {shapes[name]}, the metadata implies {shape}")
@@ -258,7 +243,7 @@ def gguf_tensors(reader, cfg: ModelConfig, expected: dict[str, torch.Size], dtyp
 
     seen = set()
     for t in reader.tensors:
-        if t.name == ROPE_FREQS or t.name in fam.ROPE_FACTORS:  # read into cfg.rope_scaling by config_from_gguf
+        if t.name == ROPE_FREQS or t.name in ROPE_FACTORS:  # read into cfg.rope_scaling by config_from_gguf
             continue
         gguf_kind = t.name.split(".")[2] if t.name.startswith("blk.") else ""
         if fam.is_fused(cfg.family, gguf_kind):  # Phi-3: one tensor holds several of ours

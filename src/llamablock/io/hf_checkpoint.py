@@ -1,9 +1,7 @@
 """transformers-format checkpoints: config.json + model.safetensors (or sharded with an index).
 
-Our parameter names are short (`layers.3.attn.wq.weight`); `hf_name` maps them to
-transformers' (`model.layers.3.self_attn.q_proj.weight`). Gemma 2 and 3 name their four norms
-input_layernorm, post_attention_layernorm (after attention), pre_ and post_feedforward_layernorm,
-so `post_attention_layernorm` is our norm2 in LLaMA and our post_norm1 there. Phi-3 stores
+Our parameter names map to transformers' by io/tensor_names.py's `hf_name`
+(`layers.3.attn.wq.weight` is `model.layers.3.self_attn.q_proj.weight`). Phi-3 stores
 W_q, W_k, W_v as one qkv_proj and W_gate, W_up as one gate_up_proj: they are split on load into
 views of the fused rows (no copy) and fused again on save, so one attention and one feed-forward
 serve every family; the fast engine fuses all families' weights the same way (fast/static_decode.py). Loading is strict both ways: a
@@ -22,62 +20,31 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from llamablock.config import ModelConfig, read_config_json
+from llamablock.config import ModelConfig
+from llamablock.families import FAMILIES
 from llamablock.io.empty import empty_decoder
+from llamablock.io.hf_config import config_from_hf, config_to_hf
+from llamablock.io.resolve import read_json
+from llamablock.io.tensor_names import HF_FUSED, HF_LAYER, HF_TOP, hf_name, split_rows
 from llamablock.model import Decoder
 from llamablock.util.files import atomic_write
 from llamablock.util.reads import MAX_JSON, read_bytes_bounded
 
-_LAYER = {
-    "attn.wq": "self_attn.q_proj", "attn.wk": "self_attn.k_proj", "attn.wv": "self_attn.v_proj",
-    "attn.wo": "self_attn.o_proj", "ffn.w_gate": "mlp.gate_proj", "ffn.w_up": "mlp.up_proj",
-    "ffn.w_down": "mlp.down_proj", "norm1": "input_layernorm", "norm2": "post_attention_layernorm",
-}
-_SANDWICH = {"norm1": "input_layernorm", "post_norm1": "post_attention_layernorm",
-             "norm2": "pre_feedforward_layernorm", "post_norm2": "post_feedforward_layernorm"}
-_QK_NORM = {"attn.q_norm": "self_attn.q_norm", "attn.k_norm": "self_attn.k_norm"}
-_FUSED = {"self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
-          "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj")}  # Phi-3: rows in this order
-_TOP = {"embed.weight": "model.embed_tokens.weight", "final_norm.weight": "model.norm.weight",
-        "head.weight": "lm_head.weight"}
-
-
-def hf_name(name: str, sandwich: bool = False) -> str:
-    """transformers' name for our parameter `name`; `sandwich`: Gemma 2 and 3's four norms."""
-    if name in _TOP:
-        return _TOP[name]
-    m = re.fullmatch(r"layers\.(\d+)\.(\w+\.\w+|\w*norm\d)\.(weight|bias)", name)
-    table = {**_LAYER, **_QK_NORM, **(_SANDWICH if sandwich else {})}
-    if not m or m.group(2) not in table:
-        raise ValueError(f"parameter {name!r} has no transformers name (only pre-LN RMSNorm families export)")
-    return f"model.layers.{m.group(1)}.{table[m.group(2)]}.{m.group(3)}"
-
-
-def split_rows(w: torch.Tensor, parts: tuple[str, ...], cfg: ModelConfig, what: str) -> tuple[torch.Tensor, ...]:
-    """A fused weight's rows as our `parts` ("attn.wq", ...), each as many rows as cfg.layer_shapes
-    says, in order (views, no copy); `what` names the tensor in the error when the count differs.
-    Phi-3's fused projections, in a transformers directory and in a GGUF file (io/gguf_families.py)."""
-    sizes = [cfg.layer_shapes()[p][0] for p in parts]
-    if w.shape[0] != sum(sizes):
-        raise ValueError(f"tensor {what!r} has {w.shape[0]} rows; the config implies {sum(sizes)} "
-                         f"({' + '.join(map(str, sizes))})")
-    return w.split(sizes)
-
 
 def split_fused(cfg: ModelConfig, tensors: dict[str, torch.Tensor]) -> None:
     """Phi-3's fused projections replaced, in place, by the separate ones (views of their rows)."""
-    ours = {theirs: mine for mine, theirs in _LAYER.items()}
-    for key in [k for k in tensors if any(f".{f}." in k for f in _FUSED)]:
-        fused = next(f for f in _FUSED if f".{f}." in key)
-        pieces = split_rows(tensors.pop(key), tuple(ours[p] for p in _FUSED[fused]), cfg, key)
-        for part, piece in zip(_FUSED[fused], pieces):
+    ours = {theirs: mine for mine, theirs in HF_LAYER.items()}
+    for key in [k for k in tensors if any(f".{f}." in k for f in HF_FUSED)]:
+        fused = next(f for f in HF_FUSED if f".{f}." in key)
+        pieces = split_rows(tensors.pop(key), tuple(ours[p] for p in HF_FUSED[fused]), cfg, key)
+        for part, piece in zip(HF_FUSED[fused], pieces):
             tensors[key.replace(fused, part)] = piece
 
 
 def fuse(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The inverse of split_fused: Phi-3's qkv_proj and gate_up_proj from the separate tensors."""
     out = dict(tensors)
-    for fused, parts in _FUSED.items():
+    for fused, parts in HF_FUSED.items():
         for key in [k for k in tensors if f".{parts[0]}." in k]:
             out[key.replace(parts[0], fused)] = torch.cat([out.pop(key.replace(parts[0], p)) for p in parts])
     return out
@@ -132,7 +99,7 @@ def check_sizes(cfg: ModelConfig, tensors: dict[str, torch.Tensor], path: Path) 
     if layers != set(range(cfg.n_layers)):
         raise ValueError(f"{path}/config.json says num_hidden_layers = {cfg.n_layers}, the checkpoint holds "
                          f"{len(layers)} layers")
-    embed = tensors.get("model.embed_tokens.weight")
+    embed = tensors.get(HF_TOP["embed.weight"])
     if embed is not None and tuple(embed.shape) != (cfg.vocab_size, cfg.d_model):
         raise ValueError(f"{path}/config.json says vocab_size x hidden_size = {cfg.vocab_size} x {cfg.d_model}, the "
                          f"checkpoint's embedding is {tuple(embed.shape)}")
@@ -164,8 +131,8 @@ def read_hf_config(path: str | Path) -> tuple[ModelConfig, dict]:
     cfg_file = Path(path) / "config.json"
     if not cfg_file.exists():
         raise FileNotFoundError(f"{path} has no config.json; expected a transformers checkpoint directory")
-    hf = read_config_json(cfg_file)
-    return ModelConfig.from_hf(hf, cfg_file), hf
+    hf = read_json(cfg_file)
+    return config_from_hf(hf, cfg_file), hf
 
 
 def load_hf_dir(path: str | Path, dtype: torch.dtype | None = None, cfg: ModelConfig | None = None) -> Decoder:
@@ -174,7 +141,7 @@ def load_hf_dir(path: str | Path, dtype: torch.dtype | None = None, cfg: ModelCo
     path = Path(path)
     cfg = cfg or read_hf_config(path)[0]
     tensors = _language_model(read_safetensors(path))
-    if cfg.family == "phi3":
+    if FAMILIES[cfg.family].fused:
         split_fused(cfg, tensors)
     check_sizes(cfg, tensors, path)
     model = empty_decoder(cfg)
@@ -202,10 +169,10 @@ def load_hf_dir(path: str | Path, dtype: torch.dtype | None = None, cfg: ModelCo
 def save_pretrained(model: Decoder, path: str | Path) -> None:
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    hf_cfg = model.cfg.to_hf()
+    hf_cfg = config_to_hf(model.cfg)
     tensors = {hf_name(n, model.cfg.sandwich_norm): t.detach().contiguous() for n, t in model.state_dict().items()
                if not (model.cfg.tie_embeddings and n == "head.weight")}
-    if model.cfg.family == "phi3":
+    if FAMILIES[model.cfg.family].fused:
         tensors = fuse(tensors)
     atomic_write(path / "model.safetensors", lambda p: save_file(tensors, str(p), metadata={"format": "pt"}))
     atomic_write(path / "config.json", lambda p: p.write_text(json.dumps(hf_cfg, indent=2)))

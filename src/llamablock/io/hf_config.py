@@ -1,40 +1,35 @@
 """Translate between `ModelConfig` and transformers' config.json, for the families in scope.
 
-Family differences that live in the config rather than in code (transformers 5.x modeling files):
-    llama    attention_bias puts a bias on q, k, v *and* o; mlp_bias on all three MLP matrices
-    mistral  as llama without biases, plus sliding_window
-    qwen2    bias on q, k, v only (hard-coded in Qwen2Attention), none on o
-    gemma    GeGLU with tanh GELU, RMSNorm scale (1 + w), embeddings times sqrt(d_model), tied
-and the descendants (README "Families"):
-    qwen3        qwen2's block with q/k norms; attention_bias on q, k, v and o; in both, sliding
-                 layers from max_window_layers on when use_sliding_window
-    gemma2       gemma plus sandwich norms, soft-capped scores and logits, query_pre_attn_scalar,
-                 sliding and full layers alternating (layer_types)
-    gemma3_text  gemma2 without the capping, plus q/k norms and a RoPE per layer kind (v5
-                 rope_parameters keyed by layer type; v4 rope_local_base_freq): five local layers to one
-    phi3         llama's block with fused qkv_proj and gate_up_proj weights (split on load,
-                 io/hf_checkpoint.py), LongRoPE, a window on every layer when sliding_window is set
-Defaults for absent keys are transformers' own per family (a Qwen3 head is 128 wide whatever
-hidden_size says; Gemma 2 caps unless the key is null).
+Each family's names and defaults are its record in families.py (transformers' own defaults per
+family: a Qwen3 head is 128 wide whatever hidden_size says; Gemma 2 caps unless the key is null);
+this module only reads and writes the keys. What the keys mean (transformers 5.x modeling files):
+attention_bias biases q, k, v, and o too where the record says so (Qwen2 biases q, k, v whatever
+it says); mlp_bias the three MLP matrices; hidden_act / hidden_activation choose SwiGLU or GeGLU;
+sliding_window reaches every layer, the upper ones (from max_window_layers on, when
+use_sliding_window), or the local ones of a local/global pattern (layer_types, or one global in
+every sliding_window_pattern); Gemma 3 keeps a RoPE per layer kind (v5 rope_parameters keyed by
+layer type; v4 rope_local_base_freq); Phi-3's fused weights are split on load (io/hf_checkpoint.py).
 RoPE settings are read from v5 `rope_parameters` or v4 `rope_theta` + `rope_scaling`, and
 written back in the v5 form.
 
-This module sits beneath `llamablock.config`: it turns a config.json into the keyword arguments
-of `ModelConfig` (and any object with ModelConfig's fields back into a config.json), and never
-imports the dataclass, so `ModelConfig.from_hf` / `to_hf` can call it without an import cycle.
+`config_from_hf` turns a config.json's object into a `ModelConfig`, `config_to_hf` a config
+back into one, and `config_from_file` reads either a transformers config.json or one of ours.
 """
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
+from llamablock.config import ModelConfig
+from llamablock.families import HF_TYPES, Family
+from llamablock.io.resolve import read_json
 from llamablock.rope_scaling import ntk_base
+from llamablock.util.reads import MAX_JSON, regular_file
 
-SUPPORTED = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3")
-_GEMMAS = ("gemma", "gemma2", "gemma3_text")
-_HEAD_DIM = {"qwen3": 128, "gemma2": 256, "gemma3_text": 256}  # transformers' defaults when absent
-_CAPS = {"gemma2": (50.0, 30.0)}  # (attn_logit_softcapping, final_logit_softcapping) when absent
+SUPPORTED = tuple(HF_TYPES)  # the model_types read
+_MULTIMODAL = {f.multimodal: f for f in HF_TYPES.values() if f.multimodal}  # outer model_type -> text family
 _KINDS = {"full_attention": "full", "sliding_attention": "sliding"}
 _GATED_ACTS = {"silu": "swiglu", "swish": "swiglu", "gelu_pytorch_tanh": "geglu", "gelu_new": "geglu"}
 
@@ -102,27 +97,27 @@ def _optional(hf: dict[str, Any], key: str, default: float | None) -> float | No
     return _typed(hf, key, float, default)
 
 
-def _gemma3_rope(hf: dict[str, Any]) -> tuple[dict[str, Any], float | None]:
-    """Gemma 3's two RoPEs: a view of `hf` holding the full layers' settings, and the local layers' base
-    (None when the sliding layers share the full layers' scaled RoPE, as config_to_hf writes a model
-    whose local_rope_theta is None)."""
+def _two_ropes(hf: dict[str, Any], fam: Family) -> tuple[dict[str, Any], float | None]:
+    """A family with a RoPE per layer kind (Gemma 3): a view of `hf` holding the full layers' settings,
+    and the local layers' base (None when the sliding layers share the full layers' scaled RoPE, as
+    config_to_hf writes a model whose local_rope_theta is None)."""
     params = hf.get("rope_parameters")
     if isinstance(params, dict) and {"full_attention", "sliding_attention"} & set(params):
         full, local = params.get("full_attention") or {}, params.get("sliding_attention") or {}
         if not isinstance(full, dict) or not isinstance(local, dict):
             raise ValueError("config.json rope_parameters must map full_attention and sliding_attention to objects")
-        view = {**hf, "rope_parameters": {"rope_theta": 1_000_000.0, **full}, "rope_scaling": None}
+        view = {**hf, "rope_parameters": {"rope_theta": fam.rope_theta, **full}, "rope_scaling": None}
         if local.get("rope_type", "default") != "default":
             if local == full:  # one scaled RoPE for every layer; transformers computes each type's alike
                 return view, None
-            raise ValueError(f"gemma3 sliding layers with rope_type {local['rope_type']!r} are not supported "
-                             "(Gemma 3 scales only its global layers)")
-        return view, _typed(local, "rope_theta", float, 10_000.0)
-    view = {**hf, "rope_theta": hf.get("rope_theta", 1_000_000.0)}  # v4 form; transformers' defaults
-    return view, _typed(hf, "rope_local_base_freq", float, 10_000.0)
+            raise ValueError(f"{fam.name} sliding layers with rope_type {local['rope_type']!r} are not supported "
+                             "(the family scales only its global layers)")
+        return view, _typed(local, "rope_theta", float, fam.local_rope_theta)
+    view = {**hf, "rope_theta": hf.get("rope_theta", fam.rope_theta)}  # v4 form; transformers' defaults
+    return view, _typed(hf, "rope_local_base_freq", float, fam.local_rope_theta)
 
 
-def _layer_types(hf: dict[str, Any], family: str, n_layers: int) -> list[str] | None:
+def _layer_types(hf: dict[str, Any], fam: Family, n_layers: int) -> list[str] | None:
     """"full"/"sliding" per layer from `layer_types`, else the family's rule as transformers derives it."""
     raw = hf.get("layer_types")
     if raw is not None:
@@ -130,47 +125,43 @@ def _layer_types(hf: dict[str, Any], family: str, n_layers: int) -> list[str] | 
             raise ValueError(f"config.json layer_types must list {sorted(_KINDS)} once per layer "
                              f"({n_layers}), got {str(raw)[:80]}")
         return [_KINDS[k] for k in raw]
-    if family == "gemma2":
-        return ["sliding" if (i + 1) % 2 else "full" for i in range(n_layers)]
-    if family == "gemma3_text":
-        every = _typed(hf, "sliding_window_pattern", int, 6)
+    if fam.window == "local":
+        every = _typed(hf, fam.global_every_key, int, fam.global_every) if fam.global_every_key else fam.global_every
         if every <= 0:  # transformers divides by it (0: ZeroDivisionError) to place the global layers
-            raise ValueError(f"config.json sliding_window_pattern must be a positive integer (one global layer "
+            raise ValueError(f"config.json {fam.global_every_key} must be a positive integer (one global layer "
                              f"every so many), got {every}")
-        return ["sliding" if (i + 1) % every else "full" for i in range(n_layers)]
-    if family in ("qwen2", "qwen3"):
-        first = _typed(hf, "max_window_layers", int, 28)
-        return ["sliding" if i >= first else "full" for i in range(n_layers)]
-    return None
+        return fam.layer_pattern(n_layers, every)
+    first = _typed(hf, "max_window_layers", int, fam.window_from)  # "upper"
+    return ["sliding" if i >= first else "full" for i in range(n_layers)]
 
 
-def _descendant_fields(hf: dict[str, Any], family: str, n_layers: int) -> dict[str, Any]:
+def _window(hf: dict[str, Any], fam: Family) -> int | None:
+    """The sliding window config.json gives the family's layers, or None."""
+    if fam.window == "all":
+        return _typed(hf, "sliding_window", int, None)
+    if fam.window is None or fam.window == "upper" and not _typed(hf, "use_sliding_window", bool, False):
+        return None
+    # absent: the family's default; null: no window at all (transformers' attention then passes None)
+    return None if "sliding_window" in hf and hf["sliding_window"] is None else _typed(
+        hf, "sliding_window", int, fam.sliding_window)
+
+
+def _descendant_fields(hf: dict[str, Any], fam: Family, n_layers: int) -> dict[str, Any]:
     """The fields of the block's descendants (config.py): windows by layer, norms, caps, scale."""
-    if family in ("mistral", "phi3"):
-        window = _typed(hf, "sliding_window", int, None)
-    elif family in ("qwen2", "qwen3") and not _typed(hf, "use_sliding_window", bool, False):
-        window = None
-    elif family in ("gemma2", "gemma3_text", "qwen2", "qwen3"):
-        # absent: transformers' default 4096; null: no window at all (its attention then passes None)
-        window = None if "sliding_window" in hf and hf["sliding_window"] is None else _typed(hf, "sliding_window", int, 4096)
-    else:
-        window = None
+    window = _window(hf, fam)
     # checked even where no window uses them: transformers validates these families' layer_types too
-    kinds = _layer_types(hf, family, n_layers) if family in ("gemma2", "gemma3_text", "qwen2", "qwen3") else None
+    kinds = _layer_types(hf, fam, n_layers) if fam.window in ("upper", "local") else None
     kinds = kinds if window is not None else None
     if kinds is not None and "sliding" not in kinds:
         window, kinds = None, None  # no layer uses the window
     elif kinds is not None and "full" not in kinds:
         kinds = None  # every layer windowed: the default for a config with sliding_window
-    attn_cap, final_cap = (_optional(hf, "attn_logit_softcapping", _CAPS[family][0]),
-                           _optional(hf, "final_logit_softcapping", _CAPS[family][1])) if family in _CAPS else (None, None)
-    if family == "gemma3_text":  # transformers' Gemma 3 caps the logits when asked, never the scores
-        final_cap = _optional(hf, "final_logit_softcapping", None)
-    sandwich = family in ("gemma2", "gemma3_text")
+    caps = {key: _optional(hf, key, default) for key, default in fam.softcaps.items()}
+    scalar = fam.query_pre_attn_scalar
     return dict(
-        sliding_window=window, layer_types=kinds, qk_norm=family in ("qwen3", "gemma3_text"),
-        sandwich_norm=sandwich, attn_softcap=attn_cap, final_softcap=final_cap,
-        query_pre_attn_scalar=_typed(hf, "query_pre_attn_scalar", float, 256) if sandwich else None,
+        sliding_window=window, layer_types=kinds, qk_norm=fam.qk_norm, sandwich_norm=fam.sandwich,
+        attn_softcap=caps.get("attn_logit_softcapping"), final_softcap=caps.get("final_logit_softcapping"),
+        query_pre_attn_scalar=None if scalar is None else _typed(hf, "query_pre_attn_scalar", float, scalar),
     )
 
 
@@ -180,12 +171,14 @@ def fields_from_hf(hf: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(hf, dict):
         raise ValueError(f"a config.json must hold a JSON object, got {type(hf).__name__}")
     family = hf.get("model_type")
-    if family == "gemma3" and isinstance(hf.get("text_config"), dict):
-        # A multimodal Gemma 3 checkpoint: its language model (the vision tower is not loaded).
+    if isinstance(family, str) and family in _MULTIMODAL and isinstance(hf.get("text_config"), dict):
+        # A multimodal checkpoint (Gemma 3's): its language model (the vision tower is not loaded).
         # Gemma3ForConditionalGeneration ties its head by the outer config's flag (default true).
+        text = _MULTIMODAL[family].name
         tied = hf.get("tie_word_embeddings", hf["text_config"].get("tie_word_embeddings", True))
-        family, hf = "gemma3_text", {**hf["text_config"], "model_type": "gemma3_text", "tie_word_embeddings": tied}
-    if family not in SUPPORTED:
+        family, hf = text, {**hf["text_config"], "model_type": text, "tie_word_embeddings": tied}
+    fam = HF_TYPES.get(family) if isinstance(family, str) else None  # a list or an object names no family
+    if fam is None:
         raise ValueError(
             f"model_type {family!r} is not supported; llamablock implements {list(SUPPORTED)}. "
             "A different architecture would load but compute something else, so it is refused."
@@ -194,72 +187,63 @@ def fields_from_hf(hf: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(act, str) or act not in _GATED_ACTS:
         raise ValueError(f"hidden_act {act!r} is not supported for {family}; expected one of {sorted(_GATED_ACTS)}")
     local_theta = None
-    if family == "gemma3_text":
-        hf, local_theta = _gemma3_rope(hf)
+    if fam.local_rope_theta is not None:
+        hf, local_theta = _two_ropes(hf, fam)
     theta, scaling, partial = rope_settings(hf)
     n_heads, d_model = _typed(hf, "num_attention_heads", int), _typed(hf, "hidden_size", int)
     if n_heads <= 0:
         raise ValueError(f"config.json num_attention_heads must be positive, got {n_heads}")
     n_layers = _typed(hf, "num_hidden_layers", int)
     attention_bias = _typed(hf, "attention_bias", bool, False)
-    gemma = family in _GEMMAS
     known = dict(
+        fam.fields(max(d_model, 0), n_layers),
         vocab_size=_typed(hf, "vocab_size", int),
         d_model=d_model,
         n_layers=n_layers,
         n_heads=n_heads,
         n_kv_heads=_typed(hf, "num_key_value_heads", int, n_heads),
-        head_dim=_typed(hf, "head_dim", int, _HEAD_DIM.get(family, d_model // n_heads)),
+        head_dim=_typed(hf, "head_dim", int, fam.head_dim or d_model // n_heads),
         d_ff=_typed(hf, "intermediate_size", int),
         norm="rmsnorm",
         norm_placement="pre",
-        norm_eps=_typed(hf, "rms_norm_eps", float, 1e-5 if family == "phi3" else 1e-6),
-        norm_offset=1.0 if gemma else 0.0,
+        norm_eps=_typed(hf, "rms_norm_eps", float, fam.norm_eps),
         ffn=_GATED_ACTS[act],
         position="rope",
         max_seq_len=_typed(hf, "max_position_embeddings", int, 2048),
         rope_theta=theta,
         rope_layout="half",  # transformers checkpoints store q/k rows for rotate_half
-        partial_rotary_factor=1.0 if family == "gemma3_text" else partial,  # Gemma 3 rotates whole heads
+        partial_rotary_factor=1.0 if fam.local_rope_theta is not None else partial,  # Gemma 3: whole heads
         rope_scaling=scaling,
-        qkv_bias=family == "qwen2" or attention_bias,
-        o_bias=attention_bias if family in ("llama", "qwen3", "gemma2", "gemma3_text") else False,
-        mlp_bias=_typed(hf, "mlp_bias", bool, False) if family == "llama" else False,
-        tie_embeddings=_typed(hf, "tie_word_embeddings", bool, gemma),
-        embed_scale=math.sqrt(max(d_model, 0)) if gemma else None,
+        qkv_bias=fam.qkv_bias or attention_bias,
+        o_bias=attention_bias and fam.o_bias,
+        mlp_bias=_typed(hf, "mlp_bias", bool, False) if fam.mlp_bias else False,
+        tie_embeddings=_typed(hf, "tie_word_embeddings", bool, fam.tied),
         local_rope_theta=local_theta,
-        family=family,
-        **_descendant_fields(hf, family, n_layers),
+        **_descendant_fields(hf, fam, n_layers),
     )
     extra = {k: hf[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id", "hidden_act") if k in hf}
     return {**known, "extra": extra}
 
 
-_ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                  "qwen3": "Qwen3ForCausalLM", "gemma": "GemmaForCausalLM", "gemma2": "Gemma2ForCausalLM",
-                  "gemma3_text": "Gemma3ForCausalLM", "phi3": "Phi3ForCausalLM"}
-
-
-def _descendants_to_hf(cfg, rope: dict[str, Any]) -> dict[str, Any]:
+def _descendants_to_hf(cfg, fam: Family, rope: dict[str, Any]) -> dict[str, Any]:
     """The descendants' keys of config.json (the inverse of _descendant_fields)."""
-    family, out = cfg.family, {}
+    out = {}
     named = {"full": "full_attention", "sliding": "sliding_attention"}
-    if family in ("qwen2", "qwen3", "gemma2", "gemma3_text"):
+    if fam.window in ("upper", "local"):
         out["layer_types"] = [named[k] for k in cfg.layer_kinds]
         out["sliding_window"] = cfg.sliding_window
-    if family in ("qwen3", "gemma2", "gemma3_text"):
-        out["attention_bias"] = cfg.qkv_bias
-    if family in ("qwen2", "qwen3"):
+    if fam.window == "upper":
         out["use_sliding_window"] = cfg.sliding_window is not None
         out["max_window_layers"] = cfg.layer_kinds.index("sliding") if "sliding" in cfg.layer_kinds else cfg.n_layers
-    if family in ("gemma2", "gemma3_text"):
+    if fam.query_pre_attn_scalar is not None:
         out["query_pre_attn_scalar"] = cfg.query_pre_attn_scalar
+    if fam.softcaps:
         out["final_logit_softcapping"] = cfg.final_softcap
         out["attn_logit_softcapping"] = cfg.attn_softcap
-    if family == "phi3" and cfg.rope_scaling and "original_max_position_embeddings" in cfg.rope_scaling:
+    if fam.original_top_level and cfg.rope_scaling and "original_max_position_embeddings" in cfg.rope_scaling:
         # Phi3Config keeps its own top-level original length (default 4096), which wins over the dict's.
         out["original_max_position_embeddings"] = cfg.rope_scaling["original_max_position_embeddings"]
-    if family == "gemma3_text":
+    if fam.local_rope_theta is not None:
         # local_rope_theta None: the sliding layers rotate with the full layers' RoPE, scaling included
         local = (dict(rope) if cfg.local_rope_theta is None and cfg.rope_scaling
                  else {"rope_type": "default", "rope_theta": cfg.local_rope_theta or cfg.rope_theta})
@@ -269,10 +253,11 @@ def _descendants_to_hf(cfg, rope: dict[str, Any]) -> dict[str, Any]:
 
 def config_to_hf(cfg) -> dict[str, Any]:
     """The config.json of `cfg` (a ModelConfig), in transformers 5's form."""
-    if cfg.family not in SUPPORTED:
+    if cfg.family not in HF_TYPES:
         raise ValueError(
             f"family {cfg.family!r} has no transformers equivalent; only {list(SUPPORTED)} export to config.json"
         )
+    fam = HF_TYPES[cfg.family]
     if cfg.rope_layout != "half":
         raise ValueError("transformers expects rope_layout='half'; convert with llamablock.rope.permute_qk first")
     rope = {"rope_theta": cfg.rope_theta, "rope_type": "default"}
@@ -286,7 +271,7 @@ def config_to_hf(cfg) -> dict[str, Any]:
     act = {"swiglu": "silu", "geglu": "gelu_pytorch_tanh"}[cfg.ffn]
     hf = {
         "model_type": cfg.family,
-        "architectures": [_ARCHITECTURES[cfg.family]],
+        "architectures": [fam.architecture],
         "vocab_size": cfg.vocab_size,
         "hidden_size": cfg.d_model,
         "num_hidden_layers": cfg.n_layers,
@@ -300,14 +285,39 @@ def config_to_hf(cfg) -> dict[str, Any]:
         "rope_parameters": rope,
         "tie_word_embeddings": cfg.tie_embeddings,
     }
-    if cfg.family == "llama":
+    if fam.o_bias:
         hf["attention_bias"] = cfg.qkv_bias
+    if fam.mlp_bias:
         hf["mlp_bias"] = cfg.mlp_bias
-    if cfg.family in ("mistral", "phi3"):
+    if fam.window == "all":
         hf["sliding_window"] = cfg.sliding_window
-    if cfg.family in _GEMMAS:
+    if fam.ffn == "geglu":  # Gemma's config names its activation hidden_activation
         hf["hidden_activation"] = act
-    hf.update(_descendants_to_hf(cfg, rope))
+    hf.update(_descendants_to_hf(cfg, fam, rope))
     for k, v in cfg.extra.items():
         hf.setdefault(k, v)
     return hf
+
+
+def config_from_hf(hf: dict[str, Any], source: str | Path | None = None) -> ModelConfig:
+    """The ModelConfig of a transformers config.json's object; `source` (its path) names the file in errors."""
+    try:
+        return ModelConfig(**fields_from_hf(hf))
+    except ValueError as e:
+        if source is None:
+            raise
+        msg = str(e)
+        raise ValueError(f"{source} {msg[len('config.json '):]}" if msg.startswith("config.json ")
+                         else f"{source}: {msg}") from None
+
+
+def config_from_file(path: str | Path) -> ModelConfig:
+    """A transformers config.json, or one of ours (written by `save_pretrained` or training). A FIFO,
+    a device or a huge file is refused by name before it is read (util/reads.py)."""
+    d = read_json(regular_file(path, "config file", MAX_JSON))
+    if "model_type" in d:
+        return config_from_hf(d, path)
+    try:
+        return ModelConfig.from_dict(d)
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from None
