@@ -26,7 +26,7 @@ import json, sys, torch
 torch.set_num_threads(1)
 from llamablock.fast.malloc import tune_allocator
 tune_allocator()
-from llamablock.fast.native import load_in_format
+from llamablock.fast.plan import load_in_format
 from llamablock.io.source import open_source
 from llamablock.runtime.engine import EagerEngine
 from llamablock.runtime.generate import generate

@@ -23,7 +23,8 @@ from hf_reference import tiny_hf_model
 from torch import nn
 
 import llamablock
-from llamablock.fast.native import dir_format, load_gguf_native, load_in_format, own_format
+from llamablock.fast.native import dir_format, load_gguf_native, own_format
+from llamablock.fast.plan import load_in_format
 from llamablock.fast.quant import Int4Linear, Int8Embedding, Int8Linear, apply_dtype
 from llamablock.io.resolve import resolve_model
 from llamablock.io.source import open_source
@@ -145,7 +146,7 @@ import json, sys, torch
 torch.set_num_threads(1)
 from llamablock.fast.malloc import tune_allocator
 tune_allocator()  # as the command line runs
-from llamablock.fast.native import load_in_format
+from llamablock.fast.plan import load_in_format
 from llamablock.io.source import open_source
 from llamablock.runtime.generate import generate
 

@@ -151,7 +151,7 @@ import json, sys, torch
 torch.set_num_threads(1)
 from llamablock.fast.malloc import tune_allocator
 tune_allocator()  # as the command line runs: freed memory stays with the process
-from llamablock.fast.native import load_in_format
+from llamablock.fast.plan import load_in_format
 from llamablock.io.source import open_source
 from llamablock.runtime.engine import EagerEngine
 from llamablock.runtime.generate import generate

@@ -27,12 +27,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from llamablock.fast.formats import CHOICES, GGUF_TYPES, PACKED, TORCH_DTYPES, load_dtype
+from llamablock.fast.formats import GGUF_TYPES, TORCH_DTYPES
 from llamablock.fast.malloc import mapped_large_blocks, release_free_memory
-from llamablock.fast.quant import Int4Linear, Int8Embedding, Int8Linear, apply_dtype
+from llamablock.fast.quant import Int4Linear, Int8Embedding, Int8Linear
 from llamablock.io.empty import empty_decoder
 from llamablock.io.gguf import config_from_gguf, gguf_tensors, open_gguf, tensor_index
-from llamablock.io.loading import load_decoder
 from llamablock.io.source import ModelSource
 
 TRIM_EVERY = 16  # packed tensors between two malloc_trim calls (each walks the whole heap)
@@ -147,23 +146,3 @@ def own_format(source: ModelSource) -> str:
     layers = Counter(GGUF_TYPES.get(kind, "float32") for name, kind in source.stored.items()
                      if name.startswith("blk.") and name.endswith(".weight"))
     return layers.most_common(1)[0][0] if layers else "float32"
-
-
-def load_in_format(source: ModelSource, fmt: str = "auto", device: str = "cpu") -> tuple[nn.Module, str]:
-    """(model, what) for `source` with its weights in `fmt` (one of formats.CHOICES) on `device`;
-    `what` says in one line which formats the weights run in, for the command line to print. The
-    packed formats run on the CPU only: elsewhere `auto` runs the float format, and q8/q4 are refused."""
-    if fmt not in CHOICES:
-        raise ValueError(f"--dtype must be one of {', '.join(CHOICES)}, got {fmt!r}")
-    if device != "cpu":
-        if fmt in PACKED:
-            raise ValueError(f"--dtype {fmt} runs on the CPU only (PyTorch's packed int8/int4 kernels); "
-                             f"use --device cpu, or bfloat16 on {device}")
-        fmt = float_format(source) if fmt == "auto" else fmt
-        return load_decoder(source, load_dtype(fmt)).to(device), f"{fmt} on {device}"
-    if fmt == "auto" and source.kind == "gguf":
-        model, used = native_decoder(source.index, source.cfg)
-        what = ", ".join(f"{n} tensors {f}" for f, n in sorted(used.items()))
-        return model, f"the file's own precision: {what}"
-    fmt = own_format(source) if fmt == "auto" else fmt
-    return apply_dtype(load_decoder(source, load_dtype(fmt)), fmt), fmt

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from torch import nn
 
 from llamablock.fast import builds
-from llamablock.fast.formats import PACKED, load_dtype
-from llamablock.fast.native import load_in_format, own_format
+from llamablock.fast.formats import CHOICES, PACKED, load_dtype
+from llamablock.fast.native import float_format, native_decoder, own_format
 from llamablock.fast.quant import apply_dtype
 from llamablock.io.loading import load_decoder
 from llamablock.io.source import ModelSource
@@ -95,6 +95,26 @@ def eager_beside(built: Built) -> nn.Module:
     tests/fast/test_native.py)."""
     fmt = built.engine.fmt
     return apply_dtype(copy.deepcopy(built.model), fmt) if fmt in PACKED else built.model
+
+
+def load_in_format(source: ModelSource, fmt: str = "auto", device: str = "cpu") -> tuple[nn.Module, str]:
+    """(model, what) for `source` with its weights in `fmt` (one of formats.CHOICES) on `device`;
+    `what` says in one line which formats the weights run in, for the command line to print. The
+    packed formats run on the CPU only: elsewhere `auto` runs the float format, and q8/q4 are refused."""
+    if fmt not in CHOICES:
+        raise ValueError(f"--dtype must be one of {', '.join(CHOICES)}, got {fmt!r}")
+    if device != "cpu":
+        if fmt in PACKED:
+            raise ValueError(f"--dtype {fmt} runs on the CPU only (PyTorch's packed int8/int4 kernels); "
+                             f"use --device cpu, or bfloat16 on {device}")
+        fmt = float_format(source) if fmt == "auto" else fmt
+        return load_decoder(source, load_dtype(fmt)).to(device), f"{fmt} on {device}"
+    if fmt == "auto" and source.kind == "gguf":
+        model, used = native_decoder(source.index, source.cfg)
+        what = ", ".join(f"{n} tensors {f}" for f, n in sorted(used.items()))
+        return model, f"the file's own precision: {what}"
+    fmt = own_format(source) if fmt == "auto" else fmt
+    return apply_dtype(load_decoder(source, load_dtype(fmt)), fmt), fmt
 
 
 def prepare(engine, source: ModelSource, total_tokens: int) -> float:
