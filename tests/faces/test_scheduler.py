@@ -10,6 +10,7 @@ same request alone.
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 
 import pytest
@@ -170,7 +171,8 @@ def test_a_full_queue_is_refused(tiny, sched, loop):
     assert all(events(loop, j)[-1][0] == "done" for j in running + waiting)
 
 
-def test_metrics_count_what_was_served(tiny, sched, loop):
+def test_metrics_count_what_was_served_and_each_request_logs_a_line(tiny, sched, loop, caplog):
+    caplog.set_level(logging.INFO, logger="llamablock.serve")
     tok, eng = tiny[1], sched.engine
     eng.let(1000)
     jobs = []
@@ -197,3 +199,8 @@ def test_metrics_count_what_was_served(tiny, sched, loop):
     assert value("llamablock_prompt_tokens_total") == sum(len(j.prompt_ids) for j in jobs + [gone])
     assert value("llamablock_time_to_first_token_seconds_count") == 4
     assert value("llamablock_time_per_output_token_seconds_count") == value("llamablock_generated_tokens_total") - 4
+    lines = [r.getMessage() for r in caplog.records if r.name == "llamablock.serve"]
+    for j, g in zip(jobs, done, strict=True):
+        assert any(f"request {j.id}: {g.stop_reason}, {len(j.prompt_ids)} prompt tokens, {len(g.tokens)} new;" in line
+                   and "first token" in line for line in lines), lines
+    assert any(line.startswith(f"request {gone.id}: cancelled") for line in lines) and len(lines) == 4

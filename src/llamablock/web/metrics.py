@@ -11,10 +11,12 @@
 The names and the two latency histograms follow vLLM's (vllm:time_to_first_token_seconds,
 vllm:time_per_output_token_seconds), so a dashboard built for one reads the other. Each server
 has its own registry, not prometheus_client's global one: a process may run several (the tests).
+`finished` also writes the request's log line (logger llamablock.serve): its id, tokens, times.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Callable
 
 from prometheus_client import (
@@ -24,6 +26,8 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
+
+log = logging.getLogger("llamablock.serve")
 
 # Seconds. A first token waits for the queue and a prefill: up to minutes on a CPU under load.
 TTFT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0)
@@ -51,3 +55,18 @@ class ServerMetrics:
     def text(self) -> bytes:
         """The registry in Prometheus' text exposition format."""
         return generate_latest(self.registry)
+
+    def finished(self, rid: int, outcome: str, prompt_tokens: int, tokens: int, arrived: float,
+                 started: float | None, first: float | None, now: float) -> None:
+        """Count a request that has ended (`outcome`: its stop reason, cancelled or error) and log one
+        line: its id, tokens, and where its time went (times from time.monotonic(); `started`: when
+        it took a row, `first`: its first token, None when it got none)."""
+        self.requests.labels(outcome).inc()
+        line = f"request {rid}: {outcome}, {prompt_tokens} prompt tokens, {tokens} new"
+        if first is None:
+            log.info("%s, %.3f s in all", line, now - arrived)
+            return
+        decode = now - first
+        rate = f", {(tokens - 1) / decode:.1f} tokens/s" if tokens > 1 and decode > 0 else ""
+        log.info("%s; queued %.3f s, first token %.3f s, %.3f s in all%s", line, started - arrived, first - arrived,
+                 now - arrived, rate)

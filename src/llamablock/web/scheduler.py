@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import logging
 import queue
 import threading
 import time
@@ -39,8 +38,6 @@ from llamablock.runtime.batch import BatchEngine, Row
 from llamablock.runtime.generate import Generation, _TextStream, generate
 from llamablock.runtime.sampling import Sampling, next_token
 from llamablock.web.metrics import ServerMetrics
-
-log = logging.getLogger("llamablock.serve")
 
 
 class Cancelled(Exception):
@@ -215,8 +212,8 @@ class Scheduler:
             try:
                 row = self.engine.add(job.prompt_ids, job.max_tokens)
             except Exception as e:
-                job.emit("error", e)
                 self._count(job, "error", 0, time.monotonic())
+                job.emit("error", e)
                 continue
             n = len(job.prompt_ids)
             history = torch.zeros(1, total, dtype=torch.long, device=self.engine.device)
@@ -228,8 +225,8 @@ class Scheduler:
 
     def _leave_cancelled(self) -> None:
         for r in [r for r in self.active if r.job.cancelled.is_set()]:
-            self._drop(r)
-            self._count(r.job, "cancelled", len(r.new), time.monotonic(), r)
+            self._count(r.job, "cancelled", len(r.new), time.monotonic(), r)  # counted before it leaves: a
+            self._drop(r)  # reader who sees it gone sees it counted
 
     def _prefill_one(self) -> None:
         """One chunk of the oldest prompt not yet in the batch; its first token when it is."""
@@ -279,19 +276,19 @@ class Scheduler:
             self._finish(r, "length")
 
     def _finish(self, r: _Running, reason: str | None, error: Exception | None = None) -> None:
-        self._drop(r)
+        """The request leaves: counted, its row freed, then its client told (in that order, so that
+        whoever has its answer finds it counted and its row free)."""
         now = time.monotonic()
+        self._count(r.job, "error" if error is not None else reason, len(r.new), now, r)
+        self._drop(r)
         if error is not None:
             r.job.emit("error", error)
-            self._count(r.job, "error", len(r.new), now, r)
             return
         if reason != "stop_string":
             r.stream.update(r.new, final=True)
         first = r.first or now
-        g = Generation(r.new, r.row.prompt_tokens, reason, first - r.started, now - first, max(0, len(r.new) - 1),
-                       r.stream.text)
-        r.job.emit("done", g)
-        self._count(r.job, reason, len(r.new), now, r)
+        r.job.emit("done", Generation(r.new, r.row.prompt_tokens, reason, first - r.started, now - first,
+                                      max(0, len(r.new) - 1), r.stream.text))
 
     def _drop(self, r: _Running) -> None:
         self.engine.remove(r.row)
@@ -310,34 +307,21 @@ class Scheduler:
             g = generate(_Cancellable(self.compiled, job.cancelled), job.prompt_ids, job.max_tokens, job.sampling,
                          seed=job.seed, eos_ids=self.tokenizer.eos_ids, stop_strings=job.stop,
                          tokenizer=self.tokenizer, on_text=on_text)
-            job.emit("done", g)
             self.metrics.prompt_tokens.inc(g.prompt_tokens)
             self.metrics.generated_tokens.inc(len(g.tokens))
             if first:
                 self.metrics.ttft.observe(first[0] - job.arrived)
             self._count(job, g.stop_reason, len(g.tokens), time.monotonic())
+            job.emit("done", g)
         except Cancelled:
             self._count(job, "cancelled", 0, time.monotonic())
         except Exception as e:  # reported to the client, the scheduler goes on
-            job.emit("error", e)
             self._count(job, "error", 0, time.monotonic())
+            job.emit("error", e)
         finally:
             self._serial = None
 
     # -- accounts -----------------------------------------------------------------------------
     def _count(self, job: Job, outcome: str, tokens: int, now: float, r: _Running | None = None) -> None:
-        self.metrics.requests.labels(outcome).inc()
-        self._log(job, outcome, tokens, now, r)
-
-    @staticmethod
-    def _log(job: Job, outcome: str, tokens: int, now: float, r: _Running | None = None) -> None:
-        """One line per request: its id, tokens, and where its time went."""
-        if r is None or not r.first:
-            log.info("request %d: %s, %d prompt tokens, %d new, %.3f s in all", job.id, outcome, len(job.prompt_ids),
-                     tokens, now - job.arrived)
-            return
-        decode = now - r.first
-        rate = f", {(tokens - 1) / decode:.1f} tokens/s" if tokens > 1 and decode > 0 else ""
-        log.info("request %d: %s, %d prompt tokens, %d new; queued %.3f s, first token %.3f s, %.3f s in all%s",
-                 job.id, outcome, len(job.prompt_ids), tokens, r.started - job.arrived, r.first - job.arrived,
-                 now - job.arrived, rate)
+        started, first = (r.started, r.first) if r is not None else (None, None)
+        self.metrics.finished(job.id, outcome, len(job.prompt_ids), tokens, job.arrived, started, first or None, now)
