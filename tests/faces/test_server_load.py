@@ -20,9 +20,11 @@ import pytest
 import torch
 from gguf_tiny import write_tiny_gguf
 from hf_reference import tiny_hf_model
+from prometheus_client.parser import text_string_to_metric_families
 
 openai = pytest.importorskip("openai", reason="the openai client is a test dependency: pip install -e '.[test]'")
 uvicorn = pytest.importorskip("uvicorn")
+httpx = pytest.importorskip("httpx")
 
 from llamablock.io.loading import load_model_and_tokenizer  # noqa: E402
 from llamablock.runtime.generate import generate  # noqa: E402
@@ -69,6 +71,7 @@ def server(tmp_path_factory):
         assert time.monotonic() < end, "the server did not start"
         time.sleep(0.01)
     client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=WAIT)
+    served.url = f"http://127.0.0.1:{port}"
     yield served, client, {p: generate(model, tok.encode(p), NEW, eos_ids=tok.eos_ids, tokenizer=tok) for p in PROMPTS}
     srv.should_exit = True
     thread.join(WAIT)
@@ -91,7 +94,7 @@ def _load(client, n: int) -> list:
         return list(pool.map(lambda i: (i, _ask(client, i)), range(n)))
 
 
-def test_a_hundred_requests_eight_at_a_time_all_complete_and_leave_nothing_behind(server):
+def test_a_hundred_requests_eight_at_a_time_all_complete_are_counted_and_leave_nothing_behind(server):
     served, client, want = server
     sched: Scheduler = served.worker
     _load(client, CLIENTS)  # warm-up: what the first requests allocate once
@@ -111,3 +114,18 @@ def test_a_hundred_requests_eight_at_a_time_all_complete_and_leave_nothing_behin
     assert _live_tensors() <= tensors
     grown = _rss() - rss
     assert grown < RSS_SLACK, f"the resident set grew by {grown / 2**20:.1f} MiB over the load"
+    _check_metrics(served, want)
+
+
+def _check_metrics(served, want) -> None:
+    """GET /metrics, parsed by Prometheus' own parser, counts the load and its warm-up."""
+    reply = httpx.get(f"{served.url}/metrics", timeout=WAIT)
+    assert reply.status_code == 200 and reply.headers["content-type"].startswith("text/plain")
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for f in text_string_to_metric_families(reply.text) for s in f.samples}
+    n = REQUESTS + CLIENTS
+    finished = sum(v for (name, _), v in samples.items() if name == "llamablock_requests_total")
+    tokens = sum(len(want[PROMPTS[i % len(PROMPTS)]].tokens) for i in [*range(CLIENTS), *range(REQUESTS)])
+    assert finished == n and samples[("llamablock_time_to_first_token_seconds_count", ())] == n
+    assert samples[("llamablock_generated_tokens_total", ())] == tokens
+    assert samples[("llamablock_requests_running", ())] == 0
