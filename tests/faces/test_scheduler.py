@@ -204,3 +204,14 @@ def test_metrics_count_what_was_served_and_each_request_logs_a_line(tiny, sched,
         assert any(f"request {j.id}: {g.stop_reason}, {len(j.prompt_ids)} prompt tokens, {len(g.tokens)} new;" in line
                    and "first token" in line for line in lines), lines
     assert any(line.startswith(f"request {gone.id}: cancelled") for line in lines) and len(lines) == 4
+
+
+@pytest.mark.parametrize("flags, message", [(["--parallel", "0"], "--parallel must be a positive integer"),
+                                            (["--prefill-chunk", "-1"], "--prefill-chunk must be a positive integer")])
+def test_serve_refuses_a_bad_batch_flag_in_one_line(capsys, flags, message):
+    from llamablock.cli import build_parser, main
+
+    assert build_parser().parse_args(["serve"]).parallel == 4
+    assert main(["serve", *flags]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err
