@@ -23,7 +23,11 @@ rows share (a long row has left) is dropped first by shifting left. With no row 
 released, so an idle server holds no cache.
 
 Exactness: a row computes what it would alone, up to the order of float sums (padding keys get a
-softmax weight of exactly 0; tests/runtime/test_batch.py compares with EagerEngine). Not for
+softmax weight of exactly 0; tests/runtime/test_batch.py compares with EagerEngine in float32).
+The q8/q4 layers of llamablock.fast.quant multiply row by row below PREFILL_ROWS rows, so a decode
+batch smaller than that gives each row its alone result bit for bit; a prompt prefilled in chunks
+runs each chunk through the kernel its size picks, which may differ from the kernel of the whole
+prompt at once, and so may change a quantized model's text. Not for
 RoPE whose frequencies follow the sequence's length (dynamic NTK, LongRoPE: `Rotary.late_keys`),
 which would take the batch's longest row: such a model gets one row at a time (`max_rows`).
 """
@@ -139,6 +143,8 @@ class BatchEngine:
         row joins the batch and its last token's logits (1, V) are returned, else None."""
         n, a = row.prompt_tokens, row.length
         b = min(n, a + self.chunk)
+        if n - b < self.chunk // 2:  # no short tail: it would run other kernels than the whole (fast.quant's
+            b = n                    # PREFILL_ROWS) and cost a step of its own
         if b < n:  # a middle chunk needs no logits: skip the final norm and the head
             self.model.hidden(row.ids[:, a:b], cache=row.solo)
             row.length = b
