@@ -34,7 +34,7 @@ which would take the batch's longest row: such a model gets one row at a time (`
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Sequence
 
 import torch
@@ -101,7 +101,6 @@ class Row:
     length: int = 0
     solo: BatchKVCache | None = None
     index: int | None = None
-    extra: dict = field(default_factory=dict)
 
     @property
     def prompt_tokens(self) -> int:
