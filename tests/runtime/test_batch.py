@@ -35,8 +35,10 @@ def llama(tmp_path_factory):
 
 def _models(llama):
     torch.manual_seed(0)
-    window = Decoder(preset("llama-2024-small", sliding_window=16)).eval()  # the window bites past 16 tokens
-    post_ln = Decoder(preset("gpt-2017-small")).eval()  # learned positions, post-LN, MHA
+    small = dict(d_model=64, n_layers=2, d_ff=128)
+    # the window bites past 16 tokens
+    window = Decoder(preset("llama-2024-small", n_heads=4, n_kv_heads=2, sliding_window=16, **small)).eval()
+    post_ln = Decoder(preset("gpt-2017-small", n_heads=4, n_kv_heads=4, **small)).eval()  # learned positions, MHA
     return {"llama": llama, "sliding-window": window, "gpt-2017": post_ln}
 
 

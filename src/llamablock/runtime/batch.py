@@ -201,9 +201,10 @@ class BatchEngine:
             raise ValueError(f"this model's RoPE follows the sequence length (Rotary.late_keys): it decodes "
                              f"{self.max_rows} sequence at a time")
         n = row.length
-        if self.cache is None:
+        if self.cache is None:  # the first row: its tokens end at the frontier already
             self.cache = BatchKVCache(self.cfg, self.start_rows, max(min(self.FIRST, self.cfg.max_seq_len), n + 1),
                                       self.dtype, self.device)
+            self.cache.length = n
         shift = max(0, n - self.cache.length)  # the frontier must reach the new row's first slot
         rows = len(self.rows) + 1
         if shift or n + 1 > self.cache.max_len or rows > self.cache.capacity:
