@@ -4,6 +4,7 @@ computes alone.
 The reference is EagerEngine, one sequence at a time (itself tested against the uncached model and
 transformers). Tiny random models in float32; prompts of different lengths that join at different
 steps, prefill in several chunks and leave at different steps, so rows move, shift and compact.
+The served formats too: q8 and q4 weights with bfloat16 activations (llamablock.fast.quant).
 Greedy tokens must be identical, and logits equal within LOGIT_RTOL of the largest logit: the batch
 changes only the order of float32 sums (padding keys get a softmax weight of exactly 0).
 """
@@ -42,9 +43,9 @@ def _models(llama):
     return {"llama": llama, "sliding-window": window, "gpt-2017": post_ln}
 
 
-def _prompts(vocab: int) -> list[list[int]]:
+def _prompts(vocab: int, requests=REQUESTS) -> list[list[int]]:
     g = torch.Generator().manual_seed(1)
-    return [torch.randint(0, vocab, (n,), generator=g).tolist() for n, _, _ in REQUESTS]
+    return [torch.randint(0, vocab, (n,), generator=g).tolist() for n, _, _ in requests]
 
 
 @torch.no_grad()
@@ -63,7 +64,7 @@ def alone(model, prompt: list[int], n: int) -> tuple[list[int], list[torch.Tenso
         logits = engine.step(torch.tensor([[tokens[-1]]]), pos)[0]
 
 
-def batched(model, prompts: list[list[int]], chunk: int, rows: int = 2):
+def batched(model, prompts: list[list[int]], chunk: int, rows: int = 2, requests=REQUESTS):
     """Greedy tokens and logits of each request, run as a scheduler runs them: requests arrive at
     their steps; each loop prefills one chunk of the oldest waiting prompt, then decodes one token
     for every row; a row leaves when it has its tokens."""
@@ -75,12 +76,12 @@ def batched(model, prompts: list[list[int]], chunk: int, rows: int = 2):
     def took(i, logits):
         out[i][1].append(logits)
         out[i][0].append(int(logits.argmax()))
-        return len(out[i][0]) == REQUESTS[i][1]
+        return len(out[i][0]) == requests[i][1]
 
     while waiting or prefilling or engine.rows:
-        for i in [i for i in waiting if REQUESTS[i][2] <= step]:
+        for i in [i for i in waiting if requests[i][2] <= step]:
             waiting.remove(i)
-            row = engine.add(prompts[i], REQUESTS[i][1])
+            row = engine.add(prompts[i], requests[i][1])
             owner[id(row)] = i
             prefilling.append(row)
         if prefilling:
@@ -110,6 +111,31 @@ def test_batched_equals_alone(llama, name):
         assert got[i][0] == tokens, f"request {i} ({len(prompt)} prompt tokens): tokens differ"
         worst = max(float((a - b).abs().max() / b.abs().max()) for a, b in zip(got[i][1], logits, strict=True))
         assert worst <= LOGIT_RTOL, f"request {i}: logits differ by {worst:.2e} of the largest"
+
+
+# Prompts under fast.quant.PREFILL_ROWS tokens, each prefilled in one chunk: every matmul then runs
+# the same packed kernel, row by row, alone and batched.
+QUANT_REQUESTS = [(7, 16, 0), (3, 10, 0), (20, 8, 3), (12, 12, 5)]
+# bfloat16 activations keep 8 significant bits (epsilon 7.8e-3): two roundings apart at most.
+QUANT_RTOL = 2e-2
+
+
+@pytest.mark.parametrize("fmt", ["q8", "q4"])
+def test_batched_equals_alone_quantized(llama, fmt):
+    """The served formats: bfloat16 activations, int8 or int4 weights (llamablock.fast.quant)."""
+    import copy
+
+    from llamablock.fast.quant import quantize_model
+
+    model = quantize_model(copy.deepcopy(llama).to(torch.bfloat16), fmt)
+    prompts = _prompts(model.cfg.vocab_size, QUANT_REQUESTS)
+    got = batched(model, prompts, chunk=64, requests=QUANT_REQUESTS)
+    for i, prompt in enumerate(prompts):
+        tokens, logits = alone(model, prompt, QUANT_REQUESTS[i][1])
+        assert got[i][0] == tokens, f"request {i}: tokens differ"
+        worst = max(float((a - b).float().abs().max() / b.float().abs().max())
+                    for a, b in zip(got[i][1], logits, strict=True))
+        assert worst <= QUANT_RTOL, f"request {i}: logits differ by {worst:.2e} of the largest"
 
 
 def test_rows_move_shift_and_grow(llama):
