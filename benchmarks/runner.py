@@ -34,6 +34,7 @@ BENCHMARKS = {
     "threads": "benchmarks.bench_threads",
     "memory": "benchmarks.bench_memory",
     "generate_command": "benchmarks.bench_generate_command",
+    "serve": "benchmarks.bench_serve",
 }
 
 

@@ -58,7 +58,7 @@ def test_auto_uses_the_compiled_engine_once_it_is_built(capsys, tiny, monkeypatc
     assert after["weights"] == "float32, compiled" and after["tokens"] == before["tokens"]
     with monkeypatch.context() as m:  # a server with the compiled engine: its eager model from the same read
         counts = _count_reads(m)
-        served = load_served(str(tiny), max_queue=1, compile_tokens=64)
+        served = load_served(str(tiny), max_queue=1, compile_tokens=64, parallel=1)
         served.worker.close()
         assert {k: len(v) for k, v in counts.items()} == ONE_EACH, counts
     assert served.worker.compiled is not None and served.worker.compiled.running.get("step") != "eager"

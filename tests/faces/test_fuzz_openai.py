@@ -24,7 +24,8 @@ from hypothesis import strategies as st
 
 from llamablock.io.loading import load_model_and_tokenizer
 from llamablock.web.app import create_app
-from llamablock.web.generation import GenerationWorker, ServedModel
+from llamablock.web.generation import ServedModel
+from llamablock.web.scheduler import Scheduler
 
 C, CHAT = "/v1/completions", "/v1/chat/completions"
 FAST = settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
@@ -38,7 +39,7 @@ def client(tmp_path_factory):
     write_tiny_gguf(f, tiny_hf_model("llama", n_heads=4, n_kv=2, max_position_embeddings=CTX),
                     extra_kv={"tokenizer.chat_template": "{% for m in messages %}{{ m['content'] }}{% endfor %}"})
     model, tok = load_model_and_tokenizer(f)
-    served = ServedModel("tiny", model, tok, GenerationWorker(model, tok, max_queue=4), 0, (str(f),))
+    served = ServedModel("tiny", model, tok, Scheduler(model, tok, max_queue=4), 0, (str(f),))
     with TestClient(create_app(served=served)) as c:  # the lifespan stops the worker
         yield c
 

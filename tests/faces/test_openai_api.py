@@ -3,8 +3,8 @@
 A tiny 2024 model is trained for two steps into a run directory and served by uvicorn on a free
 port of 127.0.0.1, in this process. The reference for every text is llamablock's own `generate`
 on the same model and prompt (greedy), so each test checks the API's plumbing: templates, stop
-strings, lengths, usage counts, streaming, errors, the queue. Its engine waits on a gate before
-every decode step; the gate is open except in the tests that need a generation held mid-way
+strings, lengths, usage counts, streaming, errors, the queue. Its batched engine waits on a gate
+before every decode step; the gate is open except in the tests that need a generation held mid-way
 (the page answering meanwhile, a client leaving), so nothing depends on timing.
 """
 
@@ -27,32 +27,33 @@ from llamablock.fast.compiled_decode import StaticEngine  # noqa: E402
 from llamablock.io.loading import load_model_and_tokenizer  # noqa: E402
 from llamablock.model import Decoder  # noqa: E402
 from llamablock.presets import preset  # noqa: E402
-from llamablock.runtime.engine import EagerEngine  # noqa: E402
+from llamablock.runtime.batch import BatchEngine  # noqa: E402
 from llamablock.runtime.generate import generate  # noqa: E402
 from llamablock.runtime.sampling import Sampling  # noqa: E402
 from llamablock.training.train import TrainConfig, train  # noqa: E402
 from llamablock.web.app import create_app  # noqa: E402
-from llamablock.web.generation import GenerationWorker, Job, ServedModel, load_served  # noqa: E402
+from llamablock.web.generation import ServedModel, load_served  # noqa: E402
+from llamablock.web.scheduler import Job, Scheduler  # noqa: E402
 
 GATE = threading.Event()
 GATE.set()
 WAIT = 30  # seconds any test waits for the server before failing (a hang guard, never a measurement)
 
 
-class GatedEngine(EagerEngine):
-    """The eager engine, waiting on GATE before each decode step and counting its steps."""
+class GatedEngine(BatchEngine):
+    """The batched eager engine, waiting on GATE before each decode step and counting its steps."""
 
     made: list["GatedEngine"] = []
 
-    def __init__(self, model):
-        super().__init__(model)
+    def __init__(self, model, **kw):
+        super().__init__(model, **kw)
         self.steps = 0
         GatedEngine.made.append(self)
 
-    def step(self, ids, pos):
+    def step(self, tokens):
         assert GATE.wait(WAIT), "the gate stayed closed"
         self.steps += 1
-        return super().step(ids, pos)
+        return super().step(tokens)
 
 
 def _free_port() -> int:
@@ -74,7 +75,7 @@ def server(tmp_path_factory):
     train(preset("llama-2024-small"), TrainConfig(steps=2, batch_size=2, context=32, warmup=0, eval_every=2,
                                                   eval_windows=2), run, progress=False)
     model, tok = load_model_and_tokenizer(run)
-    worker = GenerationWorker(model, tok, max_queue=2, engine_factory=GatedEngine)
+    worker = Scheduler(model, tok, max_queue=2, engine_factory=GatedEngine)
     served = ServedModel("tiny", model, tok, worker, 0, (str(run),))
     port = _free_port()
     srv = uvicorn.Server(uvicorn.Config(create_app(served=served), host="127.0.0.1", port=port, log_level="warning"))
@@ -223,14 +224,14 @@ def _start_held_stream(server, max_tokens: int):
     reply = client.send(client.build_request("POST", f"{server.url}/v1/completions", json=dict(
         model="tiny", prompt="HAMLET:\n", max_tokens=max_tokens, temperature=0, stream=True)), stream=True)
     assert reply.status_code == 200
-    _until(lambda: server.served.worker.current is not None, "the generation to start")
-    return client, reply, server.served.worker.current
+    _until(lambda: server.served.worker.running, "the generation to start")
+    return client, reply, server.served.worker.running[0]
 
 
 def test_the_page_answers_while_a_generation_runs(server):
     client, reply, job = _start_held_stream(server, 100)
     page = httpx.get(f"{server.url}/api/gqa", params=dict(n_heads=32, n_kv_heads=8), timeout=WAIT)
-    assert page.status_code == 200 and server.served.worker.current is job  # answered mid-generation
+    assert page.status_code == 200 and server.served.worker.running == [job]  # answered mid-generation
     assert httpx.get(f"{server.url}/", timeout=WAIT).status_code == 200
     GATE.set()
     text = "".join(reply.iter_text())
@@ -239,20 +240,23 @@ def test_the_page_answers_while_a_generation_runs(server):
 
 
 def test_a_client_that_leaves_mid_stream_frees_its_slot(server):
-    client, reply, job = _start_held_stream(server, 200)
     engine = GatedEngine.made[-1]
+    before = engine.steps
+    client, reply, job = _start_held_stream(server, 200)
     reply.close()
     client.close()
     _until(job.cancelled.is_set, "the server to notice the client left")
     GATE.set()
     r = server.client.completions.create(model="tiny", prompt="A", max_tokens=3, temperature=0)
     assert r.usage.completion_tokens == 3
-    assert engine.steps < 199  # stopped long before its max_tokens
+    assert engine.steps - before < 199  # stopped long before its max_tokens
 
 
 def test_a_client_that_leaves_a_non_streamed_request_frees_its_slot(server):
     """The client gives up while the generation is held at the gate (its read timeout), so the
     server can only learn of it by polling for the disconnect."""
+    engine = GatedEngine.made[-1]
+    before = engine.steps
     GATE.clear()
     left = threading.Event()
 
@@ -265,15 +269,14 @@ def test_a_client_that_leaves_a_non_streamed_request_frees_its_slot(server):
 
     asker = threading.Thread(target=ask)
     asker.start()
-    _until(lambda: server.served.worker.current is not None, "the generation to start")
-    job = server.served.worker.current
+    _until(lambda: server.served.worker.running, "the generation to start")
+    job = server.served.worker.running[0]
     asker.join(WAIT)
     assert left.is_set()
     _until(job.cancelled.is_set, "the server to notice the client left")
-    engine = GatedEngine.made[-1]
     GATE.set()
     assert server.client.completions.create(model="tiny", prompt="B", max_tokens=2).usage.completion_tokens == 2
-    assert engine.steps < 199
+    assert engine.steps - before < 199
 
 
 def test_a_full_queue_is_refused_with_503(server):
@@ -334,7 +337,7 @@ def test_the_worker_uses_a_prepared_engine_only_for_requests_it_covers(server):
     steps = []
     step = prepared.step
     prepared.step = lambda ids, pos: (steps.append(pos), step(ids, pos))[1]
-    worker = GenerationWorker(model, server.tok, compiled=prepared)
+    worker = Scheduler(model, server.tok, compiled=prepared, parallel=1)  # it decodes one sequence
     ids = server.tok.encode("ROMEO:\n")
 
     async def ask(n: int):

@@ -25,7 +25,8 @@ uvicorn = pytest.importorskip("uvicorn")
 
 from llamablock.io.loading import load_model_and_tokenizer  # noqa: E402
 from llamablock.web.app import create_app  # noqa: E402
-from llamablock.web.generation import GenerationWorker, ServedModel  # noqa: E402
+from llamablock.web.generation import ServedModel  # noqa: E402
+from llamablock.web.scheduler import Scheduler  # noqa: E402
 
 WAIT = 30  # seconds any step may take before the test fails (a hang guard, not a measurement)
 ENCODE_S = 2.5  # how long the slowed tokenizer takes per request: far above POLL_BOUND_S
@@ -66,7 +67,7 @@ def server(tmp_path_factory):
                     extra_kv={"tokenizer.chat_template": "{% for m in messages %}{{ m['content'] }}{% endfor %}"})
     model, tok = load_model_and_tokenizer(f)
     slow = SlowTokenizer(tok)
-    served = ServedModel("tiny", model, slow, GenerationWorker(model, tok, max_queue=2), 0, (str(f),))
+    served = ServedModel("tiny", model, slow, Scheduler(model, tok, max_queue=2), 0, (str(f),))
     port = _free_port()
     srv = uvicorn.Server(uvicorn.Config(create_app(served=served), host="127.0.0.1", port=port, log_level="error"))
     thread = threading.Thread(target=srv.run, daemon=True)

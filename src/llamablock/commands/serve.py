@@ -24,8 +24,15 @@ def add_arguments(p) -> None:
                         "or an embedded model name (default: smollm2-135m-instruct)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda", "mps"), default="auto",
                    help="where the model runs (default: auto, the best available); q8/q4 and the compiled engine: CPU")
+    p.add_argument("--parallel", type=int, default=4, metavar="N",
+                   help="requests generated at once, decoded together as one batch (continuous batching); "
+                        "more wait in the queue (default: %(default)s)")
     p.add_argument("--max-queue", type=int, default=8, metavar="N",
-                   help="requests that may wait while one generates; more are answered 503 (default: %(default)s)")
+                   help="requests that may wait while --parallel others generate; more are answered 503 "
+                        "(default: %(default)s)")
+    p.add_argument("--prefill-chunk", type=int, default=256, metavar="TOKENS",
+                   help="the most prompt tokens prefilled between two decode steps of the running requests: "
+                        "smaller keeps their streams steadier while a long prompt arrives (default: %(default)s)")
     p.add_argument("--compile-tokens", type=int, default=None, metavar="TOKENS",
                    help="serve requests of up to TOKENS (prompt + completion) with the compiled engine, prepared "
                         "before the server listens (loaded from the compile cache, or compiled once: minutes); "
@@ -40,8 +47,15 @@ def add_arguments(p) -> None:
 def run(args) -> int:
     if not 0 < args.port < 65536:
         raise UsageError(f"--port must be in 1..65535, got {args.port}")
+    if args.parallel <= 0:
+        raise UsageError(f"--parallel must be a positive integer, got {args.parallel}")
+    if args.prefill_chunk <= 0:
+        raise UsageError(f"--prefill-chunk must be a positive integer, got {args.prefill_chunk}")
     if args.max_queue <= 0:
         raise UsageError(f"--max-queue must be a positive integer, got {args.max_queue}")
+    if args.compile_tokens is not None and args.parallel != 1:
+        raise UsageError(f"--compile-tokens serves one request at a time (the compiled engine decodes one sequence): "
+                         f"add --parallel 1, or leave --compile-tokens out to batch {args.parallel} requests eagerly")
     if args.compile_tokens is not None and args.compile_tokens < 2:
         raise UsageError(f"--compile-tokens takes the longest request in tokens (at least 2), got {args.compile_tokens}")
     import socket
@@ -60,7 +74,8 @@ def run(args) -> int:
     try:
         from llamablock.util.devices import resolve_device
 
-        served = load_served(args.model, args.max_queue, args.compile_tokens, resolve_device(args.device))
+        served = load_served(args.model, args.max_queue, args.compile_tokens, resolve_device(args.device),
+                             args.parallel, args.prefill_chunk)
     except FileNotFoundError as e:
         if args.model is not None:
             raise
@@ -69,10 +84,23 @@ def run(args) -> int:
     url = f"http://{args.host}:{args.port}"
     print(f"llamablock serve: open {url}/  (Ctrl-C to stop)")
     if served is not None:
-        print(f"llamablock serve: OpenAI-compatible API at {url}/v1, model {served.name!r}")
+        print(f"llamablock serve: OpenAI-compatible API at {url}/v1, model {served.name!r}; "
+              f"{served.worker.describe()}; counters at {url}/metrics")
+        _log_requests()
     # Bound to this machine, the server answers requests addressed to it by its own names only.
     local = args.host in ("127.0.0.1", "localhost", "::1")
     hosts = ["127.0.0.1", "localhost"] if local else None
     app = create_app(trace_cache_dir=args.trace_cache, lab_results=args.lab_results, served=served, hosts=hosts)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0
+
+
+def _log_requests() -> None:
+    """One line per finished request on stderr (the scheduler's logger, llamablock.serve)."""
+    import logging
+
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("llamablock serve: %(message)s"))
+    log = logging.getLogger("llamablock.serve")
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)

@@ -21,8 +21,9 @@ templating and tokenizing a request run on a worker thread of their own (`PREPAR
 event loop, so a flood of large prompts does not hold up the page or /v1/models; a prompt too
 long for the context even at the vocabulary's longest token is refused before it is tokenized.
 
-Generation runs on the worker of llamablock.web.generation; these endpoints are `async` and only
-wait for its events, so they hold no request thread. A streamed reply ends when the client
+Generation runs on the scheduler of llamablock.web.scheduler (several requests decoded as one
+batch); these endpoints are `async` and only wait for their job's events, so they hold no
+request thread. A streamed reply ends when the client
 disconnects (Starlette cancels the response, which cancels the job); a non-streamed one checks
 for a disconnect while it waits.
 """
@@ -42,8 +43,9 @@ from jinja2.exceptions import TemplateError
 
 from llamablock.runtime.sampling import Sampling
 from llamablock.web.bodies import read_json_body
-from llamablock.web.generation import Busy, Cancelled, Job, ServedModel
+from llamablock.web.generation import ServedModel
 from llamablock.web.openai_requests import Asked, OpenAIError, bad, parse, show
+from llamablock.web.scheduler import Busy, Cancelled, Job
 
 router = APIRouter()
 # Threads that parse, template and tokenize requests: a few, apart from the pool that runs the

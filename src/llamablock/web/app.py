@@ -9,6 +9,7 @@
     GET /api/token-tracer       15.6   api_trace.py (from llamablock.studies.trace)
     GET /v1/models, POST /v1/completions, POST /v1/chat/completions
                                 an OpenAI-compatible API for one model   api_openai.py
+    GET /metrics                the server's counters, Prometheus' text format   metrics.py
 
 Static files go through Starlette's StaticFiles, which resolves each path and refuses any that
 lands outside its directory, so `..` and encoded variants cannot read the rest of the disk.
@@ -24,6 +25,7 @@ from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
+from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from llamablock.web import api_ffn, api_gqa, api_openai, api_rope, api_trace
@@ -66,6 +68,11 @@ def create_app(trace_cache_dir: str | None = None, lab_results: str = "lab-out/r
     @app.get("/", include_in_schema=False)
     def index() -> FileResponse:
         return FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-cache"})
+
+    @app.get("/metrics", include_in_schema=False)
+    def metrics() -> Response:
+        text = served.worker.metrics.text() if served is not None else b""
+        return Response(text, media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/api/{rest:path}", include_in_schema=False)
     def unknown_api(rest: str) -> JSONResponse:

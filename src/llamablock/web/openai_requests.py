@@ -158,7 +158,7 @@ def _unicode(text: str, param: str, where: str) -> str:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as e:
-        raise bad(param, f"{where} is not valid Unicode: a lone surrogate {text[e.start]!a} at character {e.start}")
+        raise bad(param, f"{where} is not valid Unicode: a lone surrogate {text[e.start]!a} at character {e.start}") from None
     return text
 
 

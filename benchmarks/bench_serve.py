@@ -1,0 +1,161 @@
+"""`llamablock serve` under concurrent clients: continuous batching measured from the client's side.
+
+The claim: several clients streaming at once each get their answer at nearly the speed of one,
+because a batch of decode steps costs little more than one on a machine whose decoding is bound by
+reading the weights. Targets: with 4 concurrent clients, aggregate decode >= 3x one client's and
+>= llama.cpp's `llama-server -np 4`; time to first token p95 with 4 clients within 2x one client's.
+
+How: the server runs as a user starts it, `python -m llamablock serve --parallel 8` on the embedded
+SmolLM2-135M-Instruct Q4_1 file, in a child process; for 1, 2, 4 and 8 clients at once, each
+client is the official `openai` client on its own thread, streaming a chat completion (greedy, a
+different question each, max_tokens 128). Per stream: the time to its first content chunk and its
+decode rate (tokens after the first over the time after the first); per level: the aggregate rate
+(every stream's tokens over the level's wall time, first request sent to last token). Greedy
+decoding may end at end-of-sequence before 128 tokens: the rates are per generated token.
+llama.cpp's `llama-server` is run the same way where it is on PATH (this project never builds or
+installs it); otherwise the report says it is absent.
+--quick: 1 and 2 clients, 8 tokens each.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+import torch
+
+from benchmarks.common import Section, verdict
+
+NAME = "serve"
+CLAIM = ("with 4 concurrent streaming clients, `llamablock serve` decodes >= 3x one client's aggregate and >= "
+         "llama.cpp's server -np 4, its first-token p95 within 2x one client's")
+QUESTIONS = ["Write a short story about a lighthouse keeper.", "Explain how a bicycle stays upright.",
+             "Describe the city of Paris to a child.", "Give advice to a new gardener.",
+             "Tell the history of the printing press.", "Explain why the sky is blue.",
+             "Describe a day in the life of a baker.", "Write a letter to a friend about the sea."]
+START_S = 300  # the longest a server may take to answer its first request (a hang guard)
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_ready(proc: subprocess.Popen, url: str) -> None:
+    import httpx
+
+    end = time.monotonic() + START_S
+    while time.monotonic() < end:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server exited (status {proc.returncode}): {proc.stderr.read().decode()[-1500:]}")
+        try:
+            if httpx.get(f"{url}/v1/models", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"the server at {url} did not answer within {START_S} s")
+
+
+def _stream(client, model: str, question: str, tokens: int, start: threading.Barrier) -> dict:
+    start.wait()
+    t0 = time.perf_counter()
+    first = last = None
+    usage = None
+    for chunk in client.chat.completions.create(model=model, messages=[{"role": "user", "content": question}],
+                                                max_tokens=tokens, temperature=0, stream=True,
+                                                stream_options={"include_usage": True}):
+        if chunk.usage is not None:
+            usage = chunk.usage.completion_tokens
+        if chunk.choices and chunk.choices[0].delta.content:
+            last = time.perf_counter()
+            first = first or last
+    n = usage or 0
+    return {"start": t0, "ttft": (first or t0) - t0, "end": last or t0, "tokens": n,
+            "rate": (n - 1) / (last - first) if first and last and last > first and n > 1 else float("nan")}
+
+
+def _level(url: str, model: str, clients: int, tokens: int) -> dict:
+    import openai
+
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=600)
+    barrier = threading.Barrier(clients)
+    out: list[dict] = [None] * clients
+
+    def run(i: int) -> None:
+        out[i] = _stream(client, model, QUESTIONS[i % len(QUESTIONS)], tokens, barrier)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = max(r["end"] for r in out) - min(r["start"] for r in out)
+    ttfts = sorted(r["ttft"] for r in out)
+    return {"aggregate": sum(r["tokens"] for r in out) / wall, "ttft_p50": statistics.median(ttfts),
+            "ttft_p95": ttfts[min(len(ttfts) - 1, round(0.95 * (len(ttfts) - 1)))],
+            "per_stream": statistics.median(r["rate"] for r in out), "tokens": sum(r["tokens"] for r in out)}
+
+
+def _serve(argv: list[str], url: str, model: str, levels: list[int], tokens: int, env: dict) -> dict:
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    try:
+        _wait_ready(proc, url)
+        _level(url, model, 1, 4)  # warm-up: the first request's one-time costs
+        return {c: _level(url, model, c, tokens) for c in levels}
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def run(quick: bool = False) -> list[Section]:
+    from llamablock.io.resolve import resolve_model
+
+    path = str(resolve_model(None))
+    threads = torch.get_num_threads()
+    levels, tokens = ([1, 2], 8) if quick else ([1, 2, 4, 8], 128)
+    sec = Section(f"`llamablock serve --parallel 8`, SmolLM2-135M-Instruct Q4_1, concurrent streaming chat clients "
+                  f"(the openai client), greedy, at most {tokens} tokens each, {threads} thread(s)",
+                  ["server", "clients", "aggregate tok/s", "TTFT p50 (s)", "TTFT p95 (s)", "per-stream tok/s",
+                   "tokens"])
+    port = _port()
+    url = f"http://127.0.0.1:{port}"
+    ours = _serve([sys.executable, "-m", "llamablock", "serve", "--port", str(port), "--parallel", "8",
+                   "--max-queue", "16", "--threads", str(threads)], url, "smollm2-135m-instruct", levels, tokens,
+                  dict(os.environ))
+    results = {"llamablock serve": ours}
+    server = shutil.which("llama-server")
+    if server and not quick:
+        port = _port()
+        url = f"http://127.0.0.1:{port}"
+        results["llama.cpp llama-server -np 4"] = _serve(
+            [server, "-m", path, "--port", str(port), "-np", "4", "-c", "4096", "-t", str(threads)], url, path,
+            levels, tokens, dict(os.environ))
+    for name, by_level in results.items():
+        for c, r in by_level.items():
+            sec.rows.append([name, str(c), f"{r['aggregate']:.1f}", f"{r['ttft_p50']:.2f}", f"{r['ttft_p95']:.2f}",
+                             f"{r['per_stream']:.1f}", str(r["tokens"])])
+    if server is None:
+        sec.notes.append("llama.cpp: `llama-server` is not on PATH on this machine (this project never builds it), "
+                         "so the comparison with llama.cpp's server is absent from this run.")
+    if quick:
+        return [sec]
+    one, four = ours[1], ours[4]
+    sec.notes.append(verdict("aggregate decode, 4 clients vs 1", four["aggregate"] / one["aggregate"], 3.0))
+    sec.notes.append(verdict("TTFT p95, 4 clients vs 1", four["ttft_p95"] / one["ttft_p95"], 2.0,
+                             higher_is_better=False))
+    cpp = results.get("llama.cpp llama-server -np 4")
+    if cpp is not None:
+        sec.notes.append(verdict("aggregate decode with 4 clients vs llama-server -np 4",
+                                 four["aggregate"] / cpp[4]["aggregate"], 1.0))
+    return [sec]

@@ -1,0 +1,327 @@
+"""One model served to many clients at once: continuous batching behind a bounded queue.
+
+Up to `parallel` requests run together on one thread: each loop prefills one chunk of the oldest
+request still reading its prompt, then decodes one token for every other running request in one
+batch (llamablock.runtime.batch.BatchEngine), so a long prompt holds the others' streams for one
+chunk at a time, not for its whole prefill. Between two loops, requests that finished or whose
+client left give up their rows, and waiting ones take the free rows. The rest wait in a queue of
+at most `max_queue` (a full queue is refused at once, Busy, which the API answers 503 with
+Retry-After, rather than left to grow). This is the scheme of Orca (Yu et al., OSDI 2022) that
+llama.cpp's server (`-np`), vLLM and Ollama (OLLAMA_NUM_PARALLEL) follow.
+
+Each request keeps what `generate` keeps for one (llamablock.runtime.generate): its sampling
+settings, its own torch.Generator when seeded (so a seeded request draws the same numbers alone
+or among others), its stop strings and end-of-sequence ids, max_tokens, its token history (the
+repetition penalty), and its text stream. Generation runs on the scheduler's thread, never on the
+server's event loop; each piece of text goes to the event loop that asked for it
+(`loop.call_soon_threadsafe`), as events: ("text", str), then ("done", Generation) or ("error",
+Exception). A client that disconnects sets its job's `cancelled`: a waiting job is skipped, a
+running one leaves the batch before the next step.
+
+The compiled engine (llamablock.fast.compiled_decode) decodes one sequence: with `parallel` 1 it
+serves the requests it covers, one at a time as before; batches run on the eager engine.
+Counters for /metrics: llamablock.web.metrics; one log line per request (logger llamablock.serve).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from llamablock.runtime.batch import BatchEngine, Row
+from llamablock.runtime.generate import Generation, _TextStream, generate
+from llamablock.runtime.sampling import Sampling, next_token
+from llamablock.web.metrics import ServerMetrics
+
+
+class Cancelled(Exception):
+    """The client went away: the job stops before its next step."""
+
+
+class Busy(Exception):
+    """The queue is full."""
+
+
+@dataclass
+class Job:
+    prompt_ids: list[int]
+    max_tokens: int
+    sampling: Sampling
+    seed: int | None
+    stop: list[str]
+    loop: asyncio.AbstractEventLoop
+    events: asyncio.Queue = field(default_factory=asyncio.Queue)
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    id: int = 0
+    arrived: float = 0.0  # time.monotonic() at submit
+
+    def emit(self, kind: str, value) -> None:
+        """From the scheduler's thread: hand one event to the request's event loop."""
+        try:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, value))
+        except RuntimeError:  # the loop is closed: the server is stopping
+            self.cancelled.set()
+
+
+@dataclass(eq=False)
+class _Running:
+    """A job in the batch: its row, its tokens so far and its text stream."""
+
+    job: Job
+    row: Row
+    stream: _TextStream
+    generator: torch.Generator | None
+    history: torch.Tensor  # (1, prompt + max_tokens): the prompt, then the new tokens
+    new: list[int] = field(default_factory=list)
+    started: float = 0.0
+    first: float = 0.0
+    last: float = 0.0
+
+
+class _Cancellable:
+    """An engine that raises `Cancelled` before any step once its job is cancelled."""
+
+    def __init__(self, engine, cancelled: threading.Event):
+        self.engine, self.cancelled, self.cfg = engine, cancelled, engine.cfg
+
+    def prepare(self, total_tokens: int) -> None:
+        self.engine.prepare(total_tokens)
+
+    def prefill(self, ids):
+        if self.cancelled.is_set():
+            raise Cancelled
+        return self.engine.prefill(ids)
+
+    def step(self, ids, pos: int):
+        if self.cancelled.is_set():
+            raise Cancelled
+        return self.engine.step(ids, pos)
+
+
+class Scheduler:
+    """Runs jobs, up to `parallel` at once, on a background thread. `engine_factory(model, rows=,
+    chunk=)` makes the batched engine (BatchEngine); `chunk` is the most prompt tokens prefilled
+    between two decode steps; `compiled` is an engine built before serving, used with parallel 1
+    for the requests it covers."""
+
+    def __init__(self, model, tokenizer, max_queue: int = 8, compiled=None, *, parallel: int = 4,
+                 chunk: int = 256, engine_factory=BatchEngine):
+        if max_queue <= 0:
+            raise ValueError(f"max_queue must be a positive integer, got {max_queue!r}")
+        self.model, self.tokenizer, self.compiled = model, tokenizer, compiled
+        self.engine = engine_factory(model, rows=parallel, chunk=chunk)
+        self.parallel = parallel
+        self.jobs: queue.Queue = queue.Queue(maxsize=max_queue)
+        self.active: list[_Running] = []  # admitted, in arrival order (read by other threads: replaced, not mutated)
+        self.metrics = ServerMetrics(running=lambda: len(self.active), queued=self.jobs.qsize)
+        self._ids = itertools.count(1)
+        self._serial: Job | None = None  # the job the compiled engine is running alone
+        self._thread = threading.Thread(target=self._run, name="llamablock-scheduler", daemon=True)
+        self._thread.start()
+
+    @property
+    def parallel(self) -> int:
+        return self._parallel
+
+    @parallel.setter
+    def parallel(self, n: int) -> None:
+        """How many requests run at once; may change while serving (taken at the next admission)."""
+        if not isinstance(n, int) or n <= 0:
+            raise ValueError(f"parallel must be a positive integer, got {n!r}")
+        self._parallel = n
+
+    @property
+    def capacity(self) -> int:
+        """Requests that run at once: `parallel`, or fewer where the engine allows fewer rows."""
+        return min(self.parallel, self.engine.max_rows or self.parallel)
+
+    @property
+    def running(self) -> list[Job]:
+        """The jobs running now (admitted, not finished)."""
+        return [r.job for r in self.active] + ([self._serial] if self._serial is not None else [])
+
+    def describe(self) -> str:
+        """One line for the start-up: how requests run."""
+        if self.capacity == 1 and self.engine.max_rows == 1:
+            how = "one request at a time (this model's RoPE follows the sequence length, so rows cannot share a batch)"
+        elif self.parallel == 1:
+            how = "one request at a time" + (" on the compiled engine where it covers the request, else eagerly"
+                                             if self.compiled is not None else " on the eager engine")
+        else:
+            how = f"up to {self.parallel} requests decoded together as one batch on the eager engine"
+            if self.compiled is not None:
+                how += " (the compiled engine decodes one sequence: it serves --parallel 1 only)"
+        return f"{how}; {self.jobs.maxsize} more may wait"
+
+    def submit(self, job: Job) -> Job:
+        job.id = next(self._ids)
+        job.arrived = time.monotonic()
+        try:
+            self.jobs.put_nowait(job)
+        except queue.Full:
+            raise Busy(f"{self.jobs.maxsize} requests are already waiting; try again shortly") from None
+        return job
+
+    def close(self) -> None:
+        """Stop after the current step (running and waiting jobs are dropped)."""
+        for job in self.running:
+            job.cancelled.set()
+        while True:
+            try:
+                self.jobs.get_nowait().cancelled.set()
+            except queue.Empty:
+                break
+        self.jobs.put(None)
+        self._thread.join(timeout=30)
+
+    # -- the loop -----------------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            if not self._admit():
+                return
+            self._leave_cancelled()
+            try:
+                self._prefill_one()
+                self._decode()
+            except Exception as e:  # a step failed for the whole batch: report it to each, go on
+                for r in list(self.active):
+                    self._finish(r, None, e)
+
+    def _admit(self) -> bool:
+        """Move waiting jobs into free rows; block while nothing runs. False when closing."""
+        while len(self.active) < self.capacity:
+            try:
+                job = self.jobs.get(block=not self.active)
+            except queue.Empty:
+                return True
+            if job is None:
+                return False
+            if job.cancelled.is_set():
+                self._count(job, "cancelled", 0, time.monotonic())
+                continue  # its client left while it waited
+            total = len(job.prompt_ids) + job.max_tokens
+            if self.parallel == 1 and self.compiled is not None and self.compiled.covers(total):
+                self._run_alone(job)
+                continue
+            try:
+                row = self.engine.add(job.prompt_ids, job.max_tokens)
+            except Exception as e:
+                self._count(job, "error", 0, time.monotonic())
+                job.emit("error", e)
+                continue
+            n = len(job.prompt_ids)
+            history = torch.zeros(1, total, dtype=torch.long, device=self.engine.device)
+            history[0, :n] = row.ids[0]
+            gen = torch.Generator(device=self.engine.device).manual_seed(job.seed) if job.seed is not None else None
+            stream = _TextStream(self.tokenizer, job.stop, lambda s, job=job: job.emit("text", s))
+            self.active = self.active + [_Running(job, row, stream, gen, history, started=time.monotonic())]
+        return True
+
+    def _leave_cancelled(self) -> None:
+        for r in [r for r in self.active if r.job.cancelled.is_set()]:
+            self._count(r.job, "cancelled", len(r.new), time.monotonic(), r)  # counted before it leaves: a
+            self._drop(r)  # reader who sees it gone sees it counted
+
+    def _prefill_one(self) -> None:
+        """One chunk of the oldest prompt not yet in the batch; its first token when it is."""
+        r = next((r for r in self.active if r.row.index is None), None)
+        if r is None:
+            return
+        try:
+            logits = self.engine.prefill(r.row)  # (1, V) after the last chunk, else None
+        except Exception as e:  # this request's own failure (its cache could not be allocated, ...)
+            self._finish(r, None, e)
+            return
+        if logits is not None:
+            self.metrics.prompt_tokens.inc(r.row.prompt_tokens)
+            self._take(r, logits)
+
+    def _decode(self) -> None:
+        """One token for every row in the batch."""
+        rows = list(self.engine.rows)
+        if not rows:
+            return
+        by_row = {id(r.row): r for r in self.active}
+        running = [by_row[id(row)] for row in rows]
+        tokens = torch.tensor([r.new[-1] for r in running], device=self.engine.device)  # (b,)
+        logits = self.engine.step(tokens)  # (b, V)
+        for i, r in enumerate(running):
+            self._take(r, logits[i:i + 1])
+
+    def _take(self, r: _Running, logits: torch.Tensor) -> None:
+        """Choose the request's next token from logits (1, V), stream its text, see if it stops."""
+        n = r.row.prompt_tokens + len(r.new)
+        tok = int(next_token(logits, r.history[:, :n], r.job.sampling, r.generator)[0])
+        r.history[0, n] = tok
+        r.new.append(tok)
+        now = time.monotonic()
+        self.metrics.generated_tokens.inc()
+        if len(r.new) == 1:
+            r.first = now
+            self.metrics.ttft.observe(now - r.job.arrived)
+        else:
+            self.metrics.token_latency.observe(now - r.last)
+        r.last = now
+        if tok in self.tokenizer.eos_ids:
+            self._finish(r, "eos")
+        elif r.stream.update(r.new):
+            self._finish(r, "stop_string")
+        elif len(r.new) == r.job.max_tokens:
+            self._finish(r, "length")
+
+    def _finish(self, r: _Running, reason: str | None, error: Exception | None = None) -> None:
+        """The request leaves: counted, its row freed, then its client told (in that order, so that
+        whoever has its answer finds it counted and its row free)."""
+        now = time.monotonic()
+        self._count(r.job, "error" if error is not None else reason, len(r.new), now, r)
+        self._drop(r)
+        if error is not None:
+            r.job.emit("error", error)
+            return
+        if reason != "stop_string":
+            r.stream.update(r.new, final=True)
+        first = r.first or now
+        r.job.emit("done", Generation(r.new, r.row.prompt_tokens, reason, first - r.started, now - first,
+                                      max(0, len(r.new) - 1), r.stream.text))
+
+    def _drop(self, r: _Running) -> None:
+        self.engine.remove(r.row)
+        self.active = [a for a in self.active if a is not r]
+
+    def _run_alone(self, job: Job) -> None:
+        """parallel 1 with a compiled engine that covers the job: `generate` on it, as before batching."""
+        self._serial = job
+        first = []
+
+        def on_text(s: str) -> None:
+            first.append(first[0] if first else time.monotonic())
+            job.emit("text", s)
+
+        try:
+            g = generate(_Cancellable(self.compiled, job.cancelled), job.prompt_ids, job.max_tokens, job.sampling,
+                         seed=job.seed, eos_ids=self.tokenizer.eos_ids, stop_strings=job.stop,
+                         tokenizer=self.tokenizer, on_text=on_text)
+            self.metrics.prompt_tokens.inc(g.prompt_tokens)
+            self.metrics.generated_tokens.inc(len(g.tokens))
+            if first:
+                self.metrics.ttft.observe(first[0] - job.arrived)
+            self._count(job, g.stop_reason, len(g.tokens), time.monotonic())
+            job.emit("done", g)
+        except Cancelled:
+            self._count(job, "cancelled", 0, time.monotonic())
+        except Exception as e:  # reported to the client, the scheduler goes on
+            self._count(job, "error", 0, time.monotonic())
+            job.emit("error", e)
+        finally:
+            self._serial = None
+
+    # -- accounts -----------------------------------------------------------------------------
+    def _count(self, job: Job, outcome: str, tokens: int, now: float, r: _Running | None = None) -> None:
+        started, first = (r.started, r.first) if r is not None else (None, None)
+        self.metrics.finished(job.id, outcome, len(job.prompt_ids), tokens, job.arrived, started, first or None, now)

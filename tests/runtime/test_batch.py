@@ -1,0 +1,166 @@
+"""Continuous batching (llamablock.runtime.batch): a sequence decoded among others computes what it
+computes alone.
+
+The reference is EagerEngine, one sequence at a time (itself tested against the uncached model and
+transformers). Tiny random models in float32; prompts of different lengths that join at different
+steps, prefill in several chunks and leave at different steps, so rows move, shift and compact.
+The served formats too: q8 and q4 weights with bfloat16 activations (llamablock.fast.quant).
+Greedy tokens must be identical, and logits equal within LOGIT_RTOL of the largest logit: the batch
+changes only the order of float32 sums (padding keys get a softmax weight of exactly 0).
+"""
+
+import pytest
+import torch
+from hf_reference import tiny_hf_model
+
+import llamablock
+from llamablock.model import Decoder
+from llamablock.presets import preset
+from llamablock.runtime.batch import BatchEngine
+from llamablock.runtime.engine import EagerEngine
+
+# float32 keeps about 7 significant digits (epsilon 1.2e-7); summing the same terms in another order
+# (a batch's matmul blocks, a wider masked softmax) moves a result by a few epsilons per layer.
+LOGIT_RTOL = 1e-5
+
+# (prompt length, new tokens, the step at which the request arrives)
+REQUESTS = [(7, 30, 0), (3, 12, 0), (41, 10, 2), (12, 25, 5), (1, 8, 9), (60, 6, 14)]
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tiny")
+    tiny_hf_model("llama", n_heads=4, n_kv=2).save_pretrained(d)
+    return llamablock.load_pretrained(d)
+
+
+def _models(llama):
+    torch.manual_seed(0)
+    small = dict(d_model=64, n_layers=2, d_ff=128)
+    # the window bites past 16 tokens
+    window = Decoder(preset("llama-2024-small", n_heads=4, n_kv_heads=2, sliding_window=16, **small)).eval()
+    post_ln = Decoder(preset("gpt-2017-small", n_heads=4, n_kv_heads=4, **small)).eval()  # learned positions, MHA
+    return {"llama": llama, "sliding-window": window, "gpt-2017": post_ln}
+
+
+def _prompts(vocab: int, requests=REQUESTS) -> list[list[int]]:
+    g = torch.Generator().manual_seed(1)
+    return [torch.randint(0, vocab, (n,), generator=g).tolist() for n, _, _ in requests]
+
+
+@torch.no_grad()
+def alone(model, prompt: list[int], n: int) -> tuple[list[int], list[torch.Tensor]]:
+    """Greedy tokens and the logits that chose them, one sequence through EagerEngine."""
+    engine = EagerEngine(model)
+    engine.prepare(len(prompt) + n)
+    logits = engine.prefill(torch.tensor([prompt]))[0]
+    tokens, seen = [], []
+    while True:
+        seen.append(logits)
+        tokens.append(int(logits.argmax()))
+        if len(tokens) == n:
+            return tokens, seen
+        pos = len(prompt) + len(tokens) - 1
+        logits = engine.step(torch.tensor([[tokens[-1]]]), pos)[0]
+
+
+def batched(model, prompts: list[list[int]], chunk: int, rows: int = 2, requests=REQUESTS):
+    """Greedy tokens and logits of each request, run as a scheduler runs them: requests arrive at
+    their steps; each loop prefills one chunk of the oldest waiting prompt, then decodes one token
+    for every row; a row leaves when it has its tokens."""
+    engine = BatchEngine(model, rows=rows, chunk=chunk)
+    out = {i: ([], []) for i in range(len(prompts))}
+    waiting, prefilling, step = list(range(len(prompts))), [], 0
+    owner = {}
+
+    def took(i, logits):
+        out[i][1].append(logits)
+        out[i][0].append(int(logits.argmax()))
+        return len(out[i][0]) == requests[i][1]
+
+    while waiting or prefilling or engine.rows:
+        for i in [i for i in waiting if requests[i][2] <= step]:
+            waiting.remove(i)
+            row = engine.add(prompts[i], requests[i][1])
+            owner[id(row)] = i
+            prefilling.append(row)
+        if prefilling:
+            row = prefilling[0]
+            logits = engine.prefill(row)
+            if logits is not None:
+                prefilling.pop(0)
+                if took(owner[id(row)], logits[0]):
+                    engine.remove(row)
+        if engine.rows:
+            tokens = torch.tensor([out[owner[id(r)]][0][-1] for r in engine.rows])
+            logits = engine.step(tokens)
+            for r, lg in zip(list(engine.rows), logits, strict=True):
+                if took(owner[id(r)], lg):
+                    engine.remove(r)
+        step += 1
+    return out
+
+
+@pytest.mark.parametrize("name", ["llama", "sliding-window", "gpt-2017"])
+def test_batched_equals_alone(llama, name):
+    model = _models(llama)[name]
+    prompts = _prompts(model.cfg.vocab_size)
+    got = batched(model, prompts, chunk=16)
+    for i, prompt in enumerate(prompts):
+        tokens, logits = alone(model, prompt, REQUESTS[i][1])
+        assert got[i][0] == tokens, f"request {i} ({len(prompt)} prompt tokens): tokens differ"
+        worst = max(float((a - b).abs().max() / b.abs().max()) for a, b in zip(got[i][1], logits, strict=True))
+        assert worst <= LOGIT_RTOL, f"request {i}: logits differ by {worst:.2e} of the largest"
+
+
+# Prompts under fast.quant.PREFILL_ROWS tokens, each prefilled in one chunk: every matmul then runs
+# the same packed kernel, row by row, alone and batched.
+QUANT_REQUESTS = [(7, 16, 0), (3, 10, 0), (20, 8, 3), (12, 12, 5)]
+# bfloat16 activations keep 8 significant bits (epsilon 7.8e-3): two roundings apart at most.
+QUANT_RTOL = 2e-2
+
+
+@pytest.mark.parametrize("fmt", ["q8", "q4"])
+def test_batched_equals_alone_quantized(llama, fmt):
+    """The served formats: bfloat16 activations, int8 or int4 weights (llamablock.fast.quant)."""
+    import copy
+
+    from llamablock.fast.quant import quantize_model
+
+    model = quantize_model(copy.deepcopy(llama).to(torch.bfloat16), fmt)
+    prompts = _prompts(model.cfg.vocab_size, QUANT_REQUESTS)
+    got = batched(model, prompts, chunk=64, requests=QUANT_REQUESTS)
+    for i, prompt in enumerate(prompts):
+        tokens, logits = alone(model, prompt, QUANT_REQUESTS[i][1])
+        assert got[i][0] == tokens, f"request {i}: tokens differ"
+        worst = max(float((a - b).float().abs().max() / b.float().abs().max())
+                    for a, b in zip(got[i][1], logits, strict=True))
+        assert worst <= QUANT_RTOL, f"request {i}: logits differ by {worst:.2e} of the largest"
+
+
+def test_rows_move_shift_and_grow(llama):
+    """The layout operations actually happen in the run above (else the test proves less)."""
+    engine = BatchEngine(llama, rows=1, chunk=4)
+    engine.FIRST = 8
+    short = engine.add([1, 2], 20)
+    assert engine.prefill(short) is not None and engine.cache.length == 2
+    long = engine.add(list(range(3, 13)), 5)
+    while engine.prefill(long) is None:
+        pass
+    assert engine.cache.length == 10 and engine.cache.capacity >= 2  # shifted right, a row added
+    for _ in range(5):
+        engine.step(torch.tensor([1, 1]))
+    assert engine.cache.max_len >= 16  # grown past FIRST
+    engine.remove(long)
+    assert engine.rows == [short] and short.index == 0
+    engine.remove(short)
+    assert engine.cache is None and engine.rows == []  # idle: no cache held
+
+
+def test_late_key_rope_decodes_one_sequence_at_a_time():
+    cfg = preset("llama-2024-small", rope_scaling={"rope_type": "dynamic", "factor": 2.0})
+    engine = BatchEngine(Decoder(cfg).eval(), rows=4)
+    assert engine.max_rows == 1
+    assert engine.prefill(engine.add([1, 2, 3], 4)) is not None
+    with pytest.raises(ValueError, match="one at a time|1 sequence at a time"):
+        engine.prefill(engine.add([4, 5], 4))
