@@ -28,6 +28,7 @@ from llamablock.io.loading import load_model_and_tokenizer  # noqa: E402
 from llamablock.model import Decoder  # noqa: E402
 from llamablock.presets import preset  # noqa: E402
 from llamablock.runtime.batch import BatchEngine  # noqa: E402
+from llamablock.runtime.engine import EagerEngine  # noqa: E402
 from llamablock.runtime.generate import generate  # noqa: E402
 from llamablock.runtime.sampling import Sampling  # noqa: E402
 from llamablock.training.train import TrainConfig, train  # noqa: E402

@@ -20,6 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from llamablock.io.loading import load_model_and_tokenizer
 from llamablock.runtime.batch import BatchEngine
+from llamablock.runtime.engine import EagerEngine
 from llamablock.runtime.generate import generate
 from llamablock.runtime.sampling import Sampling
 from llamablock.web.scheduler import Busy, Job, Scheduler
@@ -95,7 +96,7 @@ def events(loop, j: Job, until: str = "done") -> list:
 
 def reference(tiny, text: str, n: int, temperature=0.0, seed=None, stop=()):
     model, tok = tiny
-    return generate(model, tok.encode(text), n, Sampling(temperature), seed=seed, eos_ids=tok.eos_ids,
+    return generate(EagerEngine(model), tok.encode(text), n, Sampling(temperature), seed=seed, eos_ids=tok.eos_ids,
                     stop_strings=list(stop), tokenizer=tok)
 
 

@@ -27,6 +27,7 @@ uvicorn = pytest.importorskip("uvicorn")
 httpx = pytest.importorskip("httpx")
 
 from llamablock.io.loading import load_model_and_tokenizer  # noqa: E402
+from llamablock.runtime.engine import EagerEngine  # noqa: E402
 from llamablock.runtime.generate import generate  # noqa: E402
 from llamablock.web.app import create_app  # noqa: E402
 from llamablock.web.generation import ServedModel  # noqa: E402
@@ -72,7 +73,7 @@ def server(tmp_path_factory):
         time.sleep(0.01)
     client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=WAIT)
     served.url = f"http://127.0.0.1:{port}"
-    yield served, client, {p: generate(model, tok.encode(p), NEW, eos_ids=tok.eos_ids, tokenizer=tok) for p in PROMPTS}
+    yield served, client, {p: generate(EagerEngine(model), tok.encode(p), NEW, eos_ids=tok.eos_ids, tokenizer=tok) for p in PROMPTS}
     srv.should_exit = True
     thread.join(WAIT)
 
