@@ -9,6 +9,7 @@ for real and multiplied by the layer count; every layer's buffers have the same 
 from __future__ import annotations
 
 import itertools
+import statistics
 
 import torch
 
@@ -24,9 +25,6 @@ from llamablock.util.timing import l3_size
 from llamablock.util.units import human_bytes
 
 GiB = 2**30
-# Reading the cache "dominates" a decode attention when the attention takes at most this many times
-# a plain read (a sum) of the same keys and values; past it the claim's condition is not met.
-BOUND = 1.25
 
 
 # The ids of the claims this experiment records (for `llamablock lab --only`).
@@ -153,43 +151,77 @@ def claim_param_counts() -> Claim:
                    "then need an output bias and no q/k/v bias (the module does not give its configuration).")
 
 
-def claim_decode_speed(quick: bool) -> Claim:
-    """Decode attention alone on one thread: one query token against 8192 cached tokens, 32 query
-    heads of 128, 32 / 8 / 1 KV heads. 'Up to 4x' is 'time scales with the bytes of cache read,
-    where reading the cache dominates'; the precondition is checked by timing a plain read
-    (a sum) of the same keys and values."""
+def bytes_fit(samples: dict[str, list[float]], names: dict[int, str], nbytes: dict[int, int]) -> dict:
+    """Least-squares time = a + b x bytes over the median times of `names` (KV heads -> timing name),
+    and the bytes-proportional share of the time at each KV count, b x bytes / (a + b x bytes)."""
+    kvs = sorted(names)
+    xs = [float(nbytes[kv]) for kv in kvs]
+    ys = [statistics.median(samples[names[kv]]) for kv in kvs]
+    b, a = statistics.linear_regression(xs, ys)
+    # clipped to [0, 1]: an intercept below zero is a fixed cost smaller than the timing noise
+    share = {kv: min(1.0, max(0.0, b * x / (a + b * x))) if a + b * x > 0 else 0.0 for kv, x in zip(kvs, xs, strict=True)}
+    worst = max(abs(y - (a + b * x)) / y for x, y in zip(xs, ys, strict=True))
+    return {"a_ms": a * 1e3, "ms_per_mib": b * 1e3 * 2**20, "share": share, "worst_residual": worst,
+            "ms": {kv: y * 1e3 for kv, y in zip(kvs, ys, strict=True)}}
+
+
+# The KV-head counts timed: 32 (MHA) down to 1 (MQA) for 32 query heads; the bytes halve each step.
+DECODE_KV = (32, 16, 8, 4, 2, 1)
+
+
+def claim_decode_speed(quick: bool, tokens: int = 8192) -> Claim:
+    """Decode attention alone on one thread: one query token against `tokens` cached tokens, 32
+    query heads of 128, 32 / 16 / 8 / 4 / 2 / 1 KV heads, with a plain read (a sum) of each cache
+    in the same rounds. 'Up to 4x faster when reading the cache is the bottleneck' is judged in
+    two steps. The precondition: a least-squares fit time = a + b x cache bytes must give the
+    bytes-proportional part b x bytes the majority of the time at 8 KV heads (the part a grouped
+    layout shrinks; 'bottleneck' read as 'most of the time'). Then the 32 -> 8 time ratio, which is
+    1 + 3 x that share under the fit, is judged against the module's 3-4x widened by the spread of
+    the per-round ratios. Where the attention's time does not follow its bytes but plain reads of
+    the same caches do, the machine is in the claim's regime and the implementation misses the
+    saving: that differs; only when neither follows the bytes is the claim not measurable here."""
     c = Claim("15.5.decode-speed", "15.5", "up to 4x faster decode from 32 to 8 KV heads", 4.0,
               unit="time ratio 32 / 8 KV heads, one thread",
-              tolerance=f"3-4 widened by the spread, where attention takes at most {BOUND}x a plain read of its cache")
+              tolerance="3-4 widened by the per-round spread, where the bytes-proportional part of a fit "
+                        "time = a + b x bytes is most (over half) of the time at 8 KV heads")
     cfg = ModelConfig(vocab_size=2, d_model=4096, n_layers=1, n_heads=32, head_dim=128, position="none")
-    tokens = 8192
-    fns, reads = {}, {}
-    for kv in (32, 8, 1):
+    fns, nbytes = {}, {}
+    for kv in DECODE_KV:
         attn = Attention(cfg.replace(n_kv_heads=kv))
         q = torch.randn(1, 32, 1, 128)
         k, v = torch.randn(1, kv, tokens, 128), torch.randn(1, kv, tokens, 128)
-        fns[kv] = (lambda a=attn, q=q, k=k, v=v: a.attend(q, k, v, AttentionInputs()))  # one new token: no mask
-        reads[kv] = (lambda k=k, v=v: (k.sum(), v.sum()))
+        fns[f"attend-{kv}"] = (lambda a=attn, q=q, k=k, v=v: a.attend(q, k, v, AttentionInputs()))  # one token: no mask
+        fns[f"read-{kv}"] = (lambda k=k, v=v: (k.sum(), v.sum()))
+        nbytes[kv] = k.nbytes + v.nbytes
     with one_thread():
-        s = rounds({**{f"attend-{k}": f for k, f in fns.items()}, "read-32": reads[32], "read-8": reads[8]},
-                   repeats=8 if quick else 30)
+        s = rounds(fns, repeats=8 if quick else 30)
+    attend = bytes_fit(s, {kv: f"attend-{kv}" for kv in DECODE_KV}, nbytes)
+    read = bytes_fit(s, {kv: f"read-{kv}" for kv in DECODE_KV}, nbytes)
     r = ratio(s, "attend-32", "attend-8")
-    r1 = ratio(s, "attend-32", "attend-1")
-    dom32, dom8 = ratio(s, "attend-32", "read-32"), ratio(s, "attend-8", "read-8")
     read_ratio = ratio(s, "read-32", "read-8")
-    details = (f"float32, this CPU, one thread, K/V of 8192 tokens x 128 per head, warm (L3 {l3_size()}): "
-               f"llamablock's grouped attention {r['ms'][0]:.2f} / {r['ms'][1]:.2f} / {r1['ms'][1]:.2f} ms for 32 / 8 / 1 "
-               f"KV heads (32->1: {r1['median']:.2f}x for 32x fewer bytes). A plain read (a sum) of the same keys and "
-               f"values takes {dom32['ms'][1]:.2f} ms at 32 heads and {dom8['ms'][1]:.2f} ms at 8 ({read_ratio['median']:.2f}x: "
-               f"the bytes scale), so attention costs {dom32['median']:.2f}x its cache read at 32 heads and "
-               f"{dom8['median']:.2f}x at 8.")
-    if max(dom32["median"], dom8["median"]) > BOUND:
-        c.measured = round(r["median"], 3)
-        return c.unmeasurable(details + f" At 8 heads the attention takes more than {BOUND}x its read, so on this CPU the "
-                              f"grouped matmul, not reading the cache, limits it: the claim's regime (reading "
-                              f"dominates) is not reached, and the measured {r['median']:.2f}x says so rather than "
-                              "contradicting 'up to 4x'.")
-    return judge_ratio(c, r, 3.0, 4.0, details)
+    share, read_share = attend["share"][8], read["share"][8]
+    c.table = [{"KV heads": kv, "cache MiB": nbytes[kv] / 2**20, "attention ms": attend["ms"][kv],
+                "plain read ms": read["ms"][kv], "bytes share of attention": attend["share"][kv]}
+               for kv in DECODE_KV]
+    details = (f"float32, this CPU, one thread, K/V of {tokens} tokens x 128 per head (L3 {l3_size()}): llamablock's "
+               f"grouped attention fits time = {attend['a_ms']:.3f} ms + {attend['ms_per_mib']:.4f} ms per MiB of "
+               f"cache (worst residual {attend['worst_residual']:.1%} of a time), so the bytes-proportional part is "
+               f"{share:.1%} of the time at 8 KV heads and {attend['share'][32]:.1%} at 32 (the precondition: over "
+               f"half at 8). Under that fit the 32 -> 8 ratio is 1 + 3 x {share:.3f} = {1 + 3 * share:.2f}. A plain "
+               f"read (a sum) of the same caches in the same rounds: {read_share:.1%} bytes-proportional at 8 heads, "
+               f"32 -> 8 ratio {read_ratio['median']:.2f}x; attention takes {r['ms'][0] / read['ms'][32]:.2f}x its "
+               f"read at 32 heads (it also multiplies every byte it reads, so it is slower than a sum, yet still "
+               f"proportional to the bytes).")
+    c.measured = round(r["median"], 3)
+    if share > 0.5:
+        return judge_ratio(c, r, 3.0, 4.0, details)
+    if read_share > 0.5:
+        return c.judge(False, details + f" Plain reads of these caches follow their bytes, so this machine is in "
+                       f"the claim's regime, but the attention's time does not (32 -> 8: {r['median']:.2f}x): "
+                       "this implementation does not turn the smaller cache into less time.")
+    return c.unmeasurable(details + " Neither the attention nor a plain read of its cache spends most of its time "
+                          "in proportion to the bytes here (fixed costs dominate), so the claim's regime, "
+                          "reading the cache as the bottleneck, is not reached on this machine.")
 
 
 def plot_cache(out) -> list[str]:

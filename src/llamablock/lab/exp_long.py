@@ -104,7 +104,7 @@ def claim_residual_stream(quick: bool, out) -> Claim:
     old, new = result["models"]["2017"], result["models"]["2024"]
     after_ffn = [s for s in new["stages"] if s["name"].endswith("after feed-forward")]
     rms = [sum(s["rms"]) / len(s["rms"]) for s in after_ffn]  # mean over tokens
-    grows = all(b > a for a, b in zip(rms, rms[1:]))
+    grows = all(b > a for a, b in zip(rms, rms[1:], strict=False))
     post = [s for s in old["stages"] if s["name"].startswith("block ")]
     worst_mean = max(abs(m) for s in post for m in s["mean"])
     var_lo, var_hi = min(v for s in post for v in s["var"]), max(v for s in post for v in s["var"])
