@@ -21,6 +21,7 @@ from llamablock.lab import (
     exp_rope,
     exp_scaling,
     exp_training,
+    shared,
 )
 from llamablock.lab.record import (
     DEFINITION,
@@ -70,7 +71,9 @@ def test_no_break_test_accepts_not_measurable():
 # The checks as they stand ------------------------------------------------------------------------
 
 def test_exact_claims_reproduce_and_definitions_are_apart():
-    got = _by_id(exp_rope.run(quick=True, out=None) + exp_scaling.run(quick=True, out=None)
+    rope_claims = [exp_rope.claim_identity(), exp_rope.claim_2d_pair(True), exp_rope.claim_head(True),
+                   exp_rope.claim_no_entry(), exp_rope.claim_frequency_ratio(), exp_rope.claim_shift_both()]
+    got = _by_id(rope_claims + exp_scaling.run(quick=True, out=None)
                  + exp_ffn.run(quick=True, out=None) + exp_blocks.run(quick=True, out=None)
                  + [exp_gqa.claim_cache_sizes(), exp_gqa.claim_gqa_is_mha(), exp_gqa.claim_param_counts(),
                     exp_norm.claim_params(), exp_norm.claim_correlation()])
@@ -125,14 +128,34 @@ def test_rope_claims_fail_with_an_angle_not_linear_in_position(monkeypatch):
         _broken(c)
 
 
-def test_learned_table_claims_fail_with_a_table_that_ignores_position(monkeypatch):
+def _fake_2017(rows):
+    """A stand-in for the trained 2017 model (no training in the tests): an initialised 2017 model of the
+    quick size whose position table is `rows(n, d)`."""
+    from llamablock.model import Decoder
+    from llamablock.presets import preset
+
+    cfg = preset("gpt-2017-small", d_model=64, n_heads=4, n_kv_heads=4, n_layers=2, max_seq_len=64)
+    torch.manual_seed(0)
+    state = Decoder(cfg).state_dict()
+    state["positions.table.weight"] = rows(64, 64)
+    return lambda quick: (state, cfg)
+
+
+def test_learned_table_shift_follows_the_table(monkeypatch):
+    # distinct rows move the score far more than RoPE's rounding; a table that ignores position does not
+    monkeypatch.setattr(exp_rope, "trained_2017", _fake_2017(lambda n, d: torch.randn(n, d)))
+    assert exp_rope.claim_learned_table(True).verdict == REPRODUCED
+    monkeypatch.setattr(exp_rope, "trained_2017", _fake_2017(lambda n, d: torch.randn(1, d).expand(n, d)))
+    _broken(exp_rope.claim_learned_table(True))
+
+
+def test_learned_table_no_entry_fails_with_a_table_that_ignores_position(monkeypatch):
     class NoPosition(LearnedPositions):
         def forward(self, position_ids):
             return torch.zeros(*position_ids.shape, self.table.embedding_dim)
 
     monkeypatch.setattr(exp_rope, "LearnedPositions", NoPosition)
-    _broken(exp_rope.claim_learned_table(True))
-    _broken(exp_rope.claim_no_entry())  # and a table that never refuses a position
+    _broken(exp_rope.claim_no_entry())  # a table that never refuses a position
 
 
 def test_frequency_ratio_fails_with_a_wrong_exponent(monkeypatch):
@@ -306,7 +329,7 @@ def _records(losses: dict[str, float]) -> list[dict]:
 
 
 def test_training_claims_fail_when_the_changes_hurt(monkeypatch):
-    worse = {n: 2.5 + (0.0 if n == "2017" else 0.3) for n in exp_training.NAMES}
+    worse = {n: 2.5 + (0.0 if n == "2017" else 0.3) for n in shared.NAMES}
     monkeypatch.setattr(exp_training, "run_variants", lambda *a, **k: _records(worse))
     claims = exp_training.ablation_claims(True, None)
     assert {c.id for c in claims} == {"15.3.training-quality", "15.4.training-quality", "15.5.training-quality",

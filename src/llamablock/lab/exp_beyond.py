@@ -25,7 +25,8 @@ import torch
 
 from llamablock.diagnostics.kv_calculator import kv_cache_size
 from llamablock.kv_cache import KVCache
-from llamablock.lab.exp_training import (
+from llamablock.lab.record import Claim
+from llamablock.lab.shared import (
     FULL,
     INDICATIVE,
     QUICK,
@@ -33,7 +34,6 @@ from llamablock.lab.exp_training import (
     _row,
     run_variants,
 )
-from llamablock.lab.record import Claim
 from llamablock.presets import preset
 from llamablock.studies import ablation
 from llamablock.util.units import human_bytes

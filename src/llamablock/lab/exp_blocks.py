@@ -7,9 +7,8 @@ import sympy
 from llamablock import ffn as ffn_lib
 from llamablock.config import ModelConfig
 from llamablock.diagnostics.kv_calculator import kv_cache_size
-from llamablock.lab.exp_gqa import allocated_bytes
-from llamablock.lab.exp_norm import param_saving
 from llamablock.lab.record import Claim
+from llamablock.lab.shared import allocated_bytes, param_saving
 from llamablock.model import Decoder
 from llamablock.presets import preset
 

@@ -18,6 +18,7 @@ from llamablock.config import ModelConfig
 from llamablock.diagnostics.kv_calculator import kv_cache_size
 from llamablock.kv_cache import KVCache
 from llamablock.lab.record import Claim
+from llamablock.lab.shared import allocated_bytes
 from llamablock.lab.timed import judge_ratio, one_thread, ratio, rounds
 from llamablock.model import Decoder
 from llamablock.presets import preset
@@ -34,11 +35,6 @@ CLAIMS = (
     "15.5.attention-params",
     "15.5.decode-speed",
 )
-
-
-def allocated_bytes(cfg: ModelConfig, tokens: int, dtype: str) -> int:
-    one_layer = KVCache(cfg.replace(n_layers=1), batch_size=1, max_len=tokens, dtype=getattr(torch, dtype))
-    return one_layer.nbytes() * cfg.n_layers
 
 
 def claim_cache_sizes() -> Claim:

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from llamablock import norm as norm_lib
 from llamablock.lab.record import Claim
+from llamablock.lab.shared import param_saving
 from llamablock.lab.timed import judge_ratio, one_thread, ratio, rounds
 
 # The ids of the claims this experiment records (for `llamablock lab --only`).
@@ -32,14 +33,6 @@ CLAIMS = (
 def six_op_rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     """The module's RMSNorm as written: square, mean, add eps, sqrt, divide, scale (six kernels)."""
     return x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
-
-
-def param_saving(d: int) -> int:
-    """LayerNorm's parameters minus RMSNorm's, both counted from the library's layers."""
-    def count(kind):
-        return sum(p.numel() for p in norm_lib.make_norm(kind, d, 1e-5).parameters())
-
-    return count("layernorm") - count("rmsnorm")
 
 
 def claim_params() -> Claim:

@@ -14,25 +14,24 @@ budget, not at LLaMA's.
 from __future__ import annotations
 
 import dataclasses
-import time
 
 import torch
 
 from llamablock.lab.record import Claim
+from llamablock.lab.shared import (
+    FULL,
+    INDICATIVE,
+    QUICK,
+    _loss,
+    _row,
+    run_variants,
+)
 from llamablock.model import Decoder
 from llamablock.presets import preset
 from llamablock.runtime.evaluate import evaluate
 from llamablock.studies import ablation
 from llamablock.training import data as D
 from llamablock.training.train import TrainConfig, get_data, init_weights, train
-
-QUICK = dict(steps=60, seeds=(0,), size=dict(d_model=64, n_heads=4, n_layers=2), context=64)
-FULL = dict(steps=200, seeds=(0, 1, 2), size=None, context=128)
-INDICATIVE = ("quick run: one seed, 60 steps of a 2-layer width-64 model; `llamablock lab` trains 4 layers of width "
-              "128 for 200 steps with three seeds")
-NAMES = ("2017", "2017 + RMSNorm", "2017 + RMSNorm pre-LN", "2017 + SwiGLU", "2017 + GELU", "2017 + GQA",
-         "2017 + MQA", "2017 + RoPE", "2024")
-
 
 # The ids of the claims this experiment records (for `llamablock lab --only`).
 CLAIMS = (
@@ -43,48 +42,6 @@ CLAIMS = (
     "15.6.training-stability",
     "15.5.mha-to-gqa",
 )
-
-
-def lab_variants(vocab: int, context: int, size: dict | None) -> dict:
-    """ablation.variants plus 2017 + RMSNorm (post-LN), at the same parameter budget."""
-    configs = ablation.variants(vocab, context, size)
-    base = configs["2017"]
-    configs["2017 + RMSNorm"] = ablation.match_budget(base.replace(norm="rmsnorm"), ablation.count_params(base))
-    return configs
-
-
-_RUNS: dict[tuple, dict] = {}  # one lab process trains each (variant, seed, recipe) once (exp_beyond reuses 2024's)
-
-
-def run_variants(steps: int, seeds, size, context: int, names=NAMES, lr: float = 1e-3,
-                 warmup: float = 0.4) -> list[dict]:
-    """One record per (seed, variant), in ablation.run_compare's format (seeds interleaved);
-    `warmup` is the warm-up's share of the steps."""
-    t = TrainConfig(steps=steps, batch_size=16, context=context, lr=lr, warmup=round(warmup * steps),
-                    eval_every=max(1, steps // 5), eval_windows=32)
-    configs = {n: c for n, c in lab_variants(get_data(t).tokenizer.vocab_size, context, size).items() if n in names}
-    records = []
-    for seed in seeds:
-        for name, cfg in configs.items():
-            key = (name, seed, steps, tuple(sorted((size or {}).items())), context, lr, warmup)
-            if key not in _RUNS:
-                start = time.perf_counter()
-                r = train(cfg, dataclasses.replace(t, seed=seed), None, progress=False)
-                _RUNS[key] = {"variant": name, "seed": seed, "val_loss": r["val_loss"], "tokens_per_s": r["tokens_per_s"],
-                              "params": r["params"], "d_ff": cfg.d_ff, "kv_bytes_per_token": cfg.kv_bytes_per_token(2),
-                              "seconds": time.perf_counter() - start,
-                              "val_curve": [(x["step"], x["val_loss"]) for x in r["history"] if "val_loss" in x]}
-            records.append(_RUNS[key])
-    return records
-
-
-def _row(summary: list[dict], name: str) -> dict:
-    return next(r for r in summary if r["variant"] == name)
-
-
-def _loss(r: dict) -> str:
-    return f"{r['val_loss']:.4f} ± {r['val_std']:.4f} (sd, {r['seeds']} seeds)" if r["seeds"] > 1 else \
-        f"{r['val_loss']:.4f} (one seed)"
 
 
 def _compare(summary, name: str, base_name: str = "2017") -> tuple[float, float, str]:
