@@ -247,7 +247,16 @@ def test_ffn_claims_fail_with_a_width_rule_of_4d(monkeypatch):
 def test_swish_claims_fail_with_the_wrong_activation(monkeypatch):
     monkeypatch.setattr(ffn, "swish", torch.relu)
     _broken(exp_ffn.claim_swish_values())
+    _broken(exp_ffn.claim_gate_closes())  # ReLU closes the gate too, but not as Swish(z) x up
     monkeypatch.setattr(ffn, "swish", lambda z: z)  # no gate: the up branch passes whatever the gate input
+    _broken(exp_ffn.claim_gate_closes())
+
+
+def test_gate_closes_fails_with_swapped_branches(monkeypatch):
+    def swapped(self, x):  # the gate applied to the up projection and the reverse
+        return self.w_down(ffn.gate_activation(self.w_up(x), self.act) * self.w_gate(x))
+
+    monkeypatch.setattr(ffn.GatedFFN, "forward", swapped)
     _broken(exp_ffn.claim_gate_closes())
 
 
@@ -286,6 +295,18 @@ def test_attention_params_fail_with_kv_projections_sized_by_query_heads(monkeypa
             super().__init__(cfg.replace(n_kv_heads=cfg.n_heads), *a, **k)
 
     monkeypatch.setattr(exp_gqa, "Attention", Wide)
+    _broken(exp_gqa.claim_param_counts())
+
+
+def test_attention_flops_fail_with_scores_against_every_kv_head(monkeypatch):
+    real = Attention.attend
+
+    def every_head(self, q, k, v, inputs, keys=None):  # extra score products that grow with the KV heads
+        for j in range(self.n_kv):
+            q @ k[:, j:j + 1].transpose(-1, -2)
+        return real(self, q, k, v, inputs, keys)
+
+    monkeypatch.setattr(Attention, "attend", every_head)
     _broken(exp_gqa.claim_param_counts())
 
 
