@@ -147,7 +147,7 @@ def attention_flops(kv: int, t: int, s: int) -> int:
     a decode step; t > 1 carries a causal bias; SDPA's fused kernel is not counted on the CPU)."""
     cfg = ModelConfig(vocab_size=2, d_model=4096, n_layers=1, n_heads=32, head_dim=128, n_kv_heads=kv, position="none")
     attn = Attention(cfg)
-    q, k, v = torch.randn(1, 32, t, 128), torch.randn(1, kv, s, 128), torch.randn(1, kv, s, 128)
+    q, k, v = torch.randn(1, 32, t, 128), torch.randn(1, attn.n_kv, s, 128), torch.randn(1, attn.n_kv, s, 128)
     bias = None if t == 1 else torch.full((t, s), float("-inf")).triu(s - t + 1)[None]  # (1, t, s) causal
     with FlopCounterMode(display=False) as counter:
         attn.attend(q, k, v, AttentionInputs(bias=bias))
