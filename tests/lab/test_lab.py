@@ -31,7 +31,7 @@ from llamablock.lab.record import (
     VERDICTS,
     Claim,
 )
-from llamablock.lab.report import fmt, headline, render_report
+from llamablock.lab.report import declared, fmt, headline, render_report
 from llamablock.positions import LearnedPositions
 
 FIELDS = {"id", "section", "claim", "source_value", "measured", "unit", "tolerance", "verdict", "details",
@@ -111,6 +111,38 @@ def test_report_tables_print_a_column_at_one_precision_and_missing_entries_blank
     text = render_report([c], env, quick=False)
     assert "| x | 2.7900 | 0.0140 |  |" in text and "| y | 2.5477 | 0.0065 | 1.5 |" in text
     assert "## Beyond the module" in text and "1 thread (" in text
+
+
+def _meaning(text: str, section: str) -> str:
+    part = text.split(f"## {section} ", 1)[1]
+    return part.split("**What this means.**", 1)[1].split("\n")[0]
+
+
+def test_report_words_follow_the_results():
+    """The 'what this means' paragraph is written from the run: a claim flipped to differs, a claim
+    left unrecorded and a section not measured each change the words."""
+    env = {"date": "d", "python": "3", "torch": "t", "machine": "m", "processor": "", "threads": 1}
+
+    def run(decode="reproduced", drop=(), unmeasured=False):
+        claims = [Claim(i, "15.5", i, 4.0, measured=3.3).judge(True) for i in declared("15.5") if i not in drop]
+        for c in claims:
+            if c.id == "15.5.decode-speed" and decode == DIFFERS:
+                c.judge(False)
+            if unmeasured:
+                c.unmeasurable("no regime")
+        return _meaning(render_report(claims, env, quick=True), "15.5")
+
+    good, flipped = run(), run(decode=DIFFERS)
+    assert "within the module's up to 4x" in good and "Every claim that could be judged agrees" in good
+    assert "outside the module's 3-4x" in flipped and "Every claim that could be judged agrees" not in flipped
+    assert "within the module's" not in flipped and "Differs: `15.5.decode-speed`, module 4, measured 3.3" in flipped
+    n = len(declared("15.5"))
+    assert f"{n - 1} reproduced, 1 differs" in flipped and f"{n} reproduced, 0 differ" in good
+    dropped = run(drop=("15.5.attention-params",))
+    assert "did not record `15.5.attention-params`" in dropped and "did not record" not in good
+    none = run(unmeasured=True)
+    assert "0 reproduced" in none and "Not measurable here: `15.5.cache-bytes`" in none
+    assert "agrees with the module" not in none and "decodes" not in none
 
 
 # Broken implementations: 15.1 --------------------------------------------------------------------
