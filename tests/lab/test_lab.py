@@ -398,6 +398,12 @@ def test_training_claims_fail_when_the_changes_hurt(monkeypatch):
     assert all("one seed" in c.details and "±" not in c.details for c in exp_training.ablation_claims(True, None))
 
 
+def test_gqa_quality_fails_when_mqa_trains_better(monkeypatch):
+    losses = {n: 2.5 for n in shared.NAMES} | {"2017 + MQA": 2.2}  # GQA as MHA, MQA better by far
+    monkeypatch.setattr(exp_training, "run_variants", lambda *a, **k: _records(losses))
+    _broken(_by_id(exp_training.ablation_claims(True, None))["15.5.training-quality"])
+
+
 def _beyond_runs(calm: dict[str, float], hot: dict[str, float]):
     """A stand-in for run_variants: `calm` losses at the ablation's rate, `hot` at lr 1e-2."""
     return lambda *a, lr=1e-3, **k: _records(hot if lr > 1e-3 else calm)

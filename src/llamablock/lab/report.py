@@ -79,8 +79,10 @@ READINGS = {
     "15.5.decode-speed": ("on this CPU the smaller cache shows as speed: 32 -> 8 KV heads decodes {measured}x "
                           "faster, within the module's up to 4x",
                           "on this CPU 32 -> 8 KV heads decodes {measured}x faster, outside the module's 3-4x"),
-    "15.5.training-quality": ("GQA's loss stayed close to MHA's ({measured})",
-                              "GQA's loss did not stay close to MHA's ({measured})"),
+    "15.5.training-quality": ("GQA's loss stayed within the noise of MHA's and below MQA's (GQA - MHA, MQA - GQA: "
+                              "{measured})",
+                              "GQA's loss was not both close to MHA's and below MQA's (GQA - MHA, MQA - GQA: "
+                              "{measured})"),
     "15.5.mha-to-gqa": ("an MHA model averaged into GQA and trained briefly ends below the control ({measured})",
                         "an MHA model averaged into GQA and trained briefly does not end below the control "
                         "({measured})"),
