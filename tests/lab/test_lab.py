@@ -368,6 +368,13 @@ def test_side_by_side_fails_with_a_preset_that_lost_a_change(monkeypatch):
     _broken(exp_blocks.claim_side_by_side())
 
 
+def test_side_by_side_fails_with_a_width_not_the_rule(monkeypatch):
+    real = exp_blocks.preset  # 704 = 2.75 d: near 8/3 d, but not LLaMA's rounding up to a multiple of 256
+    monkeypatch.setattr(exp_blocks, "preset", lambda name, **kw: real(name, **kw).replace(d_ff=704)
+                        if name == "llama-2024-small" else real(name, **kw))
+    _broken(exp_blocks.claim_side_by_side())
+
+
 def test_rotation_exercise_fails_with_a_wrong_matrix(monkeypatch):
     import sympy
 
@@ -501,6 +508,26 @@ def test_residual_stream_fails_when_post_ln_does_not_reset(monkeypatch):
                          "2024": {"steps": 1, "stages": grows, "preset": "b"}}}
     monkeypatch.setattr(trace, "trace_pair", lambda *a, **k: result)
     _broken(exp_long.claim_residual_stream(False, None))
+
+
+def test_residual_stream_fails_when_the_final_norm_does_not_clean_up(monkeypatch):
+    from llamablock.studies import trace
+
+    def stage(name, rms, mean, var):
+        return {"name": name, "rms": [rms], "mean": [mean], "var": [var]}
+
+    grows = [stage(f"block {i} after feed-forward", 1.0 + i, 0.0, (1.0 + i) ** 2) for i in (1, 2, 3)]
+    reset = [stage(f"block {i} after feed-forward", 1.0, 0.0, 1.0) for i in (1, 2, 3)]
+    for final in (9.0, 0.5):  # above the last block's RMS: not cleaned up; below: cleaned
+        result = {"models": {"2017": {"steps": 1, "stages": reset, "preset": "a"},
+                             "2024": {"steps": 1, "stages": grows + [stage("final norm", final, 0.0, 1.0)],
+                                      "preset": "b"}}}
+        monkeypatch.setattr(trace, "trace_pair", lambda *a, result=result, **k: result)
+        c = exp_long.claim_residual_stream(False, None)
+        if final > 4.0:
+            _broken(c)
+        else:
+            assert c.verdict == REPRODUCED, c.details
 
 
 # End to end ------------------------------------------------------------------------------------
