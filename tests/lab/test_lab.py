@@ -4,6 +4,7 @@ a study result with the claimed effect removed); definitional claims are counted
 No test asserts a time: the timing claims are only shown to reject broken competitors."""
 
 import json
+import math
 
 import pytest
 import torch
@@ -472,25 +473,48 @@ def test_conversion_fails_when_uptraining_recovers_nothing(monkeypatch):
     _broken(exp_training.claim_conversion(True))
 
 
-def _long_result(alibi_rise: float, ft_gain: float, moved: float) -> dict:
-    L, names = 16, ["alibi", "rope none", "rope linear", "rope ntk", "rope dynamic", "rope yarn"]
-    summary = {"learned": {"16": {"0-16": 3.0}}}
-    for n in names:
-        far = 3.0 + (alibi_rise if n == "alibi" else 0.4 + (moved if n == "rope linear" else 0.0))
-        summary[n] = {"16": {"0-16": 3.0}, "64": {"0-16": 3.0, "16-32": 3.1, "32-64": far},
-                      "128": {"0-16": 3.0, "64-128": far}}
-    for n in ("rope linear + fine-tune", "rope yarn + fine-tune"):
-        summary[n] = {"64": {"32-64": 3.4 + moved - ft_gain}}  # rope linear's loss there, less the gain
-    return {"L": L, "summary": summary, "finetune_length": 64, "finetune_steps": 10, "notes": [], "curves": {}}
+def _long_result(alibi_rise: float, ft_gain: float, moved: float, rope_rise: float = 0.4) -> dict:
+    """A stand-in for the long-context study: per-position losses (3.0 inside L, with a little
+    deterministic jitter so that the noise margins are not zero), rising past L by `rope_rise` for
+    unscaled RoPE, `moved` more for linear scaling, `alibi_rise` for ALiBi; the fine-tuned
+    interpolation and YaRN gain `ft_gain`, the unscaled control nothing."""
+    from llamablock.studies.long_context import bands
+
+    L, ft = 16, 64
+    far = {"alibi": alibi_rise, "rope none": rope_rise, "rope linear": rope_rise + moved}
+    far |= {n: rope_rise for n in ("rope ntk", "rope dynamic", "rope yarn")}
+    far |= {"rope linear + fine-tune": rope_rise + moved - ft_gain, "rope yarn + fine-tune": rope_rise + moved - ft_gain,
+            "rope none + fine-tune": rope_rise}
+
+    def curve(rise, n):
+        return [3.0 + 0.001 * math.sin(i) + (rise if i >= L else 0.0) for i in range(n)]
+
+    curves = {"learned": {"16": curve(0.0, L)}}
+    for name, rise in far.items():
+        lengths = (ft,) if "fine-tune" in name else (L, 2 * L, 4 * L, 8 * L)
+        curves[name] = {str(n): curve(rise, n) for n in lengths}
+    summary = {name: {n: bands(c, L) for n, c in per.items()} for name, per in curves.items()}
+    return {"L": L, "summary": summary, "finetune_length": ft, "finetune_steps": 10, "notes": [], "curves": curves}
 
 
 def test_long_context_claims_fail_or_refuse(monkeypatch):
     from llamablock.studies import long_context
 
-    # a model that uses position, where ALiBi degrades like RoPE and fine-tuning recovers nothing
+    # a model that uses position, where ALiBi degrades like RoPE and fine-tuning gains nothing over the control
     monkeypatch.setattr(long_context, "run_long_context", lambda **k: _long_result(0.4, 0.0, 0.1))
-    for c in exp_long.long_context_claims(True, None):
+    got = _by_id(exp_long.long_context_claims(True, None))
+    assert got.pop("15.2.unscaled-rise").verdict == REPRODUCED
+    for c in got.values():
         assert c.verdict == DIFFERS, (c.id, c.details)
+    # ... and where ALiBi holds, and fine-tuning an extension gains far more than the control
+    monkeypatch.setattr(long_context, "run_long_context", lambda **k: _long_result(0.05, 0.45, 0.1))
+    for c in exp_long.long_context_claims(True, None):
+        assert c.verdict == REPRODUCED, (c.id, c.details)
+    # a model that uses position but whose unscaled RoPE does not rise past L
+    monkeypatch.setattr(long_context, "run_long_context", lambda **k: _long_result(0.0, 0.3, 0.1, rope_rise=0.0))
+    got = _by_id(exp_long.long_context_claims(True, None))
+    assert got.pop("15.2.unscaled-rise").verdict == DIFFERS
+    assert all(c.verdict == NOT_MEASURABLE for c in got.values())
     # a model that ignores position: nothing can be told apart
     monkeypatch.setattr(long_context, "run_long_context", lambda **k: _long_result(0.0, 0.3, 0.0))
     for c in exp_long.long_context_claims(True, None):
