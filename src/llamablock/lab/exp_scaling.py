@@ -194,17 +194,13 @@ def _ranges(pairs: list[int]) -> str:
 
 
 def plot_pairs(out) -> list[str]:
-    """The module's rope-scaling figure, drawn by the same code as `llamablock rope --plot`."""
-    from pathlib import Path
-
-    from llamablock.diagnostics.rope_plot import plot_wavelengths
+    """The module's rope-scaling figure, drawn on the unseen-angle criterion's own quantity, so that
+    its circles and threshold follow the table (lab.plots.plot_unseen)."""
+    from llamablock.lab.plots import plot_unseen
 
     if out is None:
         return []
-    res = dict(train_len=TRAIN, target_len=TARGET, head_dim=HEAD, base=10000.0,
-               methods=compare_methods(TRAIN, TARGET, HEAD))
-    plot_wavelengths(res, Path(out) / "rope-scaling.png")
-    return ["rope-scaling.png"]
+    return plot_unseen(compare_methods(TRAIN, TARGET, HEAD), TRAIN, TARGET, out)
 
 
 def run(quick: bool, out) -> list[Claim]:
