@@ -208,6 +208,21 @@ def test_scaling_claims_fail_with_broken_methods(monkeypatch):
     _broken(exp_scaling.claim_ntk_exponent())
 
 
+def test_unseen_pairs_fail_when_a_rule_loses_its_regions(monkeypatch):
+    assert exp_scaling.claim_unseen_pairs().verdict == REPRODUCED
+    with monkeypatch.context() as m:  # LLaMA 3.1 that divides every pair by the factor: no untouched region
+        m.setitem(rope_scaling.ROPE_TYPES, "llama3", rope_scaling.ROPE_TYPES["linear"])
+        _broken(exp_scaling.claim_unseen_pairs())
+    real = rope_scaling.ROPE_TYPES["yarn"]
+
+    def yarn_fast_slowed(cfg, *a, **k):  # YaRN that also slows its fastest pairs a little
+        inv, factor = real(cfg, *a, **k)
+        return inv / 1.01, factor
+
+    monkeypatch.setitem(rope_scaling.ROPE_TYPES, "yarn", yarn_fast_slowed)
+    _broken(exp_scaling.claim_unseen_pairs())
+
+
 def test_yarn_logit_scale_fails_without_the_factor(monkeypatch):
     monkeypatch.setattr(rope_scaling, "yarn_attention_factor", lambda p, factor: 1.0)
     _broken(exp_scaling.claim_yarn_logit_scale())
