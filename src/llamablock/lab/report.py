@@ -57,24 +57,38 @@ SECTIONS = {  # section: (title, what it measures); what the results mean is wri
 READINGS = {
     "15.1.rotation-identity": ("RoPE's score depends only on the gap m - n, as the module proves",
                                "RoPE's score here is not a function of the gap alone ({measured})"),
-    "15.1.learned-table-shift": ("a learned table moves the same pair's score when the pair moves ({measured}), "
-                                 "which RoPE does not beyond rounding",
-                                 "a learned table's shift does not stand apart from RoPE's rounding as the module "
-                                 "says ({measured})"),
+    "15.1.rope-head-offset": ("a head's float32 scores stay within the rounding float32 allows, also moved 500 tokens "
+                              "and near position 20,000",
+                              "a head's float32 scores leave the rounding float32 allows"),
+    "15.1.learned-table-shift": ("the trained learned table moves the same pair's score when the pair moves ({measured}), "
+                                 "more than 1e5 times RoPE's change",
+                                 "the trained learned table's shift ({measured}) does not stand 1e5 times above RoPE's"),
     "15.2.ntk-wording": ("NTK-aware scaling leaves the fast pairs alone, as the module words it",
                          "measured pair by pair, NTK-aware scaling also slows fast pairs the module says it leaves "
                          "alone"),
-    "15.2.long-context": ("ALiBi's loss past the training length rises less than unscaled RoPE's ({measured})",
-                          "ALiBi did not degrade more gracefully than RoPE here ({measured})"),
-    "15.3.speed-fused": ("written alike and compiled, RMSNorm takes {measured} of LayerNorm's time, inside the "
-                         "module's 10-15% saving",
-                         "written alike and compiled, RMSNorm takes {measured} of LayerNorm's time, outside the "
-                         "module's 10-15% saving"),
-    "15.3.training-quality": ("the model with RMSNorm trained about as well as with LayerNorm ({measured})",
-                              "the model with RMSNorm did not train as well as with LayerNorm ({measured})"),
-    "15.4.training-quality": ("SwiGLU reached a lower loss than the ungated layers at equal size ({measured})",
-                              "SwiGLU did not beat the ungated layers at equal size here ({measured})"),
-    "15.5.gqa-equals-mha": ("GQA computes what MHA with copied key/value heads computes",
+    "15.2.unscaled-rise": ("unscaled RoPE run past its training length loses quality ({measured} nats)",
+                           "unscaled RoPE did not lose quality past its training length here ({measured} nats)"),
+    "15.2.long-context": ("ALiBi's loss rise past L ({measured} nats) is at most half of unscaled RoPE's",
+                          "ALiBi's loss rise past L ({measured} nats) is more than half of unscaled RoPE's"),
+    "15.2.interpolation-finetune": ("fine-tuning helps the interpolated model more than the same steps help unscaled "
+                                    "RoPE (gains {measured})",
+                                    "fine-tuning helped the interpolated model no more than the same steps help "
+                                    "unscaled RoPE (gains {measured})"),
+    "15.2.extensions-recover": ("YaRN with brief fine-tuning removes {measured} of unscaled RoPE's long-context rise "
+                                "and beats the fine-tuned control",
+                                "YaRN with brief fine-tuning did not recover long-context quality beyond the "
+                                "fine-tuned control (share removed {measured})"),
+    "15.3.speed-fused": ("compiled, RMSNorm takes {measured} of a three-pass LayerNorm's time, inside the module's "
+                         "10-15% saving at every width",
+                         "compiled, RMSNorm takes {measured} of a three-pass LayerNorm's time, outside the module's "
+                         "10-15% saving at some width"),
+    "15.3.training-quality": ("the model with RMSNorm trained about as well as with LayerNorm ({measured} nats)",
+                              "the model with RMSNorm trained worse than with LayerNorm ({measured} nats)"),
+    "15.4.gate-closes": ("the library's SwiGLU unit closes when its gate input is large and negative",
+                         "the library's SwiGLU unit does not close as Swish(gate) x up says"),
+    "15.4.training-quality": ("SwiGLU reached a lower loss than the ungated layers at equal size ({measured} nats)",
+                              "SwiGLU did not beat the ungated layers at equal size here ({measured} nats)"),
+    "15.5.gqa-equals-mha": ("GQA computes what MHA with copied key/value heads computes, bit for bit at h_kv = h_q",
                             "GQA does not compute what MHA with copied key/value heads computes ({measured})"),
     "15.5.decode-speed": ("on this CPU the smaller cache shows as speed: 32 -> 8 KV heads decodes {measured}x "
                           "faster, within the module's up to 4x",
@@ -83,15 +97,18 @@ READINGS = {
                               "{measured})",
                               "GQA's loss was not both close to MHA's and below MQA's (GQA - MHA, MQA - GQA: "
                               "{measured})"),
-    "15.5.mha-to-gqa": ("an MHA model averaged into GQA and trained briefly ends below the control ({measured})",
-                        "an MHA model averaged into GQA and trained briefly does not end below the control "
-                        "({measured})"),
-    "15.6.residual-stream": ("with pre-LN the stream grows block by block and post-LN resets it",
-                             "the stream does not show pre-LN growth and post-LN reset ({measured})"),
-    "15.6.ablation": ("the 2024 block trained at least as well as the 2017 one ({measured})",
-                      "the 2024 block did not train as well as the 2017 one ({measured})"),
-    "15.6.training-stability": ("at ten times the learning rate the 2024 block held up better ({measured})",
-                                "at ten times the learning rate the 2024 block did not hold up better ({measured})"),
+    "15.5.mha-to-gqa": ("an MHA model averaged into GQA and trained briefly recovers and ends below the control "
+                        "(gap to MHA at conversion, after: {measured})",
+                        "an MHA model averaged into GQA and trained briefly does not both recover and beat the "
+                        "control (gap to MHA at conversion, after: {measured})"),
+    "15.6.residual-stream": ("with pre-LN the stream grows block by block until the final RMSNorm, and post-LN "
+                             "resets it",
+                             "the stream does not show pre-LN growth, the final norm's clean-up and post-LN reset"),
+    "15.6.ablation": ("the 2024 block trained at least as well as the 2017 one ({measured} nats)",
+                      "the 2024 block did not train as well as the 2017 one ({measured} nats)"),
+    "15.6.training-stability": ("at ten times the learning rate the 2024 block held up better (rises {measured})",
+                                "at ten times the learning rate the 2024 block did not hold up better (rises "
+                                "{measured})"),
 }
 
 
