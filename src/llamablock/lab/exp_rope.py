@@ -219,6 +219,8 @@ def claim_learned_table(quick: bool) -> Claim:
     learned, rope_median = float(np.median(arr)), float(np.median(rope_changes))
     ratio = learned / rope_median
     c.measured = float(f"{learned:.3g}")
+    if quick:
+        c.indicative = "quick run: the table of the quick ablation's 2017 model (60 steps, width 64)"
     return c.judge(ratio > 1e5,
                    f"the lab's trained 2017 model ({table.shape[0]}-row learned table, width {cfg.d_model}, head "
                    f"width {hd}), {len(pairs)} token pairs moved by {shifts[0]}..{shifts[-1]} positions: median "
