@@ -32,7 +32,8 @@ from llamablock.lab.record import (
     VERDICTS,
     Claim,
 )
-from llamablock.lab.report import declared, fmt, headline, render_report
+from llamablock.lab.report import fmt, headline, render_report
+from llamablock.lab.runner import declared
 from llamablock.positions import LearnedPositions
 
 FIELDS = {"id", "section", "claim", "source_value", "measured", "unit", "tolerance", "verdict", "details",
@@ -131,7 +132,7 @@ def test_report_words_follow_the_results():
                 c.judge(False)
             if unmeasured:
                 c.unmeasurable("no regime")
-        return _meaning(render_report(claims, env, quick=True), "15.5")
+        return _meaning(render_report(claims, env, quick=True, declared={"15.5": declared("15.5")}), "15.5")
 
     good, flipped = run(), run(decode=DIFFERS)
     assert "within the module's up to 4x" in good and "Every claim that could be judged agrees" in good

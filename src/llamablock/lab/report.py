@@ -240,15 +240,10 @@ def meaning(section: str, part: list[Claim], quick: bool, missing: list[str] = (
     return " ".join(text)
 
 
-def declared(section: str) -> list[str]:
-    """The claim ids the lab's experiments declare for `section`, in the experiments' order."""
-    from llamablock.lab.runner import EXPERIMENTS, claim_ids
-
-    prefix = {"exercises": "ex.", "beyond": "beyond."}.get(section, section + ".")
-    return [i for module, *_ in EXPERIMENTS for i in claim_ids(module) if i.startswith(prefix)]
-
-
-def render_report(claims: list[Claim], env: dict, quick: bool, timings: dict[str, float] | None = None) -> str:
+def render_report(claims: list[Claim], env: dict, quick: bool, timings: dict[str, float] | None = None,
+                  declared: dict[str, list[str]] | None = None) -> str:
+    """The report. `declared`: section -> the claim ids the lab's experiments declare for it, so that a
+    paragraph can say which of them this run did not record (runner.declared)."""
     lines = [
         "# The LLaMA Block, measured",
         "",
@@ -286,7 +281,8 @@ def render_report(claims: list[Claim], env: dict, quick: bool, timings: dict[str
                 lines += [""] + ["  " + row for row in _table(c.table)] + [""]
             lines += [f"\n  ![{c.id}]({p})" for p in c.plots]
         recorded = {c.id for c in part}
-        lines += ["", meaning(section, part, quick, [i for i in declared(section) if i not in recorded]), ""]
+        missing = [i for i in (declared or {}).get(section, []) if i not in recorded]
+        lines += ["", meaning(section, part, quick, missing), ""]
     if timings:
         lines += ["## Run", "", "| experiment | seconds |", "|---|---|"]
         lines += [f"| {title} | {sec:.1f} |" for title, sec in timings.items()] + [""]
