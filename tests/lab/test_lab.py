@@ -555,21 +555,22 @@ def test_residual_stream_fails_when_post_ln_does_not_reset(monkeypatch):
 def test_residual_stream_fails_when_the_final_norm_does_not_clean_up(monkeypatch):
     from llamablock.studies import trace
 
-    def stage(name, rms, mean, var):
-        return {"name": name, "rms": [rms], "mean": [mean], "var": [var]}
+    def stage(name, rms, mean, var):  # two tokens
+        return {"name": name, "rms": rms, "mean": [mean] * 2, "var": [var] * 2}
 
-    grows = [stage(f"block {i} after feed-forward", 1.0 + i, 0.0, (1.0 + i) ** 2) for i in (1, 2, 3)]
-    reset = [stage(f"block {i} after feed-forward", 1.0, 0.0, 1.0) for i in (1, 2, 3)]
-    for final in (9.0, 0.5):  # above the last block's RMS: not cleaned up; below: cleaned
+    grows = [stage(f"block {i} after feed-forward", [1.0 + i, 2.0 + 2 * i], 0.0, (1.0 + i) ** 2) for i in (1, 2, 3)]
+    reset = [stage(f"block {i} after feed-forward", [1.0, 1.0], 0.0, 1.0) for i in (1, 2, 3)]
+    # a final norm that keeps the tokens' different scales; one that brings them to one scale
+    for final, cleans in (([1.0, 3.0], False), ([1.0, 1.01], True)):
         result = {"models": {"2017": {"steps": 1, "stages": reset, "preset": "a"},
                              "2024": {"steps": 1, "stages": grows + [stage("final norm", final, 0.0, 1.0)],
                                       "preset": "b"}}}
         monkeypatch.setattr(trace, "trace_pair", lambda *a, result=result, **k: result)
         c = exp_long.claim_residual_stream(False, None)
-        if final > 4.0:
-            _broken(c)
-        else:
+        if cleans:
             assert c.verdict == REPRODUCED, c.details
+        else:
+            _broken(c)
 
 
 # End to end ------------------------------------------------------------------------------------
