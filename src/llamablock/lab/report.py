@@ -223,8 +223,9 @@ def meaning(section: str, part: list[Claim], quick: bool, missing: list[str] = (
                                              f"{_figure(c.measured)}" for c in by[DIFFERS])
                     + ". Each says in its details how it differs and why it may.")
     if by[NOT_MEASURABLE]:
-        text.append(f"Not measurable here: {_names(by[NOT_MEASURABLE])}; the details give the reason, and these "
-                    "say nothing for or against the module.")
+        one = len(by[NOT_MEASURABLE]) == 1
+        text.append(f"Not measurable here: {_names(by[NOT_MEASURABLE])}; the details give the reason, and "
+                    f"{'it says' if one else 'these say'} nothing for or against the statement{'' if one else 's'}.")
     if by[DEFINITION]:
         text.append(f"{_names(by[DEFINITION])} hold{'s' if len(by[DEFINITION]) == 1 else ''} by construction and "
                     "is shown, not counted." if len(by[DEFINITION]) == 1 else
