@@ -1,10 +1,10 @@
 """Claims that need training (sections 15.3, 15.4, 15.5, 15.6): single-change ablations at equal
 parameters, and MHA -> GQA conversion by averaging key and value heads, against a control.
 
-Small models on character-level Shakespeare. With three seeds (the full run) a difference is
-judged against the spread between seeds: `noise` = max(2 x the larger of the two seed standard
-deviations, 0.01 nats); with one (--quick, to keep it short) the threshold is a fixed 0.02 nats
-and the record says "one seed". The variants are `llamablock.studies.ablation`'s, plus one the module's
+Small models on character-level Shakespeare. Every difference is judged against a noise threshold
+derived from the run (`shared.noise`): twice the standard error of the per-window loss difference
+over the evaluation windows, paired by window and seed, and with three seeds (the full run) at
+least twice the larger standard deviation between seeds; one seed (--quick) is said in the record. The variants are `llamablock.studies.ablation`'s, plus one the module's
 RMSNorm claim needs: 2017 + RMSNorm with the norm kept after the add (post-LN), so that the
 dropped mean is measured with the placement held fixed. Quick runs train a 2-layer width-64
 model for 60 steps: their verdicts are marked indicative. These are findings at this size and
@@ -16,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 
 import torch
-import torch.nn.functional as F
 
 from llamablock.lab.record import Claim
 from llamablock.lab.shared import (
@@ -26,7 +25,9 @@ from llamablock.lab.shared import (
     _loss,
     _row,
     run_variants,
+    window_losses,
 )
+from llamablock.lab.shared import noise as shared_noise
 from llamablock.model import Decoder
 from llamablock.presets import preset
 from llamablock.runtime.evaluate import evaluate
@@ -45,14 +46,12 @@ CLAIMS = (
 )
 
 
-def _compare(summary, name: str, base_name: str = "2017") -> tuple[float, float, str]:
+def _compare(records, summary, name: str, base_name: str = "2017") -> tuple[float, float, str]:
     base, var = _row(summary, base_name), _row(summary, name)
-    one = base["seeds"] < 2
-    noise = 0.02 if one else max(2 * max(base["val_std"], var["val_std"]), 0.01)
+    noise, how = shared_noise([(records, summary, name, 1), (records, summary, base_name, -1)])
     delta = var["val_loss"] - base["val_loss"]
     text = (f"{name}: {_loss(var)} vs {base_name}: {_loss(base)} nats/char ({var['params']:,} vs {base['params']:,} "
-            f"parameters); noise threshold {noise:.3f} " + ("(fixed: one seed gives no spread)" if one else
-                                                            "(2 sd between seeds, at least 0.01)"))
+            f"parameters); noise threshold {noise:.4f} ({how})")
     return delta, noise, text
 
 
@@ -67,7 +66,7 @@ def ablation_claims(quick: bool, out) -> list[Claim]:
         plots = plot_ablation(records, summary, out)
     claims = []
 
-    delta, noise, text = _compare(summary, "2017 + RMSNorm")
+    delta, noise, text = _compare(records, summary, "2017 + RMSNorm")
     pre = _row(summary, "2017 + RMSNorm pre-LN")
     c = Claim("15.3.training-quality", "15.3", "without the mean, models train about as well (Zhang & Sennrich)",
               "about as well", measured=round(delta, 4), unit="val loss, RMSNorm - LayerNorm (both post-LN), nats/char",
@@ -79,7 +78,7 @@ def ablation_claims(quick: bool, out) -> list[Claim]:
                           + ("" if ok else " Zhang & Sennrich trained for far longer than this budget; the finding "
                              "is about this size and number of steps.")))
 
-    delta, noise, text = _compare(summary, "2017 + SwiGLU")
+    delta, noise, text = _compare(records, summary, "2017 + SwiGLU")
     gelu = _row(summary, "2017 + GELU")
     swiglu = _row(summary, "2017 + SwiGLU")
     c = Claim("15.4.training-quality", "15.4", "at equal size SwiGLU reaches lower loss than ReLU and GELU (Shazeer)",
@@ -91,8 +90,8 @@ def ablation_claims(quick: bool, out) -> list[Claim]:
                              "of thousands of steps); at a few hundred steps of a model this small the gate's benefit "
                              "need not show, so this finding is about the budget, not against the paper.")))
 
-    delta, noise, text = _compare(summary, "2017 + GQA")
-    mqa_delta, mqa_noise, _ = _compare(summary, "2017 + MQA", "2017 + GQA")  # MQA - GQA, with their own noise
+    delta, noise, text = _compare(records, summary, "2017 + GQA")
+    mqa_delta, mqa_noise, _ = _compare(records, summary, "2017 + MQA", "2017 + GQA")  # MQA - GQA, with their own noise
     c = Claim("15.5.training-quality", "15.5", "GQA quality close to MHA and better than MQA (Ainslie et al.)",
               "close; better", measured=[round(delta, 4), round(mqa_delta, 4)],
               unit="val loss, GQA - MHA / MQA - GQA, nats/char",
@@ -112,7 +111,7 @@ def ablation_claims(quick: bool, out) -> list[Claim]:
         claims.append(c.unmeasurable(said + " GQA is within the noise of MHA, but MQA and GQA are within the noise "
                                      "of each other, so 'better than MQA' is not settled at this size."))
 
-    delta, noise, text = _compare(summary, "2024")
+    delta, noise, text = _compare(records, summary, "2024")
     c = Claim("15.6.ablation", "15.6", "the 2024 block against the 2017 block at equal parameters and compute",
               "better or equal", measured=round(delta, 4), unit="val loss change vs 2017, nats/char",
               tolerance="not worse by more than the noise")
@@ -126,21 +125,22 @@ def ablation_claims(quick: bool, out) -> list[Claim]:
                 "seeds": r["seeds"], "val loss": round(r["val_loss"], 4),
                 "sd": round(r["val_std"], 4) if r["seeds"] > 1 else "",
                 "vs 2017": round(r["delta_vs_2017"] or 0.0, 4)} for r in summary]
-    claims.append(claim_stability(p, summary))
+    claims.append(claim_stability(p, records, summary))
     if quick:
         for claim in claims:
             claim.indicative = INDICATIVE
     return claims
 
 
-def claim_stability(p: dict, summary: list[dict]) -> Claim:
+def claim_stability(p: dict, records: list[dict], summary: list[dict]) -> Claim:
     """'Each detail makes training more stable': both blocks again at ten times the learning rate
     with a short warm-up (a tenth of the steps); the more stable block loses less."""
-    hot = ablation.summarize(run_variants(p["steps"], p["seeds"], p["size"], p["context"], names=("2017", "2024"),
-                                          lr=1e-2, warmup=0.1))
+    hot_records = run_variants(p["steps"], p["seeds"], p["size"], p["context"], names=("2017", "2024"), lr=1e-2,
+                               warmup=0.1)
+    hot = ablation.summarize(hot_records)
     rise = {n: _row(hot, n)["val_loss"] - _row(summary, n)["val_loss"] for n in ("2017", "2024")}
-    one = _row(hot, "2017")["seeds"] < 2
-    noise = 0.02 if one else max(2 * max(_row(hot, n)["val_std"] for n in ("2017", "2024")), 0.01)
+    noise, how = shared_noise([(hot_records, hot, "2024", 1), (records, summary, "2024", -1),
+                               (hot_records, hot, "2017", -1), (records, summary, "2017", 1)])
     c = Claim("15.6.training-stability", "15.6", "the 2024 block's details make training more stable", "more stable",
               measured=[round(rise["2017"], 4), round(rise["2024"], 4)],
               unit="val loss rise at lr 1e-2 with a short warm-up, 2017 / 2024, nats/char",
@@ -148,7 +148,7 @@ def claim_stability(p: dict, summary: list[dict]) -> Claim:
     ok = rise["2024"] < rise["2017"] - noise
     return c.judge(ok, f"both blocks at lr 1e-2 (ten times the ablation's) with warm-up over 10% of the steps instead "
                    f"of 40%: 2017 {_loss(_row(hot, '2017'))} ({rise['2017']:+.4f} against lr 1e-3), 2024 "
-                   f"{_loss(_row(hot, '2024'))} ({rise['2024']:+.4f}); noise threshold {noise:.3f}. Post-LN is the "
+                   f"{_loss(_row(hot, '2024'))} ({rise['2024']:+.4f}); noise threshold {noise:.4f} ({how}). Post-LN is the "
                    "known fragile part (Xiong et al. 2020): it needs a long warm-up, pre-LN does not."
                    + ("" if ok else " At this size and depth post-LN's fragility need not show; it grows with depth."))
 
@@ -178,14 +178,6 @@ def reinit_kv_heads(model: Decoder, n_kv: int) -> Decoder:
             state[name] = w
     fresh.load_state_dict(state)
     return fresh.eval()
-
-
-@torch.no_grad()
-def window_losses(model: Decoder, windows: torch.Tensor) -> torch.Tensor:
-    """(n,) mean next-token loss of each evaluation window, nats."""
-    model.eval()
-    logits = model(windows[:, :-1])  # (n, t, V)
-    return F.cross_entropy(logits.transpose(1, 2).float(), windows[:, 1:], reduction="none").mean(-1)
 
 
 def claim_conversion(quick: bool) -> Claim:

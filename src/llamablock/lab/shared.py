@@ -6,14 +6,19 @@ Sections import from here, never from each other.
 from __future__ import annotations
 
 import dataclasses
+import math
+import statistics
 import time
 
 import torch
+import torch.nn.functional as F
 
 from llamablock import norm as norm_lib
 from llamablock.config import ModelConfig
 from llamablock.kv_cache import KVCache
+from llamablock.model import Decoder
 from llamablock.studies import ablation
+from llamablock.training import data as D
 from llamablock.training.train import TrainConfig, get_data, train
 
 QUICK = dict(steps=60, seeds=(0,), size=dict(d_model=64, n_heads=4, n_layers=2), context=64)
@@ -49,9 +54,11 @@ def run_variants(steps: int, seeds, size, context: int, names=NAMES, lr: float =
             if key not in _RUNS:
                 start = time.perf_counter()
                 r = train(cfg, dataclasses.replace(t, seed=seed), None, progress=False)
+                windows = D.eval_windows(get_data(t).val, context, t.eval_windows)
                 _RUNS[key] = {"variant": name, "seed": seed, "val_loss": r["val_loss"], "tokens_per_s": r["tokens_per_s"],
                               "params": r["params"], "d_ff": cfg.d_ff, "kv_bytes_per_token": cfg.kv_bytes_per_token(2),
                               "seconds": time.perf_counter() - start,
+                              "window_losses": window_losses(r["model"], windows).tolist(),
                               "val_curve": [(x["step"], x["val_loss"]) for x in r["history"] if "val_loss" in x]}
                 if name == "2017":  # its learned position table and first attention layer (15.1's shift)
                     _RUNS[key]["state"] = {k: v.detach().clone() for k, v in r["model"].state_dict().items()
@@ -69,6 +76,40 @@ def _loss(r: dict) -> str:
         f"{r['val_loss']:.4f} (one seed)"
 
 
+
+
+@torch.no_grad()
+def window_losses(model: Decoder, windows: torch.Tensor) -> torch.Tensor:
+    """(n,) mean next-token loss of each evaluation window, nats."""
+    model.eval()
+    logits = model(windows[:, :-1])  # (n, t, V)
+    return F.cross_entropy(logits.transpose(1, 2).float(), windows[:, 1:], reduction="none").mean(-1)
+
+
+def window_noise(*terms: tuple[list[dict], str, int]) -> float:
+    """Twice the standard error (a two-sided 95% interval) of the mean of a signed sum of per-window
+    losses, paired by seed and evaluation window: terms (records, variant, +1 or -1), e.g. a - b, or
+    (hot a - calm a) - (hot b - calm b). 0 when the records carry no per-window losses."""
+    sums = None
+    for records, variant, sign in terms:
+        per = [r for r in sorted(records, key=lambda r: r["seed"]) if r["variant"] == variant]
+        if not per or any("window_losses" not in r for r in per):
+            return 0.0
+        losses = [sign * x for r in per for x in r["window_losses"]]
+        sums = losses if sums is None else [a + b for a, b in zip(sums, losses, strict=True)]
+    return 2 * statistics.stdev(sums) / math.sqrt(len(sums)) if sums and len(sums) > 1 else 0.0
+
+
+def noise(summaries: list[tuple[list[dict], list[dict], str, int]]) -> tuple[float, str]:
+    """The noise threshold of a comparison of trained results, and how it was derived: terms (records,
+    summary, variant, sign). With one seed, the paired window noise (`window_noise`); with several,
+    the larger of that and twice the largest standard deviation between seeds of any term."""
+    paired = window_noise(*[(records, v, sign) for records, _, v, sign in summaries])
+    seeds = min(_row(summary, v)["seeds"] for _, summary, v, _ in summaries)
+    if seeds < 2:
+        return paired, "twice the paired standard error over the evaluation windows (one seed)"
+    spread = 2 * max(_row(summary, v)["val_std"] for _, summary, v, _ in summaries)
+    return max(spread, paired), "the larger of 2 sd between seeds and twice the paired window standard error"
 
 
 def trained_2017(quick: bool) -> tuple[dict, ModelConfig]:
