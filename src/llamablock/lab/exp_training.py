@@ -97,7 +97,7 @@ def ablation_claims(quick: bool, out) -> list[Claim]:
               unit="val loss, GQA - MHA / MQA - GQA, nats/char",
               tolerance="|GQA - MHA| within the noise, and MQA above GQA by more than the noise")
     close, better, worse = abs(delta) <= noise, mqa_delta > mqa_noise, mqa_delta < -mqa_noise
-    said = (text + f"; MQA (one KV head) against GQA: {mqa_delta:+.4f}, noise threshold {mqa_noise:.3f}. Pairs of "
+    said = (text + f"; MQA (one KV head) against GQA: {mqa_delta:+.4f}, noise threshold {mqa_noise:.4f}. Pairs of "
             "query heads share a KV head; the saved parameters go to a wider feed-forward layer (equal budget).")
     if close and better:
         claims.append(c.judge(True, said))
