@@ -25,7 +25,8 @@ import torch
 
 from llamablock.diagnostics.kv_calculator import kv_cache_size
 from llamablock.kv_cache import KVCache
-from llamablock.lab.exp_training import (
+from llamablock.lab.record import Claim
+from llamablock.lab.shared import (
     FULL,
     INDICATIVE,
     QUICK,
@@ -33,7 +34,7 @@ from llamablock.lab.exp_training import (
     _row,
     run_variants,
 )
-from llamablock.lab.record import Claim
+from llamablock.lab.shared import noise as shared_noise
 from llamablock.presets import preset
 from llamablock.studies import ablation
 from llamablock.util.units import human_bytes
@@ -69,30 +70,35 @@ def run(quick: bool, out) -> list[Claim]:
     claims = [claim_window_cache()]
     p = QUICK if quick else FULL
     names = ("2024",) + tuple(v for v, _ in CHANGES.values())
-    calm = ablation.summarize(run_variants(p["steps"], p["seeds"], p["size"], p["context"], names=names))
-    hot = ablation.summarize(run_variants(p["steps"], p["seeds"], p["size"], p["context"], names=names,
-                                          lr=1e-2, warmup=0.1))
-    trained = [judge(cid, calm, hot) for cid in CHANGES]
+    calm_records = run_variants(p["steps"], p["seeds"], p["size"], p["context"], names=names)
+    calm = ablation.summarize(calm_records)
+    hot_records = run_variants(p["steps"], p["seeds"], p["size"], p["context"], names=names, lr=1e-2, warmup=0.1)
+    hot = ablation.summarize(hot_records)
+    trained = [judge(cid, (calm_records, calm), (hot_records, hot)) for cid in CHANGES]
     if quick:
         for c in trained:
             c.indicative = INDICATIVE
     return claims + trained
 
 
-def judge(cid: str, calm: list[dict], hot: list[dict]) -> Claim:
-    """The change's rise in loss at lr 1e-2 (against lr 1e-3) beside the 2024 block's."""
+def judge(cid: str, calm_run: tuple[list[dict], list[dict]], hot_run: tuple[list[dict], list[dict]]) -> Claim:
+    """The change's rise in loss at lr 1e-2 (against lr 1e-3) beside the 2024 block's; each run is
+    (records, summary)."""
+    (calm_records, calm), (hot_records, hot) = calm_run, hot_run
     variant, statement = CHANGES[cid]
     rise = {n: _row(hot, n)["val_loss"] - _row(calm, n)["val_loss"] for n in ("2024", variant)}
-    one = _row(hot, "2024")["seeds"] < 2
-    noise = 0.02 if one else max(2 * max(_row(t, n)["val_std"] for t in (calm, hot) for n in ("2024", variant)), 0.01)
+    noise, how = shared_noise([(hot_records, hot, "2024", 1), (calm_records, calm, "2024", -1),
+                               (hot_records, hot, variant, -1), (calm_records, calm, variant, 1)])
+    base_noise, _ = shared_noise([(hot_records, hot, "2024", 1), (calm_records, calm, "2024", -1)])
     c = Claim(cid, "beyond", statement, "more stable", measured=[round(rise["2024"], 4), round(rise[variant], 4)],
               unit=f"val loss rise at lr 1e-2 with a short warm-up, 2024 / {variant}, nats/char",
               tolerance="the change's rise smaller than the 2024 block's by more than the noise")
     quality = _row(calm, variant)["val_loss"] - _row(calm, "2024")["val_loss"]
     text = (f"at lr 1e-3: 2024 {_loss(_row(calm, '2024'))}, {variant} {_loss(_row(calm, variant))} ({quality:+.4f}); "
             f"at lr 1e-2 with warm-up over 10% of the steps: 2024 {_loss(_row(hot, '2024'))} ({rise['2024']:+.4f}), "
-            f"{variant} {_loss(_row(hot, variant))} ({rise[variant]:+.4f}); noise threshold {noise:.3f}.")
-    if rise["2024"] <= noise:
+            f"{variant} {_loss(_row(hot, variant))} ({rise[variant]:+.4f}); noise threshold {noise:.4f} ({how}); the "
+            f"2024 block's own rise against its noise {base_noise:.4f}.")
+    if rise["2024"] <= base_noise:
         return c.unmeasurable(text + " The 2024 block itself loses no more than the noise at the high rate here, so "
                               "there is no instability for the change to remove at this size and depth.")
     ok = rise[variant] < rise["2024"] - noise

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import sympy
+import torch
 
 from llamablock import ffn as ffn_lib
 from llamablock.config import ModelConfig
 from llamablock.diagnostics.kv_calculator import kv_cache_size
-from llamablock.lab.exp_gqa import allocated_bytes
-from llamablock.lab.exp_norm import param_saving
 from llamablock.lab.record import Claim
+from llamablock.lab.shared import allocated_bytes, param_saving
 from llamablock.model import Decoder
+from llamablock.norm import RMSNorm
 from llamablock.presets import preset
 
 # The changes of the module's table (15.6), as the config fields that carry them.
@@ -36,28 +37,59 @@ CLAIMS = (
 )
 
 
+def _linears(block) -> list:
+    return [m for m in block.modules() if isinstance(m, torch.nn.Linear)]
+
+
+def _causal(model: Decoder) -> bool:
+    """Changing the last token leaves every earlier position's logits exactly unchanged."""
+    ids = torch.randint(0, model.cfg.vocab_size, (1, 12), generator=torch.Generator().manual_seed(0))
+    other = ids.clone()
+    other[0, -1] = (other[0, -1] + 1) % model.cfg.vocab_size
+    with torch.no_grad():
+        return bool(torch.equal(model(ids)[0, :-1], model(other)[0, :-1]))
+
+
 def claim_side_by_side() -> Claim:
-    """The module's table (15.6), row by row, read off the two small presets' configs."""
+    """The module's table (15.6), row by row, read off the two small presets and the models they
+    build: the norm at the end and the matrices and biases are counted in the built blocks, d_ff is
+    held to the library's rounding of 8/3 d, and the shape the module says is unchanged (residual
+    width, blocks, causal next-token logits) is checked on both models."""
     old, new = preset("gpt-2017-small"), preset("llama-2024-small")
+    torch.manual_seed(0)
+    m_old, m_new = Decoder(old).eval(), Decoder(new).eval()
+    lin_old, lin_new = _linears(m_old.layers[0]), _linears(m_new.layers[0])
+    ffn_old, ffn_new = _linears(m_old.layers[0].ffn), _linears(m_new.layers[0].ffn)
+    rule = ffn_lib.gated_ffn_width(new.d_model)  # 8/3 d rounded up to a multiple of 256, as LLaMA
     rows = {
         "position": (old.position in ("learned", "sinusoidal"), new.position == "rope"),
-        "normalization": ((old.norm, old.norm_placement) == ("layernorm", "post"),
-                          (new.norm, new.norm_placement) == ("rmsnorm", "pre")),
-        "feed-forward": ((old.ffn in ("relu", "gelu")) and old.d_ff == 4 * old.d_model,
-                         new.ffn == "swiglu" and abs(new.d_ff / new.d_model - 8 / 3) < 0.5),
+        "normalization": ((old.norm, old.norm_placement) == ("layernorm", "post")
+                          and isinstance(m_old.final_norm, torch.nn.Identity),
+                          (new.norm, new.norm_placement) == ("rmsnorm", "pre")
+                          and isinstance(m_new.final_norm, RMSNorm)),
+        "feed-forward": (old.ffn in ("relu", "gelu") and old.d_ff == 4 * old.d_model and len(ffn_old) == 2,
+                         new.ffn == "swiglu" and new.d_ff == rule and len(ffn_new) == 3),
         "attention heads": (old.n_kv_heads == old.n_heads, new.n_kv_heads < new.n_heads),
-        "biases": (old.qkv_bias and old.mlp_bias, not (new.qkv_bias or new.o_bias or new.mlp_bias)),
+        "biases": (all(m.bias is not None for m in lin_old), all(m.bias is None for m in lin_new)),
         "embeddings": (old.tie_embeddings, not new.tie_embeddings),
+        "shape unchanged": (old.d_model == new.d_model and old.n_layers == new.n_layers and _causal(m_old),
+                            _causal(m_new)),
     }
-    a, b = Decoder(old).num_parameters(), Decoder(new).num_parameters()
-    c = Claim("15.6.side-by-side", "15.6", "the module's table: six rows that differ between the blocks",
-              "six rows", measured=", ".join(f"{k}: {'yes' if all(v) else 'NO'}" for k, v in rows.items()),
-              unit="row as the module states it, in both presets", tolerance="every row, both columns")
+    a, b = m_old.num_parameters(), m_new.num_parameters()
+    c = Claim("15.6.side-by-side", "15.6", "the module's table: six rows that differ, and the shape that does not",
+              "six rows; shape unchanged", measured=", ".join(f"{k}: {'yes' if all(v) else 'NO'}" for k, v in rows.items()),
+              unit="row as the module states it, in both presets and the models they build",
+              tolerance="every row, both columns")
     return c.judge(all(all(v) for v in rows.values()),
                    "presets gpt-2017-small and llama-2024-small: " + "; ".join(
                        f"{f} ({CHANGES[f][0]}): {getattr(old, f)} -> {getattr(new, f)}" for f in CHANGES
                        if getattr(old, f) != getattr(new, f))
-                   + f"; d_ff {old.d_ff} = {old.d_ff / old.d_model:g} d -> {new.d_ff} = {new.d_ff / new.d_model:.2f} d. "
+                   + f"; final norm {type(m_old.final_norm).__name__} -> {type(m_new.final_norm).__name__}; "
+                   f"feed-forward matrices {len(ffn_old)} -> {len(ffn_new)}, d_ff {old.d_ff} = {old.d_ff / old.d_model:g} d "
+                   f"-> {new.d_ff} (8/3 x {new.d_model} = {8 * new.d_model / 3:.1f} rounded up to a multiple of 256: "
+                   f"{rule}); linear layers with a bias per block {sum(m.bias is not None for m in lin_old)} of "
+                   f"{len(lin_old)} -> {sum(m.bias is not None for m in lin_new)} of {len(lin_new)}; both width "
+                   f"{old.d_model} and {old.n_layers} blocks, logits at a position unchanged by later tokens in both. "
                    f"Parameters {a:,} and {b:,}; KV cache {old.kv_bytes_per_token(2):,} and {new.kv_bytes_per_token(2):,} "
                    "bytes per token at fp16 (the equal-budget comparison is 15.6.ablation).")
 

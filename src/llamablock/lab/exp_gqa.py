@@ -9,14 +9,17 @@ for real and multiplied by the layer count; every layer's buffers have the same 
 from __future__ import annotations
 
 import itertools
+import statistics
 
 import torch
+from torch.utils.flop_counter import FlopCounterMode
 
 from llamablock.attention import Attention, AttentionInputs
 from llamablock.config import ModelConfig
 from llamablock.diagnostics.kv_calculator import kv_cache_size
 from llamablock.kv_cache import KVCache
 from llamablock.lab.record import Claim
+from llamablock.lab.shared import allocated_bytes
 from llamablock.lab.timed import judge_ratio, one_thread, ratio, rounds
 from llamablock.model import Decoder
 from llamablock.presets import preset
@@ -24,9 +27,6 @@ from llamablock.util.timing import l3_size
 from llamablock.util.units import human_bytes
 
 GiB = 2**30
-# Reading the cache "dominates" a decode attention when the attention takes at most this many times
-# a plain read (a sum) of the same keys and values; past it the claim's condition is not met.
-BOUND = 1.25
 
 
 # The ids of the claims this experiment records (for `llamablock lab --only`).
@@ -36,11 +36,6 @@ CLAIMS = (
     "15.5.attention-params",
     "15.5.decode-speed",
 )
-
-
-def allocated_bytes(cfg: ModelConfig, tokens: int, dtype: str) -> int:
-    one_layer = KVCache(cfg.replace(n_layers=1), batch_size=1, max_len=tokens, dtype=getattr(torch, dtype))
-    return one_layer.nbytes() * cfg.n_layers
 
 
 def claim_cache_sizes() -> Claim:
@@ -90,34 +85,61 @@ def _prefill_and_decode(model: Decoder, ids: torch.Tensor, prompt: int) -> tuple
     return full, torch.cat(steps, dim=1)
 
 
+def plain_mha(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """Multi-head attention written head by head as in Vaswani et al., no grouping: q, k, v (b, h, s, hd)."""
+    return torch.softmax((q @ k.transpose(-1, -2) * scale).float(), dim=-1).to(q.dtype) @ v
+
+
+def _compare_with_mha(seed: int, kv: int, worst: dict) -> None:
+    """One 2-layer RoPE decoder with `kv` KV heads against its MHA copy, both paths; updates `worst`
+    and sets worst["paths"] (MHA's own full-pass vs cached-decode disagreement) and worst["scale"]."""
+    torch.manual_seed(seed)
+    cfg = ModelConfig(vocab_size=97, d_model=64, n_layers=2, n_heads=8, n_kv_heads=kv, max_seq_len=64,
+                      position="rope", rope_layout="interleaved")
+    gqa = Decoder(cfg).eval()
+    mha = _copy_to_mha(gqa)
+    ids = torch.randint(0, 97, (2, 40))
+    a, b = _prefill_and_decode(gqa, ids, 9), _prefill_and_decode(mha, ids, 9)
+    worst["prefill"] = max(worst["prefill"], float((a[0] - b[0]).abs().max()))
+    worst["decode"] = max(worst["decode"], float((a[1] - b[1]).abs().max()))
+    worst["paths"] = float((b[0] - b[1]).abs().max())
+    worst["scale"] = float(a[0].abs().max())
+
+
 def claim_gqa_is_mha() -> Claim:
-    """GQA (h_kv < h_q) against MHA whose key/value heads are copies within each group, through the
-    prefill path and the cached decode path. Different kernels sum in different orders, so the
-    agreement is to float32 rounding; the module's bit-for-bit 0.0 is the case h_kv = h_q, where
-    both sides are the same computation."""
+    """Two parts. h_kv = h_q: llamablock's grouped attention (one query against a cache, the decode
+    path) against MHA written head by head with the same inputs must agree bit for bit, the module's
+    0.0: with one query head per group the grouping is the identity. h_kv < h_q: GQA against MHA whose
+    key/value heads are copies within each group, through the prefill and the cached decode path;
+    different kernels sum in different orders, so the bound is the disagreement of the MHA model's
+    own two paths (its rounding, measured in the same run), twice over: two computations each that
+    far from the exact value can differ by both."""
+    torch.manual_seed(0)
+    exact = 0.0
+    for kv_equal in (8, 32):
+        attn = Attention(ModelConfig(vocab_size=2, d_model=kv_equal * 16, n_layers=1, n_heads=kv_equal,
+                                     n_kv_heads=kv_equal, head_dim=16, position="none"))
+        q, k, v = torch.randn(2, kv_equal, 1, 16), torch.randn(2, kv_equal, 50, 16), torch.randn(2, kv_equal, 50, 16)
+        exact = max(exact, float((attn.attend(q, k, v, AttentionInputs()) - plain_mha(q, k, v, attn.scale)).abs().max()))
     worst = {"prefill": 0.0, "decode": 0.0}
-    scale = 0.0
-    for seed, kv in itertools.product(range(3), (1, 2, 4)):
-        torch.manual_seed(seed)
-        cfg = ModelConfig(vocab_size=97, d_model=64, n_layers=2, n_heads=8, n_kv_heads=kv, max_seq_len=64,
-                          position="rope", rope_layout="interleaved")
-        gqa = Decoder(cfg).eval()
-        mha = _copy_to_mha(gqa)
-        ids = torch.randint(0, 97, (2, 40))
-        a, b = _prefill_and_decode(gqa, ids, 9), _prefill_and_decode(mha, ids, 9)
-        worst["prefill"] = max(worst["prefill"], float((a[0] - b[0]).abs().max()))
-        worst["decode"] = max(worst["decode"], float((a[1] - b[1]).abs().max()))
-        scale = max(scale, float(a[0].abs().max()))
-    c = Claim("15.5.gqa-equals-mha", "15.5", "GQA is MHA with key/value heads shared in groups (a generalization)",
-              0.0, measured=max(worst.values()), unit="largest |logit difference|, float32",
-              tolerance="float32 rounding: below 1e-5 on both paths")
-    return c.judge(max(worst.values()) < 1e-5,
+    paths, scale = 0.0, 0.0
+    with one_thread():  # tiny models: on a loaded machine two threads cost far more than they give
+        for seed, kv in itertools.product(range(3), (1, 2, 4)):
+            _compare_with_mha(seed, kv, worst)
+            paths = max(paths, worst.pop("paths"))
+            scale = max(scale, worst.pop("scale"))
+    grouped = max(worst.values())
+    c = Claim("15.5.gqa-equals-mha", "15.5", "h_kv = h_q reproduces MHA bit for bit; GQA generalizes MHA", 0.0,
+              measured=exact, unit="largest |difference| at h_kv = h_q, float32",
+              tolerance="exactly 0 at h_kv = h_q; with h_kv < h_q within twice MHA's own path-to-path rounding")
+    return c.judge(exact == 0.0 and grouped <= 2 * paths,
+                   f"h_kv = h_q (8 and 32 heads of 16, one query against 50 cached keys): llamablock's grouped "
+                   f"attention against MHA written head by head differs by {exact:.1e} (module: 0.0). h_kv < h_q: "
                    f"2-layer RoPE decoders, 8 query heads with 1, 2 or 4 KV heads, 3 seeds, 2 x 40 tokens, against MHA "
                    f"with each KV head copied to the query heads of its group: full causal pass (SDPA with enable_gqa) "
                    f"{worst['prefill']:.1e}, prompt of 9 then 31 cached decode steps (grouped matmul) "
-                   f"{worst['decode']:.1e}, logits up to {scale:.1f}. The module's exactly 0.0 is for h_kv = h_q, where "
-                   "GQA and MHA are the same computation; with h_kv < h_q the two sides use different kernels and "
-                   "agree to rounding, which is the statement that matters: GQA is MHA with tied key/value heads.")
+                   f"{worst['decode']:.1e}, logits up to {scale:.1f}; the MHA model's own full pass and cached decode "
+                   f"disagree by up to {paths:.1e}, so the bound is {2 * paths:.1e}.")
 
 
 def attention_params(d_model: int, n_heads: int, head_dim: int, kv: int, qkv_bias: bool, o_bias: bool) -> dict:
@@ -126,6 +148,19 @@ def attention_params(d_model: int, n_heads: int, head_dim: int, kv: int, qkv_bia
     a = Attention(cfg)
     count = {name: sum(p.numel() for p in getattr(a, name).parameters()) for name in ("wq", "wk", "wv", "wo")}
     return {"total": sum(count.values()), "query side": count["wq"] + count["wo"]}
+
+
+def attention_flops(kv: int, t: int, s: int) -> int:
+    """FLOPs of llamablock's score and value products (torch's FlopCounterMode) for LLaMA 3 8B's 32
+    query heads of 128 with `kv` KV heads: t queries against s keys through the masked path (t = 1 is
+    a decode step; t > 1 carries a causal bias; SDPA's fused kernel is not counted on the CPU)."""
+    cfg = ModelConfig(vocab_size=2, d_model=4096, n_layers=1, n_heads=32, head_dim=128, n_kv_heads=kv, position="none")
+    attn = Attention(cfg)
+    q, k, v = torch.randn(1, 32, t, 128), torch.randn(1, attn.n_kv, s, 128), torch.randn(1, attn.n_kv, s, 128)
+    bias = None if t == 1 else torch.full((t, s), float("-inf")).triu(s - t + 1)[None]  # (1, t, s) causal
+    with FlopCounterMode(display=False) as counter:
+        attn.attend(q, k, v, AttentionInputs(bias=bias))
+    return counter.get_total_flops()
 
 
 def claim_param_counts() -> Claim:
@@ -141,55 +176,99 @@ def claim_param_counts() -> Claim:
             ok &= got["total"] == law and got["query side"] == full["query side"]
         if (d_model, head_dim, qkv_bias, o_bias) == (64, 8, False, True):
             rows = [full["total"], attention_params(64, 8, 8, 1, False, True)["total"]]
+    flops = {kv: (attention_flops(kv, 1, 256), attention_flops(kv, 32, 256)) for kv in (32, 8, 1)}
+    closed = tuple(2 * 2 * 32 * 128 * t * 256 for t in (1, 32))  # two products, 2 FLOPs per multiply-add
+    same_flops = all(f == closed for f in flops.values())
     module_drop = 16448 - 9280
-    c = Claim("15.5.attention-params", "15.5", "attention parameters as KV heads go 8 -> 1", [16448, 9280],
+    c = Claim("15.5.attention-params", "15.5", "attention parameters as KV heads go 8 -> 1; the arithmetic unchanged",
+              [16448, 9280],
               measured=rows, unit="parameters at d_model 64, 8 heads of 8, output bias",
-              tolerance="the law exactly, for 16 configurations x 3 KV counts")
-    return c.judge(ok and module_drop == 7 * 2 * 64 * 8 and rows == [16448, 9280],
+              tolerance="the law exactly, for 16 configurations x 3 KV counts; attention FLOPs equal at 32 / 8 / 1 "
+                        "KV heads and to the closed form")
+    return c.judge(ok and same_flops and module_drop == 7 * 2 * 64 * 8 and rows == [16448, 9280],
                    "counted from llamablock's Attention: removing one KV head removes 2 x d_model x head_dim weights "
                    f"(+ 2 x head_dim with q/k/v biases) and W_q, W_o are unchanged, for d_model 64 and 96, head width 8 "
                    f"and 16, with and without biases: {'holds' if ok else 'fails'}. The module's drop, 16,448 - 9,280 = "
                    f"{module_drop:,} = 7 x 2 x 64 x 8, fits the law at d_model 64 with 8 heads of width 8; its totals "
-                   "then need an output bias and no q/k/v bias (the module does not give its configuration).")
+                   "then need an output bias and no q/k/v bias (the module does not give its configuration). The attention "
+                   "arithmetic, counted by torch's FlopCounterMode on LLaMA 3 8B's 32 query heads of 128 against 256 "
+                   "keys: " + "; ".join(f"{kv} KV heads {f[0]:,} FLOPs per decode step, {f[1]:,} for 32 masked queries"
+                                         for kv, f in flops.items())
+                   + f" (closed form 2 x 2 x h x d_head x t x s: {closed[0]:,} and {closed[1]:,}): "
+                   + ("unchanged, as the module says." if same_flops else "not unchanged."))
 
 
-def claim_decode_speed(quick: bool) -> Claim:
-    """Decode attention alone on one thread: one query token against 8192 cached tokens, 32 query
-    heads of 128, 32 / 8 / 1 KV heads. 'Up to 4x' is 'time scales with the bytes of cache read,
-    where reading the cache dominates'; the precondition is checked by timing a plain read
-    (a sum) of the same keys and values."""
+def bytes_fit(samples: dict[str, list[float]], names: dict[int, str], nbytes: dict[int, int]) -> dict:
+    """Least-squares time = a + b x bytes over the median times of `names` (KV heads -> timing name),
+    and the bytes-proportional share of the time at each KV count, b x bytes / (a + b x bytes)."""
+    kvs = sorted(names)
+    xs = [float(nbytes[kv]) for kv in kvs]
+    ys = [statistics.median(samples[names[kv]]) for kv in kvs]
+    b, a = statistics.linear_regression(xs, ys)
+    # clipped to [0, 1]: an intercept below zero is a fixed cost smaller than the timing noise
+    share = {kv: min(1.0, max(0.0, b * x / (a + b * x))) if a + b * x > 0 else 0.0 for kv, x in zip(kvs, xs, strict=True)}
+    worst = max(abs(y - (a + b * x)) / y for x, y in zip(xs, ys, strict=True))
+    return {"a_ms": a * 1e3, "ms_per_mib": b * 1e3 * 2**20, "share": share, "worst_residual": worst,
+            "ms": {kv: y * 1e3 for kv, y in zip(kvs, ys, strict=True)}}
+
+
+# The KV-head counts timed: 32 (MHA) down to 1 (MQA) for 32 query heads; the bytes halve each step.
+DECODE_KV = (32, 16, 8, 4, 2, 1)
+
+
+def claim_decode_speed(quick: bool, tokens: int = 8192) -> Claim:
+    """Decode attention alone on one thread: one query token against `tokens` cached tokens, 32
+    query heads of 128, 32 / 16 / 8 / 4 / 2 / 1 KV heads, with a plain read (a sum) of each cache
+    in the same rounds. 'Up to 4x faster when reading the cache is the bottleneck' is judged in
+    two steps. The precondition: a least-squares fit time = a + b x cache bytes must give the
+    bytes-proportional part b x bytes the majority of the time at 8 KV heads (the part a grouped
+    layout shrinks; 'bottleneck' read as 'most of the time'). Then the 32 -> 8 time ratio, which is
+    1 + 3 x that share under the fit, is judged against the module's 3-4x widened by the spread of
+    the per-round ratios. Where the attention's time does not follow its bytes but plain reads of
+    the same caches do, the machine is in the claim's regime and the implementation misses the
+    saving: that differs; only when neither follows the bytes is the claim not measurable here."""
     c = Claim("15.5.decode-speed", "15.5", "up to 4x faster decode from 32 to 8 KV heads", 4.0,
               unit="time ratio 32 / 8 KV heads, one thread",
-              tolerance=f"3-4 widened by the spread, where attention takes at most {BOUND}x a plain read of its cache")
+              tolerance="3-4 widened by the per-round spread, where the bytes-proportional part of a fit "
+                        "time = a + b x bytes is most (over half) of the time at 8 KV heads")
     cfg = ModelConfig(vocab_size=2, d_model=4096, n_layers=1, n_heads=32, head_dim=128, position="none")
-    tokens = 8192
-    fns, reads = {}, {}
-    for kv in (32, 8, 1):
+    fns, nbytes = {}, {}
+    for kv in DECODE_KV:
         attn = Attention(cfg.replace(n_kv_heads=kv))
         q = torch.randn(1, 32, 1, 128)
         k, v = torch.randn(1, kv, tokens, 128), torch.randn(1, kv, tokens, 128)
-        fns[kv] = (lambda a=attn, q=q, k=k, v=v: a.attend(q, k, v, AttentionInputs()))  # one new token: no mask
-        reads[kv] = (lambda k=k, v=v: (k.sum(), v.sum()))
+        fns[f"attend-{kv}"] = (lambda a=attn, q=q, k=k, v=v: a.attend(q, k, v, AttentionInputs()))  # one token: no mask
+        fns[f"read-{kv}"] = (lambda k=k, v=v: (k.sum(), v.sum()))
+        nbytes[kv] = k.nbytes + v.nbytes
     with one_thread():
-        s = rounds({**{f"attend-{k}": f for k, f in fns.items()}, "read-32": reads[32], "read-8": reads[8]},
-                   repeats=8 if quick else 30)
+        s = rounds(fns, repeats=8 if quick else 30)
+    attend = bytes_fit(s, {kv: f"attend-{kv}" for kv in DECODE_KV}, nbytes)
+    read = bytes_fit(s, {kv: f"read-{kv}" for kv in DECODE_KV}, nbytes)
     r = ratio(s, "attend-32", "attend-8")
-    r1 = ratio(s, "attend-32", "attend-1")
-    dom32, dom8 = ratio(s, "attend-32", "read-32"), ratio(s, "attend-8", "read-8")
     read_ratio = ratio(s, "read-32", "read-8")
-    details = (f"float32, this CPU, one thread, K/V of 8192 tokens x 128 per head, warm (L3 {l3_size()}): "
-               f"llamablock's grouped attention {r['ms'][0]:.2f} / {r['ms'][1]:.2f} / {r1['ms'][1]:.2f} ms for 32 / 8 / 1 "
-               f"KV heads (32->1: {r1['median']:.2f}x for 32x fewer bytes). A plain read (a sum) of the same keys and "
-               f"values takes {dom32['ms'][1]:.2f} ms at 32 heads and {dom8['ms'][1]:.2f} ms at 8 ({read_ratio['median']:.2f}x: "
-               f"the bytes scale), so attention costs {dom32['median']:.2f}x its cache read at 32 heads and "
-               f"{dom8['median']:.2f}x at 8.")
-    if max(dom32["median"], dom8["median"]) > BOUND:
-        c.measured = round(r["median"], 3)
-        return c.unmeasurable(details + f" At 8 heads the attention takes more than {BOUND}x its read, so on this CPU the "
-                              f"grouped matmul, not reading the cache, limits it: the claim's regime (reading "
-                              f"dominates) is not reached, and the measured {r['median']:.2f}x says so rather than "
-                              "contradicting 'up to 4x'.")
-    return judge_ratio(c, r, 3.0, 4.0, details)
+    share, read_share = attend["share"][8], read["share"][8]
+    c.table = [{"KV heads": kv, "cache MiB": nbytes[kv] / 2**20, "attention ms": attend["ms"][kv],
+                "plain read ms": read["ms"][kv], "bytes share of attention": attend["share"][kv]}
+               for kv in DECODE_KV]
+    details = (f"float32, this CPU, one thread, K/V of {tokens} tokens x 128 per head (L3 {l3_size()}): llamablock's "
+               f"grouped attention fits time = {attend['a_ms']:.3f} ms + {attend['ms_per_mib']:.4f} ms per MiB of "
+               f"cache (worst residual {attend['worst_residual']:.1%} of a time), so the bytes-proportional part is "
+               f"{share:.1%} of the time at 8 KV heads and {attend['share'][32]:.1%} at 32 (the precondition: over "
+               f"half at 8). Under that fit the 32 -> 8 ratio is 1 + 3 x {share:.3f} = {1 + 3 * share:.2f}. A plain "
+               f"read (a sum) of the same caches in the same rounds: {read_share:.1%} bytes-proportional at 8 heads, "
+               f"32 -> 8 ratio {read_ratio['median']:.2f}x; attention takes {r['ms'][0] / read['ms'][32]:.2f}x its "
+               f"read at 32 heads (it also multiplies every byte it reads, so it is slower than a sum, yet still "
+               f"proportional to the bytes).")
+    c.measured = round(r["median"], 3)
+    if share > 0.5:
+        return judge_ratio(c, r, 3.0, 4.0, details)
+    if read_share > 0.5:
+        return c.judge(False, details + f" Plain reads of these caches follow their bytes, so this machine is in "
+                       f"the claim's regime, but the attention's time does not (32 -> 8: {r['median']:.2f}x): "
+                       "this implementation does not turn the smaller cache into less time.")
+    return c.unmeasurable(details + " Neither the attention nor a plain read of its cache spends most of its time "
+                          "in proportion to the bytes here (fixed costs dominate), so the claim's regime, "
+                          "reading the cache as the bottleneck, is not reached on this machine.")
 
 
 def plot_cache(out) -> list[str]:

@@ -5,23 +5,27 @@ Both run the project's own studies (`llamablock.studies.long_context`, `llamablo
 and read their results. Long context has a precondition: a model that ignores position (a small
 model trained briefly can) shows no difference between schemes, so when unscaled RoPE does not
 degrade past L the long-context claims are "not measurable at this size" instead of passing by
-default (the test: rescaling RoPE's frequencies must change the loss past L). Quick runs use smaller models and fewer steps; their verdicts are marked indicative.
+default (the test: rescaling RoPE's frequencies must change the loss past L beyond the noise). Every
+fine-tuned result is compared with a control, unscaled RoPE fine-tuned for the same steps, because
+extra steps help any undertrained model. Quick runs use smaller models and fewer steps; their verdicts are marked indicative.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
+import statistics
 from pathlib import Path
 
 from llamablock.lab.record import Claim
 from llamablock.studies import long_context, trace
 
 TEXT = "ROMEO:\nBut soft, what light through yonder window breaks?"
-USES_POSITION = 0.02  # nats: rescaling RoPE must move the far loss at least this much for the claims to mean anything
 
 
 # The ids of the claims this experiment records (for `llamablock lab --only`).
 CLAIMS = (
+    "15.2.unscaled-rise",
     "15.2.long-context",
     "15.2.interpolation-finetune",
     "15.2.extensions-recover",
@@ -29,7 +33,28 @@ CLAIMS = (
 )
 
 
+def _band(res: dict, name: str, length: int, band: str) -> list[float]:
+    lo, hi = map(int, band.split("-"))
+    return res["curves"][name][str(length)][lo:hi]
+
+
+def _noise(*groups: list[float]) -> float:
+    """Twice the standard error of a difference of means of per-position losses (a two-sided 95%
+    interval): for one group of paired differences, or two independent groups."""
+    var = sum(statistics.variance(g) / len(g) for g in groups if len(g) > 1)
+    return 2 * math.sqrt(var)
+
+
+def _paired(a: list[float], b: list[float]) -> tuple[float, float]:
+    """Mean of a - b position by position (the same windows and positions) and its noise margin."""
+    d = [x - y for x, y in zip(a, b, strict=True)]
+    return statistics.fmean(d), _noise(d)
+
+
 def long_context_claims(quick: bool, out) -> list[Claim]:
+    """Judged on per-position losses (averaged over the same evaluation windows), every threshold a
+    noise margin of twice the standard error over the positions of a band. Precondition for all: the
+    model uses position, i.e. rescaling RoPE's frequencies moves the far loss beyond the noise."""
     p = (dict(L=16, steps=60, finetune_steps=10, windows=8, size=dict(d_model=64, n_layers=2))
          if quick else dict(L=64, steps=300, finetune_steps=40, windows=16))
     res = long_context.run_long_context(**p, log=None)
@@ -39,24 +64,37 @@ def long_context_claims(quick: bool, out) -> list[Claim]:
     inside = {name: per[str(L)][f"0-{L}"] for name, per in s.items() if str(L) in per}
     far = {name: per[str(8 * L)][far_band] for name, per in s.items() if str(8 * L) in per}
     at_ft = {name: per[str(ft)][ft_band] for name, per in s.items() if str(ft) in per and ft_band in per[str(ft)]}
-    rope_in, rope_deg = inside["rope none"], far["rope none"] - inside["rope none"]
-    alibi_deg = far["alibi"] - inside["alibi"]
+    rope_in = inside["rope none"]
     dims = {**long_context.SIZE, **(p.get("size") or {})}
     size = (f"models of width {dims['d_model']}, {dims['n_layers']} layers, trained {p['steps']} steps at L = {L}, "
             "one seed")
     table = [{"scheme": n, f"0-{L}": round(inside[n], 3) if n in inside else "", f"{ft_band} (at {ft})":
               round(at_ft[n], 3) if n in at_ft else "", f"{far_band} (at {8 * L})": round(far[n], 3) if n in far else ""}
              for n in s]
-    rope_far = [v for n, v in far.items() if n.startswith("rope")]
-    moved = max(rope_far) - min(rope_far)
-    precondition = moved >= USES_POSITION
-    why_not = (f"rescaling RoPE (none, linear, NTK, dynamic, YaRN) moves the loss at {far_band} by only {moved:.4f} "
-               f"nats (< {USES_POSITION}): the model barely uses position at this size, so no scheme can be told apart")
+    # uses position: the far loss under the rescaling that moves it most, paired against unscaled RoPE
+    moved = max((_paired(_band(res, n, 8 * L, far_band), _band(res, "rope none", 8 * L, far_band))
+                 for n in far if n.startswith("rope") and n != "rope none"), key=lambda m: abs(m[0]))
+    uses_position = abs(moved[0]) > moved[1]
+    rope_far, rope_inside = _band(res, "rope none", 8 * L, far_band), _band(res, "rope none", L, f"0-{L}")
+    rope_deg, rope_noise = statistics.fmean(rope_far) - rope_in, _noise(rope_far, rope_inside)
+    rises = rope_deg > rope_noise
+    why_not = (f"rescaling RoPE moves the loss at {far_band} by at most {abs(moved[0]):.4f} nats against a noise "
+               f"margin of {moved[1]:.4f}: the model barely uses position at this size, so no scheme can be told apart")
+    no_rise = (f"unscaled RoPE does not rise past L beyond the noise ({rope_deg:+.4f}, margin {rope_noise:.4f}), so "
+               "there is no degradation to extend or to compare")
     claims = []
 
+    c = Claim("15.2.unscaled-rise", "15.2", "RoPE trained at L, run far past L unscaled, loses quality", "rises",
+              measured=round(rope_deg, 3), unit=f"unscaled RoPE loss at {far_band} minus at 0-{L}, nats/char",
+              tolerance="a rise beyond twice the standard error over the bands' positions")
+    detail = (f"{size}; unscaled RoPE {rope_in:.3f} inside L and {statistics.fmean(rope_far):.3f} at {far_band}: "
+              f"{rope_deg:+.4f}, noise margin {rope_noise:.4f}.")
+    claims.append(c.judge(rises, detail) if uses_position else c.unmeasurable(why_not + ". " + detail))
+
+    alibi_deg = far["alibi"] - inside["alibi"]
     c = Claim("15.2.long-context", "15.2", "ALiBi degrades gracefully beyond its training length", "graceful",
               measured=round(alibi_deg, 3), unit=f"ALiBi loss rise from 0-{L} to {far_band}, nats/char",
-              tolerance="at most half of unscaled RoPE's rise")
+              tolerance="at most half of unscaled RoPE's rise ('gracefully': less than half as much)")
     c.table = table
     if out is not None:
         from llamablock.lab.plots import plot_long_context
@@ -64,31 +102,55 @@ def long_context_claims(quick: bool, out) -> list[Claim]:
         c.plots = plot_long_context(res, Path(out))
     detail = (f"{size}; loss rise past L: ALiBi {alibi_deg:+.3f}, unscaled RoPE {rope_deg:+.3f} nats/char. "
               + " ".join(res["notes"]))
-    claims.append(c.judge(alibi_deg <= 0.5 * rope_deg, detail) if precondition else c.unmeasurable(why_not + ". " + detail))
+    claims.append(c.judge(alibi_deg <= 0.5 * rope_deg, detail) if uses_position and rises
+                  else c.unmeasurable((why_not if not uses_position else no_rise) + ". " + detail))
 
-    lin, lin_ft = at_ft["rope linear"], at_ft["rope linear + fine-tune"]
+    band = {n: _band(res, n, ft, ft_band) for n in ("rope none", "rope linear", "rope linear + fine-tune",
+                                                    "rope none + fine-tune", "rope yarn + fine-tune")}
+    lin_gain = _paired(band["rope linear"], band["rope linear + fine-tune"])
+    ctrl_gain = _paired(band["rope none"], band["rope none + fine-tune"])
+    beyond = _paired([a - b for a, b in zip(band["rope linear"], band["rope linear + fine-tune"], strict=True)],
+                     [a - b for a, b in zip(band["rope none"], band["rope none + fine-tune"], strict=True)])
     c = Claim("15.2.interpolation-finetune", "15.2", "linear interpolation needs some fine-tuning",
-              "fine-tuning needed", measured=[round(lin, 3), round(lin_ft, 3)],
-              unit=f"loss at {ft_band} (length {ft}): interpolated / after fine-tuning, nats/char",
-              tolerance="fine-tuning lowers the loss by more than 0.02 nats")
-    detail = (f"{size}; rope_scaling linear with factor {ft // L} at {ft} tokens: {lin:.3f} before and {lin_ft:.3f} "
-              f"after {res['finetune_steps']} fine-tuning steps at that length (inside L the model reaches {rope_in:.3f}).")
-    claims.append(c.judge(lin - lin_ft > 0.02, detail) if precondition else c.unmeasurable(why_not + ". " + detail))
+              "fine-tuning needed", measured=[round(lin_gain[0], 3), round(ctrl_gain[0], 3)],
+              unit=f"loss gain from {res['finetune_steps']} fine-tuning steps at {ft_band} (length {ft}): "
+                   "interpolated / unscaled control, nats/char",
+              tolerance="the interpolated model gains more than the unscaled control given the same steps, by more "
+                        "than the paired noise margin")
+    detail = (f"{size}; rope_scaling linear with factor {ft // L} at {ft} tokens: {at_ft['rope linear']:.3f} before "
+              f"and {at_ft['rope linear + fine-tune']:.3f} after {res['finetune_steps']} fine-tuning steps at that "
+              f"length; the control, unscaled RoPE fine-tuned the same steps: {at_ft['rope none']:.3f} -> "
+              f"{at_ft['rope none + fine-tune']:.3f}. Paired over the band's positions the interpolated model gains "
+              f"{beyond[0]:+.4f} more than the control (margin {beyond[1]:.4f}).")
+    claims.append(c.judge(beyond[0] > beyond[1], detail) if uses_position and rises
+                  else c.unmeasurable((why_not if not uses_position else no_rise) + ". " + detail))
 
+    yarn_vs_ctrl = _paired(band["rope none + fine-tune"], band["rope yarn + fine-tune"])
     yarn_ft = at_ft["rope yarn + fine-tune"]
+    penalty = at_ft["rope none"] - rope_in
+    recovered = (at_ft["rope none"] - yarn_ft) / penalty if penalty > 0 else float("nan")
     c = Claim("15.2.extensions-recover", "15.2", "RoPE's extensions recover long-context quality with modest fine-tuning",
-              "recover", measured=round(yarn_ft - rope_in, 3),
-              unit=f"YaRN + fine-tune at {ft_band} minus RoPE inside L, nats/char",
-              tolerance="within 0.05 nats of the trained model's loss inside L, and below unscaled RoPE there")
+              "recover", measured=round(recovered, 3),
+              unit=f"share of unscaled RoPE's loss rise at {ft_band} that YaRN + fine-tuning removes",
+              tolerance="at least half removed ('recover': most of it), and below the unscaled control fine-tuned "
+                        "the same steps by more than the paired noise margin")
     detail = (f"{size}; YaRN (factor {ft // L}) after {res['finetune_steps']} steps at {ft} tokens: {yarn_ft:.3f} at "
-              f"{ft_band}, against {rope_in:.3f} inside L and {at_ft.get('rope none', float('nan')):.3f} for unscaled RoPE "
-              "at the same positions without fine-tuning.")
-    ok = yarn_ft - rope_in <= 0.05 and yarn_ft < at_ft.get("rope none", float("inf"))
-    claims.append(c.judge(ok, detail) if precondition else c.unmeasurable(why_not + ". " + detail))
+              f"{ft_band}, against {rope_in:.3f} inside L and {at_ft['rope none']:.3f} for unscaled RoPE there "
+              f"without fine-tuning ({recovered:.0%} of that rise removed); the unscaled control after the same "
+              f"steps: {at_ft['rope none + fine-tune']:.3f}, YaRN below it by {yarn_vs_ctrl[0]:+.4f} (margin "
+              f"{yarn_vs_ctrl[1]:.4f}).")
+    ok = penalty > 0 and recovered >= 0.5 and yarn_vs_ctrl[0] > yarn_vs_ctrl[1]
+    claims.append(c.judge(ok, detail) if uses_position and rises
+                  else c.unmeasurable((why_not if not uses_position else no_rise) + ". " + detail))
     if quick:
         for claim in claims:
             claim.indicative = "quick run: a 2-layer width-64 model, 60 steps at L = 16 (full: 4 layers, 300 steps at 64)"
     return claims
+
+
+def _cv(values: list[float]) -> float:
+    """Coefficient of variation: standard deviation over mean (0 for fewer than two values)."""
+    return statistics.pstdev(values) / statistics.fmean(values) if len(values) > 1 else 0.0
 
 
 def claim_residual_stream(quick: bool, out) -> Claim:
@@ -104,23 +166,37 @@ def claim_residual_stream(quick: bool, out) -> Claim:
     old, new = result["models"]["2017"], result["models"]["2024"]
     after_ffn = [s for s in new["stages"] if s["name"].endswith("after feed-forward")]
     rms = [sum(s["rms"]) / len(s["rms"]) for s in after_ffn]  # mean over tokens
-    grows = all(b > a for a, b in zip(rms, rms[1:]))
+    grows = all(b > a for a, b in zip(rms, rms[1:], strict=False))
     post = [s for s in old["stages"] if s["name"].startswith("block ")]
     worst_mean = max(abs(m) for s in post for m in s["mean"])
     var_lo, var_hi = min(v for s in post for v in s["var"]), max(v for s in post for v in s["var"])
     reset = worst_mean <= 0.1 and 0.5 <= var_lo and var_hi <= 2.0
+    # "the final RMSNorm cleans it up": it brings every token to the same scale whatever the stream
+    # grew to, so its output's per-token RMS varies (relative to its mean) less than the stream's
+    final = [s["rms"] for s in new["stages"] if s["name"] == "final norm"]
+    last = after_ffn[-1]["rms"] if after_ffn else []
+    cleaned = bool(final) and len(last) > 1 and _cv(final[0]) < _cv(last)
     c = Claim("15.6.residual-stream", "15.6", "pre-LN stream grows block by block; post-LN reset to mean 0, var 1",
               "grows / reset", measured={"2024 RMS by block": ", ".join(f"{r:.3f}" for r in rms),
+                                         "2024 per-token RMS variation, last block / final norm":
+                                             f"{_cv(last):.3f} / {_cv(final[0]):.3f}" if final and len(last) > 1 else None,
                                          "2017 max |mean|": round(worst_mean, 4),
                                          "2017 variance range": f"{var_lo:.3f}-{var_hi:.3f}"},
-              tolerance="2024 RMS rising at every block; 2017 stream |mean| <= 0.1, variance in 0.5-2 at every stage")
+              tolerance="2024 RMS rising at every block, and varying less from token to token after the final norm "
+                        "than before it; 2017 stream |mean| <= 0.1, variance in 0.5-2 at every stage")
     if out is not None:
         from llamablock.lab.plots import plot_tracer
 
         c.plots = plot_tracer(result, Path(out))
-    return c.judge(grows and reset, f"text {TEXT!r} through the trained pair ({old['steps']} steps each"
+    return c.judge(grows and reset and cleaned, f"text {TEXT!r} through the trained pair ({old['steps']} steps each"
                    f"{', quick recipe' if quick else ''}): the 2024 model's stream RMS after each block "
-                   f"{', '.join(f'{r:.2f}' for r in rms)} (mean over tokens). The 2017 model's stream, measured on the "
+                   f"{', '.join(f'{r:.2f}' for r in rms)} (mean over tokens), "
+                   + (f"{sum(final[0]) / len(final[0]):.2f} after the final RMSNorm, whose per-token RMS varies by "
+                      f"{_cv(final[0]):.3f} of its mean against {_cv(last):.3f} for the stream entering it "
+                      f"({'less' if cleaned else 'not less'}: the module's 'the final RMSNorm cleans it up', every "
+                      "token brought to one scale). " if final and len(last) > 1 else
+                      "no final norm stage, or one token only, recorded. ")
+                   + f"The 2017 model's stream, measured on the "
                    f"stream itself after every post-LN add and norm (gain and shift included): |mean| <= {worst_mean:.3f}, "
                    f"variance {var_lo:.3f}-{var_hi:.3f} per token. Exactly mean 0 and variance 1 holds only before the "
                    "learned gain and shift; the stream carries them, so 'reset' means brought back to a fixed scale, "

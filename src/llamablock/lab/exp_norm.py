@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from llamablock import norm as norm_lib
 from llamablock.lab.record import Claim
+from llamablock.lab.shared import param_saving
 from llamablock.lab.timed import judge_ratio, one_thread, ratio, rounds
 
 # The ids of the claims this experiment records (for `llamablock lab --only`).
@@ -32,14 +33,6 @@ CLAIMS = (
 def six_op_rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     """The module's RMSNorm as written: square, mean, add eps, sqrt, divide, scale (six kernels)."""
     return x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
-
-
-def param_saving(d: int) -> int:
-    """LayerNorm's parameters minus RMSNorm's, both counted from the library's layers."""
-    def count(kind):
-        return sum(p.numel() for p in norm_lib.make_norm(kind, d, 1e-5).parameters())
-
-    return count("layernorm") - count("rmsnorm")
 
 
 def claim_params() -> Claim:
@@ -99,41 +92,74 @@ def _compile(fn):
     return torch.compile(fn, dynamic=False, fullgraph=True)
 
 
-def _layer_norm(x, w, b):
-    return F.layer_norm(x, (x.shape[-1],), w, b, 1e-5)
+def _layer_norm(x, w):
+    """LayerNorm as torch writes it: F.layer_norm, a one-pass (Welford) mean and variance; no bias."""
+    return F.layer_norm(x, (x.shape[-1],), w, None, 1e-5)
 
 
-def _rms_norm(x, w, b):
+def _three_pass_layer_norm(x, w):
+    """LayerNorm as the module describes it: a pass for the mean, a pass for the centred squares, a
+    pass to normalise and scale; no bias, so that the only difference from RMSNorm is the mean."""
+    centred = x - x.mean(-1, keepdim=True)
+    return centred * torch.rsqrt(centred.pow(2).mean(-1, keepdim=True) + 1e-5) * w
+
+
+def _rms_norm(x, w):
     return norm_lib.rms_norm(x, w, 1e-5)
 
 
+# Widths judged one by one (the quick run the first two): a saved pass may matter more or less as a
+# row outgrows the core's caches. Each width compiles its own kernels, which is most of the time here.
+FUSED_WIDTHS = (1024, 4096, 8192)
+
+
+def _time_width(d: int, quick: bool) -> dict:
+    """Per-round ratios at width d: RMSNorm / three-pass LayerNorm and RMSNorm / one-pass LayerNorm,
+    all compiled by inductor, 2048 rows, float32, one thread."""
+    x, w = torch.randn(2048, d), torch.ones(d)
+    three, rms, one = _compile(_three_pass_layer_norm), _compile(_rms_norm), _compile(_layer_norm)
+    for fn in (three, rms, one):
+        fn(x, w)  # compile outside the timing (cold: seconds; then warm)
+    s = rounds({"three-pass": functools.partial(three, x, w), "rmsnorm": functools.partial(rms, x, w),
+                "one-pass": functools.partial(one, x, w)}, repeats=15 if quick else 40)
+    return {"vs three-pass": ratio(s, "rmsnorm", "three-pass"), "vs one-pass": ratio(s, "rmsnorm", "one-pass")}
+
+
 def claim_speed_fused(quick: bool) -> Claim:
+    """The saved mean pass, timed like for like: RMSNorm against LayerNorm written as the module
+    describes it (three passes), both compiled by the same code generator, both without bias,
+    judged at each width against the module's 10-15% saving (ratio 0.85-0.90) widened by that
+    width's spread. torch's own LayerNorm computes mean and variance in one pass, so it has no mean
+    pass to save: it is timed beside, not judged."""
     c = Claim("15.3.speed-fused", "15.3", "RMSNorm saves 10-15% of normalization time", "0.85-0.90",
-              unit="time ratio RMSNorm / LayerNorm, both compiled, one thread, d = 4096",
-              tolerance="median ratio within 0.85-0.90 widened by the spread; not measurable if spread >= effect")
-    widths = (4096,) if quick else (512, 4096, 8192)
-    rows, verdict_row = [], None
+              unit="time ratio RMSNorm / three-pass LayerNorm, compiled, one thread, per width",
+              tolerance="at every width the median ratio within 0.85-0.90 widened by its spread")
     with one_thread():
-        for d in widths:
-            x, w, b = torch.randn(2048, d), torch.ones(d), torch.zeros(d)
-            ln, rms = _compile(_layer_norm), _compile(_rms_norm)
-            ln(x, w, b), rms(x, w, b)  # compile outside the timing (cold: seconds; then warm)
-            args = (x, w, b)
-            s = rounds({"layernorm": lambda a=args: ln(*a), "rmsnorm": lambda a=args: rms(*a),
-                        "eager-layernorm": lambda a=args: _layer_norm(*a), "eager-rmsnorm": lambda a=args: _rms_norm(*a)},
-                       repeats=15 if quick else 40)
-            r, eager = ratio(s, "rmsnorm", "layernorm"), ratio(s, "eager-rmsnorm", "eager-layernorm")
-            rows.append(f"d = {d}: compiled {r['median']:.3f} ± {r['spread']:.3f} ({r['ms'][0]:.2f} vs {r['ms'][1]:.2f} "
-                        f"ms), eager {eager['median']:.2f}")
-            if d == 4096:
-                verdict_row = r
+        timed = {d: _time_width(d, quick) for d in (FUSED_WIDTHS[:2] if quick else FUSED_WIDTHS)}
     if quick:  # two identical quick runs on an idle machine gave reproduced and differs
-        c.indicative = ("quick run: one width and 15 rounds, a ratio that moved across the claimed band between "
-                        "identical quick runs; `llamablock lab` times three widths with 40 rounds")
-    return judge_ratio(c, verdict_row, 0.85, 0.90, "RMSNorm (llamablock.norm.rms_norm) against F.layer_norm, both "
-                       "torch.compile'd (the same code generator), 2048 rows, float32, one thread, warm, ratios of "
-                       "RMSNorm / LayerNorm: " + "; ".join(rows) + ". Eager, LayerNorm is one ATen kernel and "
-                       "RMSNorm several, so the eager ratio measures how they are written, not the saved pass.")
+        c.indicative = ("quick run: two widths and 15 rounds each, ratios that moved across the claimed band between "
+                        f"identical quick runs; `llamablock lab` times {len(FUSED_WIDTHS)} widths with 40 rounds")
+    verdicts = {}
+    for d, r in timed.items():
+        verdicts[d] = judge_ratio(Claim(c.id, c.section, c.claim, c.source_value), r["vs three-pass"], 0.85, 0.90, "")
+    c.table = [{"width": d, "RMSNorm / three-pass": r["vs three-pass"]["median"], "spread": r["vs three-pass"]["spread"],
+                "verdict": verdicts[d].verdict, "RMSNorm / one-pass (F.layer_norm)": r["vs one-pass"]["median"]}
+               for d, r in timed.items()]
+    c.measured = {f"d {d}": round(r["vs three-pass"]["median"], 3) for d, r in timed.items()}
+    details = (f"2048 rows, float32, one thread, warm, {15 if quick else 40} interleaved rounds per width; "
+               "llamablock.norm.rms_norm against a three-pass LayerNorm, both torch.compile'd (inductor). "
+               "torch's one-pass F.layer_norm is timed beside: it has no separate mean pass, so it does not "
+               "test the claim.")
+    found = [v.verdict for v in verdicts.values()]
+    if "differs" in found:
+        outside = [d for d, v in verdicts.items() if v.verdict == "differs"]
+        return c.judge(False, details + f" Outside 0.85-0.90 by more than the spread at width "
+                       f"{', '.join(map(str, outside))}: on this CPU the saved pass costs another share of the time.")
+    if all(f == "reproduced" for f in found):
+        return c.judge(True, details + " Within 0.85-0.90 (widened by the spread) at every width.")
+    return c.unmeasurable(details + " At width " + ", ".join(str(d) for d, v in verdicts.items()
+                                                            if v.verdict != "reproduced")
+                          + " the spread is at least the effect, and no width lies outside the band.")
 
 
 def run(quick: bool, out) -> list[Claim]:

@@ -14,7 +14,7 @@ import math
 import torch
 
 from llamablock import alibi as alibi_lib
-from llamablock.diagnostics.rope_table import compare_methods
+from llamablock.diagnostics.rope_table import compare_methods, pair_records
 from llamablock.lab.record import Claim
 from llamablock.rope import Rotary
 from llamablock.rope_scaling import RopeSpec, rope_frequencies
@@ -159,26 +159,66 @@ def claim_alibi_near_far() -> Claim:
                    "reach, the geometric sequence's point. Content scores shift these, the bias sets the scale.")
 
 
+def regions(pairs: list[dict], factor: float, untouched, interpolated) -> dict:
+    """Whether a per-pair scaling has the three regions the module describes: ratio exactly 1 where
+    `untouched(pair)`, exactly `factor` where `interpolated(pair)`, strictly between and never
+    decreasing from fast to slow in the blend. Exact to 1e-6 relative (float32 frequencies)."""
+    ratios = [p["interpolation_ratio"] for p in pairs]
+    fast = [p for p in pairs if untouched(p)]
+    slow = [p for p in pairs if interpolated(p)]
+    blend = [p for p in pairs if not untouched(p) and not interpolated(p)]
+    ok = (all(abs(p["interpolation_ratio"] - 1) <= 1e-6 for p in fast)
+          and all(abs(p["interpolation_ratio"] - factor) <= 1e-6 * factor for p in slow)
+          and all(1 < p["interpolation_ratio"] < factor for p in blend)
+          and all(b >= a * (1 - 1e-6) for a, b in zip(ratios, ratios[1:], strict=False)))
+    return {"ok": ok and bool(fast) and bool(slow), "fast": [p["pair"] for p in fast], "slow": [p["pair"] for p in slow],
+            "blend": [p["pair"] for p in blend]}
+
+
+# LLaMA 3.1's own setting (Meta's config): base 500,000, trained 8,192, run to 131,072, factor 8,
+# low_freq_factor 1, high_freq_factor 4.
+LLAMA31 = dict(base=500000.0, train=8192, target=131072,
+               scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                        "original_max_position_embeddings": 8192})
+
+
 def claim_unseen_pairs() -> Claim:
     """Which of the 64 pairs reach angles unseen in training at 32,768 (rope_table's criterion:
     wavelength > L and the pair's view of the target, T / ratio, beyond L). The expected set for the
-    unchanged model is the closed form: wavelength 2 pi 10000^(2i/d) > 4,096."""
+    unchanged model is the closed form: wavelength 2 pi 10000^(2i/d) > 4,096. YaRN's three regions
+    are judged on the pairs' turns in L (Peng et al.: more than beta_fast = 32 untouched, fewer than
+    beta_slow = 1 fully interpolated, a monotone blend between), and LLaMA 3.1's rescaling on its
+    own setting (8,192 -> 131,072: wavelength under 8,192 / 4 untouched, over 8,192 divided by 8,
+    a monotone blend between)."""
     res = _methods()
     unseen = {m: r["unseen_pairs"] for m, r in res.items()}
     crowded = {m: r["crowded_pairs"] for m, r in res.items()}
     closed = [i for i in range(HEAD // 2) if 2 * math.pi * 10000 ** (2 * i / HEAD) > TRAIN]
+    yarn = regions(res["yarn"]["pairs"], FACTOR, lambda p: TRAIN / p["wavelength"] > 32,
+                   lambda p: TRAIN / p["wavelength"] < 1)
+    l3 = LLAMA31
+    rows, _ = pair_records(RopeSpec(l3["base"], HEAD, l3["train"], l3["scaling"]), l3["train"], l3["target"])
+    llama = regions(rows, 8.0, lambda p: p["wavelength"] < l3["train"] / 4, lambda p: p["wavelength"] > l3["train"])
+    llama_unseen = [p["pair"] for p in rows if p["unseen_at_target"]]
     module_says = (unseen["default"] == closed and not unseen["linear"] and not unseen["yarn"]
-                   and 0 not in crowded["yarn"])
+                   and 0 not in crowded["yarn"] and yarn["ok"] and llama["ok"])
     c = Claim("15.2.unseen-pairs", "15.2", "4,096 -> 32,768: only slow pairs reach unseen angles; YaRN none",
               "slow only; interpolation and YaRN none",
               measured={m: _ranges(v) or "none" for m, v in unseen.items()}, unit="pairs (of 64) reaching unseen angles",
-              tolerance="unchanged: exactly the pairs with wavelength > 4,096; linear and YaRN: none")
+              tolerance="unchanged: exactly the pairs with wavelength > 4,096; linear and YaRN: none; YaRN's and "
+                        "LLaMA 3.1's three regions exact to 1e-6")
     return c.judge(module_says, f"head width {HEAD}, base 10000. Unchanged: pairs {_ranges(unseen['default'])} (closed "
                    f"form {_ranges(closed)}: wavelength over 4,096 tokens) are unseen. Interpolation: none unseen, but "
                    f"{len(crowded['linear'])} fast pairs crowded. NTK-aware: see 15.2.ntk-wording. Dynamic NTK at 32,768: "
                    f"{_ranges(unseen['dynamic']) or 'none'}. YaRN: {_ranges(unseen['yarn']) or 'none'} unseen, "
-                   f"{_ranges(crowded['yarn']) or 'none'} crowded, fastest pair untouched. LLaMA 3.1's rule: "
-                   f"{_ranges(unseen['llama3']) or 'none'} unseen.")
+                   f"{_ranges(crowded['yarn']) or 'none'} crowded; its regions: untouched {_ranges(yarn['fast'])}, "
+                   f"blend {_ranges(yarn['blend'])}, fully interpolated {_ranges(yarn['slow'])} "
+                   f"({'as described' if yarn['ok'] else 'NOT as described'}). LLaMA 3.1's rule at 4,096 -> 32,768: "
+                   f"{_ranges(unseen['llama3']) or 'none'} unseen; on its own setting (base 500,000, 8,192 -> 131,072, "
+                   f"factor 8): untouched {_ranges(llama['fast'])}, blend {_ranges(llama['blend'])}, divided by 8 "
+                   f"{_ranges(llama['slow'])} ({'as described' if llama['ok'] else 'NOT as described'}); there pairs "
+                   f"{_ranges(llama_unseen) or 'none'} still reach angles unseen in the 8,192-token training, since 8 x "
+                   "8,192 is half of 131,072 (Meta continued training at long context; not judged).")
 
 
 def _ranges(pairs: list[int]) -> str:
@@ -194,17 +234,13 @@ def _ranges(pairs: list[int]) -> str:
 
 
 def plot_pairs(out) -> list[str]:
-    """The module's rope-scaling figure, drawn by the same code as `llamablock rope --plot`."""
-    from pathlib import Path
-
-    from llamablock.diagnostics.rope_plot import plot_wavelengths
+    """The module's rope-scaling figure, drawn on the unseen-angle criterion's own quantity, so that
+    its circles and threshold follow the table (lab.plots.plot_unseen)."""
+    from llamablock.lab.plots import plot_unseen
 
     if out is None:
         return []
-    res = dict(train_len=TRAIN, target_len=TARGET, head_dim=HEAD, base=10000.0,
-               methods=compare_methods(TRAIN, TARGET, HEAD))
-    plot_wavelengths(res, Path(out) / "rope-scaling.png")
-    return ["rope-scaling.png"]
+    return plot_unseen(compare_methods(TRAIN, TARGET, HEAD), TRAIN, TARGET, out)
 
 
 def run(quick: bool, out) -> list[Claim]:

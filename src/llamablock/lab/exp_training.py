@@ -1,10 +1,10 @@
 """Claims that need training (sections 15.3, 15.4, 15.5, 15.6): single-change ablations at equal
 parameters, and MHA -> GQA conversion by averaging key and value heads, against a control.
 
-Small models on character-level Shakespeare. With three seeds (the full run) a difference is
-judged against the spread between seeds: `noise` = max(2 x the larger of the two seed standard
-deviations, 0.01 nats); with one (--quick, to keep it short) the threshold is a fixed 0.02 nats
-and the record says "one seed". The variants are `llamablock.studies.ablation`'s, plus one the module's
+Small models on character-level Shakespeare. Every difference is judged against a noise threshold
+derived from the run (`shared.noise`): twice the standard error of the per-window loss difference
+over the evaluation windows, paired by window and seed, and with three seeds (the full run) at
+least twice the larger standard deviation between seeds; one seed (--quick) is said in the record. The variants are `llamablock.studies.ablation`'s, plus one the module's
 RMSNorm claim needs: 2017 + RMSNorm with the norm kept after the add (post-LN), so that the
 dropped mean is measured with the placement held fixed. Quick runs train a 2-layer width-64
 model for 60 steps: their verdicts are marked indicative. These are findings at this size and
@@ -14,25 +14,26 @@ budget, not at LLaMA's.
 from __future__ import annotations
 
 import dataclasses
-import time
 
 import torch
 
 from llamablock.lab.record import Claim
+from llamablock.lab.shared import (
+    FULL,
+    INDICATIVE,
+    QUICK,
+    _loss,
+    _row,
+    run_variants,
+    window_losses,
+)
+from llamablock.lab.shared import noise as shared_noise
 from llamablock.model import Decoder
 from llamablock.presets import preset
 from llamablock.runtime.evaluate import evaluate
 from llamablock.studies import ablation
 from llamablock.training import data as D
 from llamablock.training.train import TrainConfig, get_data, init_weights, train
-
-QUICK = dict(steps=60, seeds=(0,), size=dict(d_model=64, n_heads=4, n_layers=2), context=64)
-FULL = dict(steps=200, seeds=(0, 1, 2), size=None, context=128)
-INDICATIVE = ("quick run: one seed, 60 steps of a 2-layer width-64 model; `llamablock lab` trains 4 layers of width "
-              "128 for 200 steps with three seeds")
-NAMES = ("2017", "2017 + RMSNorm", "2017 + RMSNorm pre-LN", "2017 + SwiGLU", "2017 + GELU", "2017 + GQA",
-         "2017 + MQA", "2017 + RoPE", "2024")
-
 
 # The ids of the claims this experiment records (for `llamablock lab --only`).
 CLAIMS = (
@@ -45,56 +46,12 @@ CLAIMS = (
 )
 
 
-def lab_variants(vocab: int, context: int, size: dict | None) -> dict:
-    """ablation.variants plus 2017 + RMSNorm (post-LN), at the same parameter budget."""
-    configs = ablation.variants(vocab, context, size)
-    base = configs["2017"]
-    configs["2017 + RMSNorm"] = ablation.match_budget(base.replace(norm="rmsnorm"), ablation.count_params(base))
-    return configs
-
-
-_RUNS: dict[tuple, dict] = {}  # one lab process trains each (variant, seed, recipe) once (exp_beyond reuses 2024's)
-
-
-def run_variants(steps: int, seeds, size, context: int, names=NAMES, lr: float = 1e-3,
-                 warmup: float = 0.4) -> list[dict]:
-    """One record per (seed, variant), in ablation.run_compare's format (seeds interleaved);
-    `warmup` is the warm-up's share of the steps."""
-    t = TrainConfig(steps=steps, batch_size=16, context=context, lr=lr, warmup=round(warmup * steps),
-                    eval_every=max(1, steps // 5), eval_windows=32)
-    configs = {n: c for n, c in lab_variants(get_data(t).tokenizer.vocab_size, context, size).items() if n in names}
-    records = []
-    for seed in seeds:
-        for name, cfg in configs.items():
-            key = (name, seed, steps, tuple(sorted((size or {}).items())), context, lr, warmup)
-            if key not in _RUNS:
-                start = time.perf_counter()
-                r = train(cfg, dataclasses.replace(t, seed=seed), None, progress=False)
-                _RUNS[key] = {"variant": name, "seed": seed, "val_loss": r["val_loss"], "tokens_per_s": r["tokens_per_s"],
-                              "params": r["params"], "d_ff": cfg.d_ff, "kv_bytes_per_token": cfg.kv_bytes_per_token(2),
-                              "seconds": time.perf_counter() - start,
-                              "val_curve": [(x["step"], x["val_loss"]) for x in r["history"] if "val_loss" in x]}
-            records.append(_RUNS[key])
-    return records
-
-
-def _row(summary: list[dict], name: str) -> dict:
-    return next(r for r in summary if r["variant"] == name)
-
-
-def _loss(r: dict) -> str:
-    return f"{r['val_loss']:.4f} ± {r['val_std']:.4f} (sd, {r['seeds']} seeds)" if r["seeds"] > 1 else \
-        f"{r['val_loss']:.4f} (one seed)"
-
-
-def _compare(summary, name: str, base_name: str = "2017") -> tuple[float, float, str]:
+def _compare(records, summary, name: str, base_name: str = "2017") -> tuple[float, float, str]:
     base, var = _row(summary, base_name), _row(summary, name)
-    one = base["seeds"] < 2
-    noise = 0.02 if one else max(2 * max(base["val_std"], var["val_std"]), 0.01)
+    noise, how = shared_noise([(records, summary, name, 1), (records, summary, base_name, -1)])
     delta = var["val_loss"] - base["val_loss"]
     text = (f"{name}: {_loss(var)} vs {base_name}: {_loss(base)} nats/char ({var['params']:,} vs {base['params']:,} "
-            f"parameters); noise threshold {noise:.3f} " + ("(fixed: one seed gives no spread)" if one else
-                                                            "(2 sd between seeds, at least 0.01)"))
+            f"parameters); noise threshold {noise:.4f} ({how})")
     return delta, noise, text
 
 
@@ -109,7 +66,7 @@ def ablation_claims(quick: bool, out) -> list[Claim]:
         plots = plot_ablation(records, summary, out)
     claims = []
 
-    delta, noise, text = _compare(summary, "2017 + RMSNorm")
+    delta, noise, text = _compare(records, summary, "2017 + RMSNorm")
     pre = _row(summary, "2017 + RMSNorm pre-LN")
     c = Claim("15.3.training-quality", "15.3", "without the mean, models train about as well (Zhang & Sennrich)",
               "about as well", measured=round(delta, 4), unit="val loss, RMSNorm - LayerNorm (both post-LN), nats/char",
@@ -118,11 +75,10 @@ def ablation_claims(quick: bool, out) -> list[Claim]:
     claims.append(c.judge(ok, text + f". Placement held fixed (both post-LN). Moving RMSNorm before each "
                           f"sub-layer as well (pre-LN): {_loss(pre)}, {pre['val_loss'] - _row(summary, '2017 + RMSNorm')['val_loss']:+.4f} "
                           "against post-LN RMSNorm: that part is the placement's, not the dropped mean's."
-                          + ("" if ok else " Zhang & Sennrich trained for far longer; post-LN models this small and "
-                             "this short are still in their warm-up, where a norm without the mean centring can lag "
-                             "early and catch up later, so this is a finding about the budget.")))
+                          + ("" if ok else " Zhang & Sennrich trained for far longer than this budget; the finding "
+                             "is about this size and number of steps.")))
 
-    delta, noise, text = _compare(summary, "2017 + SwiGLU")
+    delta, noise, text = _compare(records, summary, "2017 + SwiGLU")
     gelu = _row(summary, "2017 + GELU")
     swiglu = _row(summary, "2017 + SwiGLU")
     c = Claim("15.4.training-quality", "15.4", "at equal size SwiGLU reaches lower loss than ReLU and GELU (Shazeer)",
@@ -134,19 +90,28 @@ def ablation_claims(quick: bool, out) -> list[Claim]:
                              "of thousands of steps); at a few hundred steps of a model this small the gate's benefit "
                              "need not show, so this finding is about the budget, not against the paper.")))
 
-    delta, noise, text = _compare(summary, "2017 + GQA")
-    mqa = _row(summary, "2017 + MQA")
-    c = Claim("15.5.training-quality", "15.5", "GQA quality close to MHA (Ainslie et al.)", "close",
-              measured=round(delta, 4), unit="val loss change vs MHA, nats/char", tolerance="|change| within the noise")
-    ok = abs(delta) <= noise
-    claims.append(c.judge(ok, text + ". Pairs of query heads share a KV head; the saved parameters go to a wider "
-                          f"feed-forward layer (equal budget). MQA (one KV head): {_loss(mqa)}; Ainslie et al. put "
-                          "GQA between MHA and MQA."
-                          + ("" if ok else f" Ainslie et al. compare models trained to convergence at billions of "
-                             f"parameters; here {swiglu['params']:,}-parameter models with four query heads share key/value "
-                             "heads in pairs, so a gap beyond the noise is a finding at this size and budget.")))
+    delta, noise, text = _compare(records, summary, "2017 + GQA")
+    mqa_delta, mqa_noise, _ = _compare(records, summary, "2017 + MQA", "2017 + GQA")  # MQA - GQA, with their own noise
+    c = Claim("15.5.training-quality", "15.5", "GQA quality close to MHA and better than MQA (Ainslie et al.)",
+              "close; better", measured=[round(delta, 4), round(mqa_delta, 4)],
+              unit="val loss, GQA - MHA / MQA - GQA, nats/char",
+              tolerance="|GQA - MHA| within the noise, and MQA above GQA by more than the noise")
+    close, better, worse = abs(delta) <= noise, mqa_delta > mqa_noise, mqa_delta < -mqa_noise
+    said = (text + f"; MQA (one KV head) against GQA: {mqa_delta:+.4f}, noise threshold {mqa_noise:.4f}. Pairs of "
+            "query heads share a KV head; the saved parameters go to a wider feed-forward layer (equal budget).")
+    if close and better:
+        claims.append(c.judge(True, said))
+    elif not close or worse:
+        claims.append(c.judge(False, said + (" GQA is not within the noise of MHA." if not close else "")
+                              + (" MQA trained better than GQA by more than the noise." if worse else "")
+                              + f" Ainslie et al. compare models trained to convergence at billions of parameters; "
+                              f"here {_row(summary, '2017 + GQA')['params']:,}-parameter models with four query heads, "
+                              "so this is a finding at this size and budget."))
+    else:
+        claims.append(c.unmeasurable(said + " GQA is within the noise of MHA, but MQA and GQA are within the noise "
+                                     "of each other, so 'better than MQA' is not settled at this size."))
 
-    delta, noise, text = _compare(summary, "2024")
+    delta, noise, text = _compare(records, summary, "2024")
     c = Claim("15.6.ablation", "15.6", "the 2024 block against the 2017 block at equal parameters and compute",
               "better or equal", measured=round(delta, 4), unit="val loss change vs 2017, nats/char",
               tolerance="not worse by more than the noise")
@@ -160,21 +125,22 @@ def ablation_claims(quick: bool, out) -> list[Claim]:
                 "seeds": r["seeds"], "val loss": round(r["val_loss"], 4),
                 "sd": round(r["val_std"], 4) if r["seeds"] > 1 else "",
                 "vs 2017": round(r["delta_vs_2017"] or 0.0, 4)} for r in summary]
-    claims.append(claim_stability(p, summary))
+    claims.append(claim_stability(p, records, summary))
     if quick:
         for claim in claims:
             claim.indicative = INDICATIVE
     return claims
 
 
-def claim_stability(p: dict, summary: list[dict]) -> Claim:
+def claim_stability(p: dict, records: list[dict], summary: list[dict]) -> Claim:
     """'Each detail makes training more stable': both blocks again at ten times the learning rate
     with a short warm-up (a tenth of the steps); the more stable block loses less."""
-    hot = ablation.summarize(run_variants(p["steps"], p["seeds"], p["size"], p["context"], names=("2017", "2024"),
-                                          lr=1e-2, warmup=0.1))
+    hot_records = run_variants(p["steps"], p["seeds"], p["size"], p["context"], names=("2017", "2024"), lr=1e-2,
+                               warmup=0.1)
+    hot = ablation.summarize(hot_records)
     rise = {n: _row(hot, n)["val_loss"] - _row(summary, n)["val_loss"] for n in ("2017", "2024")}
-    one = _row(hot, "2017")["seeds"] < 2
-    noise = 0.02 if one else max(2 * max(_row(hot, n)["val_std"] for n in ("2017", "2024")), 0.01)
+    noise, how = shared_noise([(hot_records, hot, "2024", 1), (records, summary, "2024", -1),
+                               (hot_records, hot, "2017", -1), (records, summary, "2017", 1)])
     c = Claim("15.6.training-stability", "15.6", "the 2024 block's details make training more stable", "more stable",
               measured=[round(rise["2017"], 4), round(rise["2024"], 4)],
               unit="val loss rise at lr 1e-2 with a short warm-up, 2017 / 2024, nats/char",
@@ -182,7 +148,7 @@ def claim_stability(p: dict, summary: list[dict]) -> Claim:
     ok = rise["2024"] < rise["2017"] - noise
     return c.judge(ok, f"both blocks at lr 1e-2 (ten times the ablation's) with warm-up over 10% of the steps instead "
                    f"of 40%: 2017 {_loss(_row(hot, '2017'))} ({rise['2017']:+.4f} against lr 1e-3), 2024 "
-                   f"{_loss(_row(hot, '2024'))} ({rise['2024']:+.4f}); noise threshold {noise:.3f}. Post-LN is the "
+                   f"{_loss(_row(hot, '2024'))} ({rise['2024']:+.4f}); noise threshold {noise:.4f} ({how}). Post-LN is the "
                    "known fragile part (Xiong et al. 2020): it needs a long warm-up, pre-LN does not."
                    + ("" if ok else " At this size and depth post-LN's fragility need not show; it grows with depth."))
 
@@ -228,28 +194,38 @@ def claim_conversion(quick: bool) -> Claim:
     windows = D.eval_windows(get_data(t).val, t.context, t.eval_windows)
     up = dataclasses.replace(t, steps=uptrain, warmup=max(1, uptrain // 5), eval_every=uptrain, lr=3e-4)
     mha_more = train(mha_cfg, up, None, progress=False, init_state=mha["model"].state_dict())["val_loss"]
-    res = {}
+    res, per_window = {}, {}
     for name, convert in (("mean-pooled", average_kv_heads), ("control", reinit_kv_heads)):
         m = convert(mha["model"], 2)
-        res[name] = (evaluate(m, windows), train(m.cfg, up, None, progress=False, init_state=m.state_dict())["val_loss"])
+        after = train(m.cfg, up, None, progress=False, init_state=m.state_dict())
+        res[name] = (evaluate(m, windows), after["val_loss"])
+        per_window[name] = window_losses(after["model"], windows)
+    # paired on the same windows: the control's margin is twice the standard error of the mean
+    # per-window difference (a two-sided 95% interval), the noise of this evaluation
+    diff = per_window["control"] - per_window["mean-pooled"]
+    margin = 2 * float(diff.std()) / len(diff) ** 0.5
+    below = float(diff.mean()) > margin
     penalty = res["mean-pooled"][0] - mha_more
     gap = res["mean-pooled"][1] - mha_more
     c = Claim("15.5.mha-to-gqa", "15.5", "an MHA model converts to GQA by averaging KV heads, then brief training",
               "close to MHA after brief training", unit="val loss gap to MHA, nats/char: at conversion / after uptraining",
               measured=[round(penalty, 4), round(gap, 4)],
-              tolerance="uptraining recovers at least half the conversion penalty, and ends below the control")
-    ok = penalty > 0 and gap <= 0.5 * penalty and res["mean-pooled"][1] < res["control"][1]
+              tolerance="uptraining recovers at least half the conversion penalty, and ends below the control by more "
+                        "than twice the paired standard error over the evaluation windows")
+    ok = penalty > 0 and gap <= 0.5 * penalty and below
     why = "" if ok else (" Not reproduced: " + ("the conversion cost nothing to recover. " if penalty <= 0 else "")
                          + ("uptraining recovered less than half the penalty. " if penalty > 0 and gap > 0.5 * penalty else "")
-                         + ("the re-initialised control caught up, so the averaging did not matter at this size. "
-                            if res["mean-pooled"][1] >= res["control"][1] else "")
+                         + ("the re-initialised control ended within the noise margin of it (or below it), so the "
+                            "averaging did not show to matter at this size. " if not below else "")
                          + "Ainslie et al. uptrain billion-parameter models for 5% of pre-training; these steps are few.")
     c.judge(ok, f"a {size['n_layers']}-layer width-{size['d_model']} model with {size['n_heads']} KV heads trained "
             f"{steps} steps (val {mha['val_loss']:.4f}; {mha_more:.4f} after {uptrain} more steps), its key and value "
             f"heads averaged in pairs into 2 (GQA, Ainslie et al.'s mean-pooling): {res['mean-pooled'][0]:.4f} right "
             f"after conversion, {res['mean-pooled'][1]:.4f} after {uptrain} steps ({uptrain / steps:.0%} of the "
             f"original; Ainslie et al. use 5%). Control, key/value heads re-initialised: {res['control'][0]:.4f}, then "
-            f"{res['control'][1]:.4f}. One seed." + why)
+            f"{res['control'][1]:.4f}. Paired over the {len(diff)} evaluation windows the control ends "
+            f"{float(diff.mean()):+.4f} above the mean-pooled model, noise margin {margin:.4f} (2 standard errors). "
+            "One seed." + why)
     if quick:
         c.indicative = (f"quick run: one seed, {steps} steps of a 2-layer width-64 model, {uptrain} uptraining steps; "
                     "`llamablock lab` trains 4 layers of width 128 for 300")

@@ -11,7 +11,8 @@ Verdicts:
 
 `indicative` (a reason, or "") marks a verdict that rests on too little to be trusted at this
 size: quick runs of the training claims. tests/lab/test_lab.py breaks every check that can
-fail, to show that it does.
+fail and requires the verdict differs: a check that reads "not measurable" against a broken
+implementation has not shown that it can fail.
 """
 
 from __future__ import annotations

@@ -9,66 +9,106 @@ from collections import Counter
 
 from llamablock.lab.record import DEFINITION, DIFFERS, NOT_MEASURABLE, REPRODUCED, Claim
 
-SECTIONS = {  # section: (title, what it measures, what its results mean)
+SECTIONS = {  # section: (title, what it measures); what the results mean is written from them (`meaning`)
     "15.1": (
         "Rotary position embedding",
         ("RoPE rotates each query and key pair by position times frequency; the module proves the score then "
          "depends only on the gap m - n. Every rotation below goes through the library's own RoPE, in float32."),
-        ("The identity is exact in algebra and holds in float32 to rounding that grows with the absolute "
-         "position; a learned table moves the score by orders of magnitude more, and has no row past its "
-         "length."),
     ),
     "15.2": (
         "Stretching RoPE, and ALiBi",
         ("Which RoPE pairs reach angles unseen in training when a 4,096-token model runs at 32,768, what each "
          "context-extension method does to them, ALiBi's slopes, and small models trained short and run long."),
-        ("The frequency claims are closed forms of the library's code and agree with the module, except its "
-         "wording about NTK-aware scaling: measured pair by pair, NTK slows most fast pairs too. The trained "
-         "claims need a model that uses position; when a small model does not, they are not measurable here."),
     ),
     "15.3": (
         "RMSNorm",
         ("RMSNorm drops LayerNorm's mean and shift. Parameters and outputs are checked exactly; speed is timed "
          "on one thread with both layers written the same way; quality is trained with the norm's placement "
          "fixed."),
-        ("The parameter and correlation claims hold exactly. Speed depends on how the layers are written: only "
-         "the like-for-like timing speaks to the 10-15% claim, and only when its spread is below the effect."),
     ),
     "15.4": (
         "SwiGLU",
         ("The gated feed-forward layer, the 8/3 width rule and what it keeps equal, and quality at equal size."),
-        ("Values, gate, widths, parameters and arithmetic follow from the library's layers exactly. The "
-         "quality claim is a trained comparison at a small size and short budget; see its details."),
     ),
     "15.5": (
         "Grouped-query attention",
         ("Cache sizes against the bytes llamablock's KVCache allocates; GQA against MHA with copied key/value "
          "heads on both attention paths; the parameter law; decode speed on one thread; conversion from MHA."),
-        ("GQA is MHA with tied key/value heads (to float32 rounding on every path), and the cache shrinks "
-         "exactly with the KV heads. Whether that shows as speed depends on whether reading the cache "
-         "dominates on this CPU, which the decode claim checks before judging."),
     ),
     "15.6": (
         "The 2017 and the 2024 block",
         ("The module's table in this project's two presets, the residual stream through trained models, and "
          "the two blocks trained at equal parameters."),
-        ("The presets carry every row of the module's table; the stream measurements show pre-LN growth and "
-         "post-LN reset; the trained comparison is small-scale evidence, stated with its seed spread."),
     ),
     "exercises": (
         "Exercises",
         ("Each exercise of the module answered by the code, the module's answer beside it."),
-        ("Every numeric exercise is computed by the library's own functions; the recall question is a "
-         "definition."),
     ),
     "beyond": (
         "Beyond the module: what came next",
         ("Not claims of the module: the two changes the block's descendants made (q/k norm in Qwen3 and Gemma 3, "
          "sandwich norms in Gemma 2 and 3), each trained as one change to the 2024 block and judged on the "
          "claim its authors made. Counted apart from the module's claims."),
-        ("Both changes target instabilities that grow with scale; a small model shows them only if the 2024 block "
-         "itself suffers at the high learning rate, which each verdict checks first."),
     ),
+}
+
+# What a claim's outcome means, one sentence per outcome, used only when that outcome is the run's:
+# claim id -> (if reproduced, if it differs). {measured} and {module} are the claim's figures.
+READINGS = {
+    "15.1.rotation-identity": ("RoPE's score depends only on the gap m - n, as the module proves",
+                               "RoPE's score here is not a function of the gap alone ({measured})"),
+    "15.1.rope-head-offset": ("a head's float32 scores stay within the rounding float32 allows, also moved 500 tokens "
+                              "and near position 20,000",
+                              "a head's float32 scores leave the rounding float32 allows"),
+    "15.1.learned-table-shift": ("the trained learned table moves the same pair's score when the pair moves ({measured}), "
+                                 "more than 1e5 times RoPE's change",
+                                 "the trained learned table's shift ({measured}) does not stand 1e5 times above RoPE's"),
+    "15.2.ntk-wording": ("NTK-aware scaling leaves the fast pairs alone, as the module words it",
+                         "measured pair by pair, NTK-aware scaling also slows fast pairs the module says it leaves "
+                         "alone"),
+    "15.2.unscaled-rise": ("unscaled RoPE run past its training length loses quality ({measured} nats)",
+                           "unscaled RoPE did not lose quality past its training length here ({measured} nats)"),
+    "15.2.long-context": ("ALiBi's loss rise past L ({measured} nats) is at most half of unscaled RoPE's",
+                          "ALiBi's loss rise past L ({measured} nats) is more than half of unscaled RoPE's"),
+    "15.2.interpolation-finetune": ("fine-tuning helps the interpolated model more than the same steps help unscaled "
+                                    "RoPE (gains {measured})",
+                                    "fine-tuning helped the interpolated model no more than the same steps help "
+                                    "unscaled RoPE (gains {measured})"),
+    "15.2.extensions-recover": ("YaRN with brief fine-tuning removes {measured} of unscaled RoPE's long-context rise "
+                                "and beats the fine-tuned control",
+                                "YaRN with brief fine-tuning did not recover long-context quality beyond the "
+                                "fine-tuned control (share removed {measured})"),
+    "15.3.speed-fused": ("compiled, RMSNorm takes {measured} of a three-pass LayerNorm's time, inside the module's "
+                         "10-15% saving at every width",
+                         "compiled, RMSNorm takes {measured} of a three-pass LayerNorm's time, outside the module's "
+                         "10-15% saving at some width"),
+    "15.3.training-quality": ("the model with RMSNorm trained about as well as with LayerNorm ({measured} nats)",
+                              "the model with RMSNorm trained worse than with LayerNorm ({measured} nats)"),
+    "15.4.gate-closes": ("the library's SwiGLU unit closes when its gate input is large and negative",
+                         "the library's SwiGLU unit does not close as Swish(gate) x up says"),
+    "15.4.training-quality": ("SwiGLU reached a lower loss than the ungated layers at equal size ({measured} nats)",
+                              "SwiGLU did not beat the ungated layers at equal size here ({measured} nats)"),
+    "15.5.gqa-equals-mha": ("GQA computes what MHA with copied key/value heads computes, bit for bit at h_kv = h_q",
+                            "GQA does not compute what MHA with copied key/value heads computes ({measured})"),
+    "15.5.decode-speed": ("on this CPU the smaller cache shows as speed: 32 -> 8 KV heads decodes {measured}x "
+                          "faster, within the module's 3-4x widened by the spread",
+                          "on this CPU 32 -> 8 KV heads decodes {measured}x faster, outside the module's 3-4x"),
+    "15.5.training-quality": ("GQA's loss stayed within the noise of MHA's and below MQA's (GQA - MHA, MQA - GQA: "
+                              "{measured})",
+                              "GQA's loss was not both close to MHA's and below MQA's (GQA - MHA, MQA - GQA: "
+                              "{measured})"),
+    "15.5.mha-to-gqa": ("an MHA model averaged into GQA and trained briefly recovers and ends below the control "
+                        "(gap to MHA at conversion, after: {measured})",
+                        "an MHA model averaged into GQA and trained briefly does not both recover and beat the "
+                        "control (gap to MHA at conversion, after: {measured})"),
+    "15.6.residual-stream": ("with pre-LN the stream grows block by block until the final RMSNorm, and post-LN "
+                             "resets it",
+                             "the stream does not show pre-LN growth, the final norm's clean-up and post-LN reset"),
+    "15.6.ablation": ("the 2024 block trained at least as well as the 2017 one ({measured} nats)",
+                      "the 2024 block did not train as well as the 2017 one ({measured} nats)"),
+    "15.6.training-stability": ("at ten times the learning rate the 2024 block held up better (rises {measured})",
+                                "at ten times the learning rate the 2024 block did not hold up better (rises "
+                                "{measured})"),
 }
 
 
@@ -149,19 +189,63 @@ def _table(rows: list[dict]) -> list[str]:
             + ["| " + " | ".join(cell(k, r.get(k, "")) for k in keys) + " |" for r in rows])
 
 
-def meaning(section: str, part: list[Claim]) -> str:
-    counts = Counter(c.verdict for c in part)
-    said = SECTIONS[section][2]
-    tally = ", ".join(f"{n} {v}" for v, n in counts.most_common())
-    odd = [c.id for c in part if c.verdict in (DIFFERS, NOT_MEASURABLE)]
-    text = f"**What this means.** {said} Here: {tally}."
-    if odd:
-        text += " Each " + ("of " if len(odd) > 1 else "") + ", ".join(f"`{i}`" for i in odd) + \
-                " says in its details what was measured and why it may differ from the module."
-    return text
+def _names(part: list[Claim]) -> str:
+    return ", ".join(f"`{c.id}`" for c in part)
 
 
-def render_report(claims: list[Claim], env: dict, quick: bool, timings: dict[str, float] | None = None) -> str:
+def _figure(v, width: int = 48) -> str:
+    text = fmt(v)
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def meaning(section: str, part: list[Claim], quick: bool, missing: list[str] = ()) -> str:
+    """What this section's results mean, written from them: which claims reproduced, differed, were not
+    measurable or are definitions, the reading of each key claim for the outcome it had (READINGS),
+    what rests on the quick run only, and which of the section's claims this run did not measure. A
+    sentence that another outcome would make false is never written."""
+    by = {v: [c for c in part if c.verdict == v] for v in (REPRODUCED, DIFFERS, NOT_MEASURABLE, DEFINITION)}
+    judged = len(by[REPRODUCED]) + len(by[DIFFERS])
+    text = [f"**What this means.** Of {len(part)} claim{'s' if len(part) != 1 else ''} measured here, "
+            f"{len(by[REPRODUCED])} reproduced, {len(by[DIFFERS])} differ"
+            f"{'s' if len(by[DIFFERS]) == 1 else ''}, {len(by[NOT_MEASURABLE])} could not be judged and "
+            f"{len(by[DEFINITION])} hold{'s' if len(by[DEFINITION]) == 1 else ''} by construction."]
+    if judged and not by[DIFFERS]:
+        text.append("Every claim that could be judged here reproduced.")
+    said = []
+    for c in by[REPRODUCED] + by[DIFFERS]:
+        if c.id in READINGS:
+            template = READINGS[c.id][0 if c.verdict == REPRODUCED else 1]
+            said.append(template.format(measured=_figure(c.measured), module=_figure(c.source_value)))
+    if said:
+        text.append("In this run: " + "; ".join(said) + ".")
+    if by[DIFFERS]:
+        text.append("Differs: " + "; ".join(f"`{c.id}`, module {_figure(c.source_value)}, measured "
+                                             f"{_figure(c.measured)}" for c in by[DIFFERS])
+                    + ". Each says in its details how it differs and why it may.")
+    if by[NOT_MEASURABLE]:
+        one = len(by[NOT_MEASURABLE]) == 1
+        text.append(f"Not measurable here: {_names(by[NOT_MEASURABLE])}; the details give the reason, and "
+                    f"{'it says' if one else 'these say'} nothing for or against the statement{'' if one else 's'}.")
+    if by[DEFINITION]:
+        text.append(f"{_names(by[DEFINITION])} hold{'s' if len(by[DEFINITION]) == 1 else ''} by construction and "
+                    "is shown, not counted." if len(by[DEFINITION]) == 1 else
+                    f"{_names(by[DEFINITION])} hold by construction and are shown, not counted.")
+    reasons: dict[str, list[Claim]] = {}
+    for c in part:
+        if c.indicative:
+            reasons.setdefault(c.indicative, []).append(c)
+    for reason, group in reasons.items():
+        text.append(f"Indicative only, not evidence either way ({reason}): {_names(group)}.")
+    if missing:
+        text.append(f"This run did not record {', '.join(f'`{i}`' for i in missing)}, so nothing here speaks "
+                    f"for or against {'that statement' if len(missing) == 1 else 'those statements'}.")
+    return " ".join(text)
+
+
+def render_report(claims: list[Claim], env: dict, quick: bool, timings: dict[str, float] | None = None,
+                  declared: dict[str, list[str]] | None = None) -> str:
+    """The report. `declared`: section -> the claim ids the lab's experiments declare for it, so that a
+    paragraph can say which of them this run did not record (runner.declared)."""
     lines = [
         "# The LLaMA Block, measured",
         "",
@@ -182,7 +266,7 @@ def render_report(claims: list[Claim], env: dict, quick: bool, timings: dict[str
         lines += [("With --quick the claims that need training rest on small models, few steps and one seed, and "
                    "are marked indicative. `llamablock lab` without --quick trains larger models for longer, with "
                    "three seeds."), ""]
-    for section, (title, intro, _) in SECTIONS.items():
+    for section, (title, intro) in SECTIONS.items():
         part = [c for c in claims if c.section == section]
         if not part:
             continue
@@ -198,7 +282,9 @@ def render_report(claims: list[Claim], env: dict, quick: bool, timings: dict[str
             if c.table:
                 lines += [""] + ["  " + row for row in _table(c.table)] + [""]
             lines += [f"\n  ![{c.id}]({p})" for p in c.plots]
-        lines += ["", meaning(section, part), ""]
+        recorded = {c.id for c in part}
+        missing = [i for i in (declared or {}).get(section, []) if i not in recorded]
+        lines += ["", meaning(section, part, quick, missing), ""]
     if timings:
         lines += ["## Run", "", "| experiment | seconds |", "|---|---|"]
         lines += [f"| {title} | {sec:.1f} |" for title, sec in timings.items()] + [""]

@@ -56,6 +56,12 @@ def claim_ids(module: str) -> tuple[str, ...]:
     return importlib.import_module(module).CLAIMS
 
 
+def declared(section: str) -> list[str]:
+    """The claim ids the lab's experiments declare for `section`, in the experiments' order."""
+    prefix = {"exercises": "ex.", "beyond": "beyond."}.get(section, section + ".")
+    return [i for module, *_ in EXPERIMENTS for i in claim_ids(module) if i.startswith(prefix)]
+
+
 def run_lab(out: Path, quick: bool = True, only: list[str] | None = None, progress: bool = True) -> list[Claim]:
     experiments, keep = parse_only(only)
     out.mkdir(parents=True, exist_ok=True)
@@ -92,7 +98,8 @@ def write_results(out: Path, claims: list[Claim], quick: bool, timings: dict[str
     env = environment()
     doc = {"environment": env, "quick": quick, "seconds": timings or {}, "claims": [c.to_dict() for c in claims]}
     atomic_write(out / "results.json", lambda p: p.write_text(json.dumps(doc, indent=2, default=str)))
-    atomic_write(out / "report.md", lambda p: p.write_text(render_report(claims, env, quick, timings)))
+    expected = {s: declared(s) for s in SECTIONS}
+    atomic_write(out / "report.md", lambda p: p.write_text(render_report(claims, env, quick, timings, expected)))
 
 
 def _short(value, width: int) -> str:

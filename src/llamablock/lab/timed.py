@@ -39,7 +39,7 @@ def rounds(fns: dict[str, Callable[[], object]], repeats: int, warmup: int = 2) 
 
 def ratio(samples: dict[str, list[float]], num: str, den: str) -> dict:
     """Median of the per-round ratios num / den, and their spread (interquartile range / 2)."""
-    r = sorted(a / b for a, b in zip(samples[num], samples[den]))
+    r = sorted(a / b for a, b in zip(samples[num], samples[den], strict=True))
     q = statistics.quantiles(r, n=4) if len(r) >= 2 else [r[0]] * 3
     return {"median": statistics.median(r), "spread": (q[2] - q[0]) / 2, "rounds": len(r),
             "ms": (statistics.median(samples[num]) * 1e3, statistics.median(samples[den]) * 1e3)}

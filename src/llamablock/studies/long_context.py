@@ -7,7 +7,8 @@ validation windows of 2L, 4L and 8L tokens, loss averaged over windows at every 
   * RoPE, without fine-tuning, under each scaling type of `rope_scaling.py` with factor
     s = length / L and original length L: none, linear (position interpolation), ntk (static
     NTK-aware base), dynamic (NTK with the factor grown from the current length), yarn;
-  * RoPE after a short fine-tune at 4L with linear and with yarn (s = 4);
+  * RoPE after a short fine-tune at 4L with linear and with yarn (s = 4), and unscaled for the same
+    steps: the control for the gain any extra training gives an undertrained model;
   * ALiBi as trained (no parameters depend on length);
   * learned positions only up to L: the table has no row past L-1, so the model is undefined
     there (positions.py raises) and is evaluated only where it is defined.
@@ -103,7 +104,7 @@ def run_long_context(L: int = 64, steps: int = 300, finetune_steps: int = 40, le
             m = _with_rope(trained["rope"], rope_scaling_for(method, k, L))
             curves[f"rope {method}"][k * L] = loss_by_position(m, val, k * L, windows)
     ft_len = 4 * L if 4 in lengths else max(lengths) * L
-    for method in ("linear", "yarn"):
+    for method in ("none", "linear", "yarn"):  # none: the control, the same extra steps unscaled
         scaling = rope_scaling_for(method, ft_len // L, L)
         start = time.perf_counter()
         ft = TrainConfig(**{**dataclasses.asdict(t), "steps": finetune_steps, "context": ft_len, "lr": 3e-4,
