@@ -183,7 +183,7 @@ class StaticKVCache:
 
     def tensors(self) -> list[torch.Tensor]:
         """k0, v0, k1, v1, ...: the order in which a compiled program takes them as inputs."""
-        return [t for pair in zip(self.keys, self.values) for t in pair]
+        return [t for pair in zip(self.keys, self.values, strict=True) for t in pair]
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.keys + self.values)

@@ -110,7 +110,7 @@ class Decoder(nn.Module):
             raise ValueError(f"position_ids shape {tuple(position_ids.shape)} must equal input_ids shape {tuple(input_ids.shape)}")
         x = self.embed_tokens(input_ids, position_ids)  # (b, t, D)
         inputs = {kind: self.attention_inputs(position_ids, cache, pad_mask, x.dtype, kind) for kind in self.kinds_present}
-        for kind, layer in zip(self.kinds, self.layers):
+        for kind, layer in zip(self.kinds, self.layers, strict=True):
             x = layer(x, inputs[kind], cache)
         if cache is not None:
             cache.advance(input_ids.shape[1])

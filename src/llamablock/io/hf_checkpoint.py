@@ -37,7 +37,7 @@ def split_fused(cfg: ModelConfig, tensors: dict[str, torch.Tensor]) -> None:
     for key in [k for k in tensors if any(f".{f}." in k for f in HF_FUSED)]:
         fused = next(f for f in HF_FUSED if f".{f}." in key)
         pieces = split_rows(tensors.pop(key), tuple(ours[p] for p in HF_FUSED[fused]), cfg, key)
-        for part, piece in zip(HF_FUSED[fused], pieces):
+        for part, piece in zip(HF_FUSED[fused], pieces, strict=True):
             tensors[key.replace(fused, part)] = piece
 
 
