@@ -162,11 +162,11 @@ def pad_keys(mask: torch.Tensor, s: int) -> torch.Tensor:
 class StaticKVCache:
     """L slots per layer, written in place at a position; the caller masks the slots not yet written."""
 
-    def __init__(self, cfg: ModelConfig, batch_size: int, length: int,
+    def __init__(self, cfg: ModelConfig, batch_size: int, slots: int,
                  dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"):
-        self.length = length
-        self.keys = _buffers(cfg, batch_size, length, dtype, device)
-        self.values = _buffers(cfg, batch_size, length, dtype, device)
+        self.slots = slots  # L, fixed (KVCache.length counts tokens stored; here every slot always exists)
+        self.keys = _buffers(cfg, batch_size, slots, dtype, device)
+        self.values = _buffers(cfg, batch_size, slots, dtype, device)
 
     def fill(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store a prompt's k, v (b, n_kv, t, hd) in slots 0..t-1."""

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from llamablock.commands.train import model_config
+from llamablock.commands.train import config_from_flags
 from llamablock.training.train import TrainConfig, train
 
 SET = ["d_model=32", "n_layers=2", "n_heads=4", "n_kv_heads=2", "d_ff=64", "max_seq_len=32"]
@@ -27,7 +27,7 @@ def test_two_process_ddp_matches_single_process(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     ddp = [json.loads(x) for x in (out / "log.jsonl").read_text().splitlines()]
 
-    single = train(model_config(None, "2024", [s for s in SET]), TrainConfig(**ARGS), None, progress=False)["history"]
+    single = train(config_from_flags(None, "2024", [s for s in SET]), TrainConfig(**ARGS), None, progress=False)["history"]
     assert [r["step"] for r in ddp] == [r["step"] for r in single] == list(range(1, 7))
     # Same global batch, gradients averaged by DDP's all-reduce instead of one mean: equal up to
     # float32 summation order. Stated tolerance: 1e-4 nats after 6 AdamW steps.

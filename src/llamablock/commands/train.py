@@ -69,7 +69,7 @@ def _convert(name: str, text: str, allowed: tuple):
     raise ValueError(f"--set {name}={text}: {name} expects {names}")
 
 
-def model_config(preset_name: str | None, arch: str | None, overrides: list[str] | None) -> ModelConfig:
+def config_from_flags(preset_name: str | None, arch: str | None, overrides: list[str] | None) -> ModelConfig:
     if arch is not None and preset_name is not None and ARCHS[arch] != preset_name:
         raise UsageError(f"--arch {arch} means --preset {ARCHS[arch]}; give one of the two")
     name = ARCHS[arch] if arch is not None else (preset_name or "gpt-2017-small")
@@ -121,7 +121,7 @@ def _resume_model(args) -> dict | None:
     """The ModelConfig fields the model flags of a --resume imply, for comparison with the run's own:
     with --preset or --arch the whole preset (and --set), with --set alone just those fields."""
     if args.preset or args.arch:
-        return model_config(args.preset, args.arch, args.overrides).to_dict()
+        return config_from_flags(args.preset, args.arch, args.overrides).to_dict()
     return parse_overrides(args.overrides) or None
 
 
@@ -140,7 +140,7 @@ def run(args) -> int:
         resume_model = _resume_model(args)  # an unchanged flag is accepted, a changed one refused by name
         cfg, tcfg = None, None
     else:
-        cfg = model_config(args.preset, args.arch, args.overrides)
+        cfg = config_from_flags(args.preset, args.arch, args.overrides)
         tcfg = TrainConfig(**{k: v for k, v in _train_flags(args).items() if v is not None},
                            steps=args.steps if args.steps is not None else TrainConfig.steps)
     info = dd.from_env(args.device)

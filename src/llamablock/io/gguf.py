@@ -247,7 +247,7 @@ def gguf_tensors(reader, cfg: ModelConfig, expected: dict[str, torch.Size], dtyp
             continue
         gguf_kind = t.name.split(".")[2] if t.name.startswith("blk.") else ""
         if fam.is_fused(cfg.family, gguf_kind):  # Phi-3: one tensor holds several of ours
-            parts = fam.split_fused(gguf_kind, f"layers.{t.name.split('.')[1]}", dequantize_to(t, dtype), cfg)
+            parts = fam.split_gguf_fused(gguf_kind, f"layers.{t.name.split('.')[1]}", dequantize_to(t, dtype), cfg)
         else:
             name = our_name(t.name)
             chunk = name in chunked and name.split(".")[-2] not in ("wq", "wk")  # wq, wk are permuted whole

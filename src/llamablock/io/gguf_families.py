@@ -99,7 +99,7 @@ def phi3_longrope(arch: str, meta: dict, factors: dict[str, torch.Tensor]) -> di
     return scaling
 
 
-def split_fused(gguf_kind: str, layer: str, w: torch.Tensor, cfg) -> list[tuple[str, torch.Tensor]]:
+def split_gguf_fused(gguf_kind: str, layer: str, w: torch.Tensor, cfg) -> list[tuple[str, torch.Tensor]]:
     """Phi-3's fused tensor `w` of `layer` ("layers.N") as (our name, rows) for each part, in row order."""
     pieces = split_rows(w, GGUF_FUSED[gguf_kind], cfg, f"blk.{layer.split('.')[1]}.{gguf_kind}.weight")
     return [(f"{layer}.{part}.weight", piece.contiguous()) for part, piece in zip(GGUF_FUSED[gguf_kind], pieces, strict=True)]

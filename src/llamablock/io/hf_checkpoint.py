@@ -31,7 +31,7 @@ from llamablock.util.files import atomic_write
 from llamablock.util.reads import MAX_JSON, read_bytes_bounded
 
 
-def split_fused(cfg: ModelConfig, tensors: dict[str, torch.Tensor]) -> None:
+def split_hf_fused(cfg: ModelConfig, tensors: dict[str, torch.Tensor]) -> None:
     """Phi-3's fused projections replaced, in place, by the separate ones (views of their rows)."""
     ours = {theirs: mine for mine, theirs in HF_LAYER.items()}
     for key in [k for k in tensors if any(f".{f}." in k for f in HF_FUSED)]:
@@ -42,7 +42,7 @@ def split_fused(cfg: ModelConfig, tensors: dict[str, torch.Tensor]) -> None:
 
 
 def fuse(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The inverse of split_fused: Phi-3's qkv_proj and gate_up_proj from the separate tensors."""
+    """The inverse of split_hf_fused: Phi-3's qkv_proj and gate_up_proj from the separate tensors."""
     out = dict(tensors)
     for fused, parts in HF_FUSED.items():
         for key in [k for k in tensors if f".{parts[0]}." in k]:
@@ -142,7 +142,7 @@ def load_hf_dir(path: str | Path, dtype: torch.dtype | None = None, cfg: ModelCo
     cfg = cfg or read_hf_config(path)[0]
     tensors = _language_model(read_safetensors(path))
     if FAMILIES[cfg.family].fused:
-        split_fused(cfg, tensors)
+        split_hf_fused(cfg, tensors)
     check_sizes(cfg, tensors, path)
     model = empty_decoder(cfg)
     state = {}
