@@ -77,6 +77,35 @@ def _check(model, ids: list[int], context: int, stride: int) -> None:
         raise ValueError(f"--stride must be in 1..{context} (the context), got {stride}")
 
 
+def sliding_windows(n: int, context: int, stride: int) -> list[tuple[int, int, int]]:
+    """(begin, end, new) of each window of the strided evaluation over n tokens: tokens begin..end-1
+    go in, and the losses of the last `new` targets (tokens end-new .. end-1) are the ones kept.
+    Every target 1..n-1 is kept exactly once, and a kept target p sees min(p, context - stride)
+    tokens of history or more (tests/runtime/test_sliding_windows.py)."""
+    if not (n >= 2 and 2 <= context and 1 <= stride <= context):
+        raise ValueError(f"sliding windows need n >= 2 tokens, context >= 2 and 1 <= stride <= context; "
+                         f"got n={n}, context={context}, stride={stride}")
+    return list(_windows(n, context, stride))
+
+
+@torch.no_grad()
+def sliding_token_losses(model, ids: torch.Tensor, context: int, stride: int, chunk: int = 1024) -> torch.Tensor:
+    """The strided evaluation kept token by token: (n - 1,) float32 nats for `ids` (1, n), losses[i]
+    for predicting ids[i + 1] from the window that kept it (`sliding_windows`), each window at
+    positions 0.. as the model was trained. The head runs on the kept tokens only, `chunk` at a time."""
+    if ids.dim() != 2 or ids.shape[0] != 1:
+        raise ValueError(f"sliding_token_losses takes one sequence, shape (1, n); got {tuple(ids.shape)}")
+    out = torch.empty(ids.shape[1] - 1, dtype=torch.float32, device=ids.device)
+    for begin, end, new in sliding_windows(ids.shape[1], context, stride):
+        x = model.hidden(ids[:, begin:end])[0, -new - 1:-1]  # (new, D): the states that predict the kept targets
+        targets = ids[0, end - new:end]
+        for a in range(0, new, chunk):
+            logits = model.logits(x[a:a + chunk]).float()  # (chunk, V)
+            out[end - new - 1 + a:end - new - 1 + a + logits.shape[0]] = F.cross_entropy(
+                logits, targets[a:a + chunk], reduction="none")
+    return out
+
+
 @torch.no_grad()
 def sliding_perplexity(model, ids: list[int], context: int, stride: int, progress: bool = False) -> tuple[float, int]:
     """(perplexity, tokens scored) of `ids` under `model`."""
