@@ -15,8 +15,16 @@ from hf_reference import tiny_hf_model
 
 import llamablock
 from llamablock.runtime.evaluate import token_losses
-from llamablock.studies.context_extension import method_losses, rope_scaling_for, with_rope_scaling
-from llamablock.studies.grouped_attention import SelfExtend, Sinks, with_grouped_attention
+from llamablock.studies.context_extension import (
+    method_losses,
+    rope_scaling_for,
+    with_rope_scaling,
+)
+from llamablock.studies.grouped_attention import (
+    SelfExtend,
+    Sinks,
+    with_grouped_attention,
+)
 
 L, N, HEAD_DIM = 16, 48, 16
 

@@ -81,9 +81,10 @@ def sliding_windows(n: int, context: int, stride: int) -> list[tuple[int, int, i
     """(begin, end, new) of each window of the strided evaluation over n tokens: tokens begin..end-1
     go in, and the losses of the last `new` targets (tokens end-new .. end-1) are the ones kept.
     Every target 1..n-1 is kept exactly once, and a kept target p sees min(p, context - stride)
-    tokens of history or more (tests/runtime/test_sliding_windows.py)."""
-    if not (n >= 2 and 2 <= context and 1 <= stride <= context):
-        raise ValueError(f"sliding windows need n >= 2 tokens, context >= 2 and 1 <= stride <= context; "
+    tokens of history or more (tests/studies/test_rope_eval_reference.py)."""
+    # stride == context would leave each later window's first target with no history at all.
+    if not (n >= 2 and 2 <= context and 1 <= stride < context):
+        raise ValueError(f"sliding windows need n >= 2 tokens, context >= 2 and 1 <= stride < context; "
                          f"got n={n}, context={context}, stride={stride}")
     return list(_windows(n, context, stride))
 
@@ -92,12 +93,14 @@ def sliding_windows(n: int, context: int, stride: int) -> list[tuple[int, int, i
 def sliding_token_losses(model, ids: torch.Tensor, context: int, stride: int, chunk: int = 1024) -> torch.Tensor:
     """The strided evaluation kept token by token: (n - 1,) float32 nats for `ids` (1, n), losses[i]
     for predicting ids[i + 1] from the window that kept it (`sliding_windows`), each window at
-    positions 0.. as the model was trained. The head runs on the kept tokens only, `chunk` at a time."""
+    positions 0.. as the model was trained. A window's last token is only a target, so it is not
+    run: the queries sit at positions 0..context-2 (a model trained on L positions slides with
+    context L + 1). The head runs on the kept tokens only, `chunk` at a time."""
     if ids.dim() != 2 or ids.shape[0] != 1:
         raise ValueError(f"sliding_token_losses takes one sequence, shape (1, n); got {tuple(ids.shape)}")
     out = torch.empty(ids.shape[1] - 1, dtype=torch.float32, device=ids.device)
     for begin, end, new in sliding_windows(ids.shape[1], context, stride):
-        x = model.hidden(ids[:, begin:end])[0, -new - 1:-1]  # (new, D): the states that predict the kept targets
+        x = model.hidden(ids[:, begin:end - 1])[0, -new:]  # (new, D): the states that predict the kept targets
         targets = ids[0, end - new:end]
         for a in range(0, new, chunk):
             logits = model.logits(x[a:a + chunk]).float()  # (chunk, V)

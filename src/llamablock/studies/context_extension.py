@@ -15,9 +15,12 @@ A method is a change of the model's RoPE, applied to the same weights without fi
 
 The frequencies are rope_scaling.py's, equal to transformers' for the same `rope_scaling` dict;
 the original length L of every method is the checkpoint's `max_seq_len` (its trained context).
+Each document is one forward pass, so dynamic NTK takes its factor from the whole length N for
+every token, inside L too, as transformers' forward of the same N tokens does; in generation,
+where the length grows a token at a time, it would leave tokens inside L untouched.
 
 The reference that says whether a method uses the longer context: the unmodified model in its
-own window of L tokens sliding by a stride (runtime.evaluate.sliding_token_losses), on the same
+own window of L positions sliding by a stride (runtime.evaluate.sliding_token_losses), on the same
 tokens. Each document is one sequence from its start (the tokenizer adds BOS where the model
 uses one); loss i is the loss of predicting token i + 1 from tokens 0..i, so it sits at
 position i, made with i + 1 tokens of context (position_stats.py bins them).
@@ -29,9 +32,14 @@ import math
 
 import torch
 
+from llamablock.io.empty import empty_decoder
 from llamablock.model import Decoder
 from llamablock.runtime.evaluate import sliding_token_losses, token_losses
-from llamablock.studies.grouped_attention import SelfExtend, Sinks, with_grouped_attention
+from llamablock.studies.grouped_attention import (
+    SelfExtend,
+    Sinks,
+    with_grouped_attention,
+)
 
 ROPE_METHODS = ("none", "linear", "ntk", "dynamic", "yarn", "yarn-no-factor", "llama3")
 METHODS = ROPE_METHODS + ("self-extend", "sinks")
@@ -72,8 +80,7 @@ def default_sinks(trained: int) -> Sinks:
 
 def with_rope_scaling(model: Decoder, scaling: dict | None) -> Decoder:
     """A Decoder with `model`'s weights (shared, not copied) and `scaling` as its rope_scaling."""
-    with torch.device("meta"):  # shapes only: assign_weights gives it the model's tensors
-        copy = Decoder(model.cfg.replace(rope_scaling=scaling))
+    copy = empty_decoder(model.cfg.replace(rope_scaling=scaling))  # shapes only: assign_weights gives it the tensors
     return copy.assign_weights(dict(model.state_dict()))
 
 
@@ -102,8 +109,10 @@ def method_losses(model: Decoder, ids: torch.Tensor, method: str, factor: float,
 
 
 def reference_losses(model: Decoder, ids: torch.Tensor, stride: int, chunk: int = 1024) -> torch.Tensor:
-    """(n - 1,) losses of the unmodified model in windows of L tokens advancing by `stride`."""
-    return sliding_token_losses(model, ids, trained_context(model), stride, chunk=chunk)
+    """(n - 1,) losses of the unmodified model sliding by `stride`, its queries at positions 0..L-1
+    (windows of L + 1 tokens, the last one only a target): inside L it is the plain model itself,
+    and past L every token is predicted from at least L + 1 - stride tokens."""
+    return sliding_token_losses(model, ids, trained_context(model) + 1, stride, chunk=chunk)
 
 
 def work(method: str, n: int, trained: int, stride: int) -> int:
@@ -113,7 +122,7 @@ def work(method: str, n: int, trained: int, stride: int) -> int:
         return n * n // 2
     from llamablock.runtime.evaluate import sliding_windows
 
-    return sum((end - begin) ** 2 // 2 for begin, end, _ in sliding_windows(n, min(trained, n), stride))
+    return sum((end - begin) ** 2 // 2 for begin, end, _ in sliding_windows(n, trained + 1, stride))
 
 
 def shakespeare_documents(tok, tokens: int, count: int) -> list[tuple[str, list[int]]]:

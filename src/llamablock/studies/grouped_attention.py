@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from llamablock.attention import Attention
+from llamablock.io.empty import empty_decoder
 from llamablock.model import Decoder
 
 
@@ -126,9 +127,7 @@ def with_grouped_attention(model: Decoder, scheme: SelfExtend | Sinks, block: in
     if cfg.rope_scaling is not None or set(cfg.layer_kinds) != {"full"}:
         raise ValueError("self-extend and sinks are built here for models with plain RoPE on full-attention "
                          "layers only (no rope_scaling, no sliding-window layers)")
-    with torch.device("meta"):
-        copy = Decoder(cfg)
-    copy.assign_weights(dict(model.state_dict()))
+    copy = empty_decoder(cfg).assign_weights(dict(model.state_dict()))  # the same tensors, not copies
     for layer in copy.layers:
         layer.attn = GroupedAttention(layer.attn, scheme, block)
     return copy

@@ -62,8 +62,9 @@ def ranges(n_losses: int, trained: int) -> dict[str, tuple[int, int]]:
 def summarize(losses: dict[str, list[torch.Tensor]], trained: int, bin_size: int,
               reference: str = "reference") -> dict[str, dict]:
     """{method: {"bins": [...], "perplexity": {...}}} from each method's per-document losses
-    (all of one length). Bins of every method but the reference also carry `delta`, `delta_low`
-    and `delta_high`: the mean difference in nats from the reference there and its 95% interval."""
+    (all of one length). Each bin's `nll` comes with its 95% interval across documents (`nll_low`,
+    `nll_high`); every method but the reference also carries `delta`, `delta_low` and `delta_high`
+    per bin, and `delta` per range: the mean difference in nats from the reference and its interval."""
     n = {t.shape[0] for docs in losses.values() for t in docs}
     if len(n) != 1:
         raise ValueError(f"every document and method must have the same number of losses, got {sorted(n)}")
@@ -74,12 +75,19 @@ def summarize(losses: dict[str, list[torch.Tensor]], trained: int, bin_size: int
         bins = []
         for a, b in bin_edges(n, bin_size):
             means = [float(d[a:b].double().mean()) for d in docs]
-            row = {"start": a, "end": b, "nll": sum(means) / len(means)}
+            mean, low, high = interval(means)
+            row = {"start": a, "end": b, "nll": mean, "nll_low": low, "nll_high": high}
             if ref is not None and method != reference:
-                diffs = [m - float(r[a:b].double().mean()) for m, r in zip(means, ref)]
+                diffs = [m - float(r[a:b].double().mean()) for m, r in zip(means, ref, strict=True)]
                 row["delta"], row["delta_low"], row["delta_high"] = interval(diffs)
             bins.append(row)
+        spans = ranges(n, trained)
         ppl = {name: math.exp(sum(float(d[a:b].double().mean()) for d in docs) / len(docs))
-               for name, (a, b) in ranges(n, trained).items()}
+               for name, (a, b) in spans.items()}
         out[method] = {"bins": bins, "perplexity": ppl}
+        if ref is not None and method != reference:
+            out[method]["delta"] = {
+                name: dict(zip(("mean", "low", "high"), interval(
+                    [float(d[a:b].double().mean() - r[a:b].double().mean()) for d, r in zip(docs, ref, strict=True)]), strict=True))
+                for name, (a, b) in spans.items()}
     return out
