@@ -34,8 +34,18 @@ def _longrope():
             "factor": 3.0, "original_max_position_embeddings": L}
 
 
-SCALINGS = {m: rope_scaling_for(m, N / L, L) for m in ("linear", "dynamic", "yarn", "yarn-no-factor", "llama3")}
-SCALINGS["longrope"] = _longrope()
+# What each named method of `rope eval` means at factor N / L = 3 from L = 16, written out here
+# (transformers' keys; llama3's band is Llama 3.1's published low 1, high 4).
+NAMED = {
+    "linear": {"rope_type": "linear", "factor": 3.0},
+    "dynamic": {"rope_type": "dynamic", "factor": 3.0},
+    "yarn": {"rope_type": "yarn", "factor": 3.0, "original_max_position_embeddings": L},
+    "yarn-no-factor": {"rope_type": "yarn", "factor": 3.0, "original_max_position_embeddings": L,
+                       "attention_factor": 1.0},
+    "llama3": {"rope_type": "llama3", "factor": 3.0, "original_max_position_embeddings": L,
+               "low_freq_factor": 1.0, "high_freq_factor": 4.0},
+}
+SCALINGS = {**NAMED, "longrope": _longrope()}
 
 
 def _hf(tmp_path, scaling=None, **kw):
@@ -65,6 +75,11 @@ def test_method_losses_equal_transformers_past_the_context_and_at_an_offset(tmp_
         # the same seed gives it the same weights, with transformers' own scaling.
         hf = _hf(tmp_path / f"hf{start}", SCALINGS[name])
         assert (got - _hf_losses(hf, ids, pos)).abs().max() <= 1e-4
+
+
+@pytest.mark.parametrize("name", sorted(NAMED))
+def test_each_named_method_is_its_scaling(name):
+    assert rope_scaling_for(name, N / L, L) == NAMED[name]
 
 
 def test_named_methods_reach_the_same_losses_as_their_scaling(tmp_path):
