@@ -63,3 +63,18 @@ def test_json_plot_and_cache(capsys, files):
 def test_bad_input_is_one_line(capsys, files, extra, message):
     code, out = _run(capsys, files, *extra)
     assert code == 2 and message in out.err and len(out.err.strip().splitlines()) == 1
+
+
+def test_passkey_plumbing(capsys, tmp_path):
+    """The task's plumbing on a random tiny model (its accuracy means nothing): prompts of the asked
+    lengths, every method answered, and the control's verdict on a model that cannot find the key."""
+    write_tiny_gguf(tmp_path / "t.gguf", tiny_hf_model("llama", n_heads=4, n_kv=2, max_position_embeddings=512))
+    code = cli.main(["rope", "eval", "--task", "passkey", "--model", str(tmp_path / "t.gguf"), "--tokens", "1024",
+                     "--methods", "none,yarn,sinks", "--trials", "1", "--json"])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    r = json.loads(out.out)
+    assert r["lengths"] == [256, 512, 1024] and set(r["methods"]) == {"none", "yarn", "sinks"}
+    assert all(set(acc) == {"256", "512", "1024"} and all(0 <= a <= 1 for a in acc.values()) for acc in r["methods"].values())
+    assert set(r["control"]) == {"256", "512"}
+    assert r["verdict"].startswith("not measurable") == (min(r["control"].values()) < 0.5)

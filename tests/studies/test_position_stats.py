@@ -7,7 +7,12 @@ from statistics import NormalDist
 import pytest
 import torch
 
-from llamablock.studies.position_stats import interval, ranges, summarize, t_quantile_975
+from llamablock.studies.position_stats import (
+    interval,
+    ranges,
+    summarize,
+    t_quantile_975,
+)
 
 
 def test_t_quantile_matches_closed_forms():

@@ -46,3 +46,21 @@ def test_sliding_token_losses_equal_each_window_run_alone(tmp_path):
     # Inside L the reference is the plain model: its first window holds positions 0..L-1.
     ref = reference_losses(model, ids, stride=4)
     assert (ref[:16] - token_losses(model, ids)[:16]).abs().max() <= 1e-5
+
+
+def test_passkey_prompt_hides_the_key_at_its_depth_within_the_length():
+    from gguf_tiny import tiny_vocab
+
+    from llamablock.io.tokenizer import Tokenizer, byte_level_bpe
+    from llamablock.studies.passkey import passkey_prompt
+
+    tokens, merges = tiny_vocab(97)
+    tok = Tokenizer(byte_level_bpe(tokens, merges, None), 0, [1])
+    for depth in (0.1, 0.5, 0.9):
+        ids = passkey_prompt(tok, 2000, depth, 12345)
+        text = tok.decode(ids)
+        assert 1900 <= len(ids) <= 2000 and text.endswith("The pass key is") and "12345" in text
+        where = text.index("12345") / len(text)
+        assert abs(where - depth) < 0.1
+    with pytest.raises(ValueError, match="more than 50 tokens"):
+        passkey_prompt(tok, 50, 0.5, 12345)

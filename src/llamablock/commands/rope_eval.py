@@ -35,6 +35,10 @@ def add_arguments(p) -> None:
     p.add_argument("--cache-dir", default=None, metavar="DIR",
                    help="where per-token losses are kept between runs (default: ~/.cache/llamablock/rope-eval)")
     p.add_argument("--no-cache", action="store_true", help="compute everything, keep nothing")
+    p.add_argument("--task", choices=("loss", "passkey"), default="loss",
+                   help="loss: per-token loss by position; passkey: find a five-digit key hidden at 10/50/90%% depth, "
+                        "at lengths L/2, L (the control) and N (default %(default)s)")
+    p.add_argument("--trials", type=int, default=2, help="passkey: keys per depth and length (default %(default)s)")
     p.add_argument("--json", action="store_true", dest="eval_json", help="print the result as one JSON object")
     p.add_argument("--plot", metavar="FILE.png", dest="eval_plot", help="loss by position, one line per method (matplotlib)")
 
@@ -101,6 +105,8 @@ def run(args) -> int:
 
         d = default_self_extend(tokens, L)
         self_extend = SelfExtend(group=args.grp_attn_n or d.group, window=args.grp_attn_w or d.window)
+    if args.task == "passkey":
+        return _passkey(args, model, tok, methods, tokens, factor)
     docs = _documents(args, tok, tokens)
     cache = LossCache(None if args.no_cache else (args.cache_dir or default_cache_dir()))
     losses = evaluate_methods(model, docs, methods, tokens, factor, stride, cache,
@@ -137,3 +143,26 @@ def _text(r: dict) -> str:
         lines.append(f"{method:<15}" + cells)
     lines += ["", f"cache: {r['cache']['hits']} passes read, {r['cache']['computed']} computed"]
     return "\n".join(lines)
+
+
+def _passkey(args, model, tok, methods: list[str], tokens: int, factor: float) -> int:
+    from llamablock.io.resolve import resolve_model
+    from llamablock.studies.passkey import run_passkey
+
+    if args.trials < 1:
+        raise UsageError(f"--trials must be at least 1, got {args.trials}")
+    L = model.cfg.max_seq_len
+    lengths = sorted({L // 2, L, tokens})
+    r = run_passkey(model, tok, methods, lengths, factor, args.trials, progress=not args.eval_json)
+    r = {"task": "passkey", "model": str(resolve_model(args.model)), "trained_context": L, "tokens": tokens,
+         "factor": factor, **r}
+    if args.eval_json:
+        print(json.dumps(r))
+        return 0
+    print(f"{r['model']}: passkey accuracy, {len(r['depths'])} depths x {r['trials']} keys per length "
+          f"(L = {L:,}, factor {factor:g})")
+    print(f"{'method':<15}" + "".join(f"{n:>10,}" for n in lengths))
+    for m, acc in r["methods"].items():
+        print(f"{m:<15}" + "".join(f"{acc[str(n)]:>10.2f}" for n in lengths))
+    print(r["verdict"])
+    return 0
