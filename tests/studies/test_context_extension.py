@@ -129,3 +129,21 @@ def test_sinks_equal_the_plain_model_on_what_a_streaming_cache_holds(tmp_path):
     for i in (W + S - 1, 20, N - 2):  # loss i predicts token i + 1 from the cache after token i
         kept = torch.cat((ids[:, :S], ids[:, i - W + 1:i + 1], ids[:, i + 1:i + 2]), dim=1)
         assert abs(token_losses(model, kept)[-1] - got[i]) <= 1e-5
+
+
+def test_every_rope_method_runs_on_sdpas_causal_path(tmp_path, monkeypatch):
+    """Bounded memory: each layer of each RoPE method's pass calls SDPA with is_causal and no mask
+    tensor (its CPU kernel attends in blocks), never the path that builds (t, s) masks and scores."""
+    from llamablock.studies.context_extension import ROPE_METHODS, method_model
+
+    _hf(tmp_path)
+    model = llamablock.load_pretrained(tmp_path)
+    calls = []
+    sdpa = F.scaled_dot_product_attention
+    monkeypatch.setattr(F, "scaled_dot_product_attention",
+                        lambda *a, **kw: calls.append((kw.get("is_causal"), kw.get("attn_mask"))) or sdpa(*a, **kw))
+    ids = torch.randint(0, 97, (1, N))
+    for method in ROPE_METHODS:
+        calls.clear()
+        token_losses(method_model(model, method, N / L, N), ids)
+        assert calls == [(True, None)] * model.cfg.n_layers, method

@@ -157,6 +157,8 @@ def evaluate_methods(model: Decoder, docs: list[tuple[str, list[int]]], methods:
     L = trained_context(model)
     self_extend = self_extend or default_self_extend(tokens, L)
     sinks = sinks or default_sinks(L)
+    for m in methods:  # a method this model cannot take is refused before any pass runs
+        method_model(model, m, factor, tokens, self_extend, sinks)
     settings = {"reference": {"stride": stride, "context": L}, "self-extend": vars(self_extend), "sinks": vars(sinks)}
     jobs = [(m, d) for m in ["reference", *methods] for d in range(len(docs))]
     out: dict[str, list[torch.Tensor]] = {m: [None] * len(docs) for m in ["reference", *methods]}
