@@ -31,6 +31,13 @@ def _run(capsys, files, *extra):
     return code, out
 
 
+def test_the_commands_list_is_the_studys():  # kept apart so that `--help` imports no torch
+    from llamablock.commands.rope_eval import ALL as listed
+    from llamablock.studies.context_extension import METHODS
+
+    assert tuple(listed) == METHODS == tuple(ALL)
+
+
 def test_json_plot_and_cache(capsys, files):
     code, out = _run(capsys, files, "--json", "--plot", str(files / "p.png"))
     assert code == 0, out.err

@@ -43,7 +43,7 @@ from llamablock.studies.grouped_attention import (
 
 ROPE_METHODS = ("none", "linear", "ntk", "dynamic", "yarn", "yarn-no-factor", "llama3")
 METHODS = ROPE_METHODS + ("self-extend", "sinks")
-SINK_TOKENS = 4  # StreamingLLM keeps four initial tokens (Xiao et al. 2023, section 3.2)
+SINK_TOKENS = 4  # StreamingLLM keeps four initial tokens (Xiao et al. 2023 find four suffice)
 
 
 def trained_context(model: Decoder) -> int:
