@@ -12,10 +12,12 @@ there, and the interval of a difference is Student's t over the documents' diffe
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 
 import torch
 
 
+@lru_cache(maxsize=None)  # one value per number of documents, asked for in every bin
 def t_quantile_975(df: int) -> float:
     """The 0.975 quantile of Student's t with `df` degrees of freedom: the CDF inverted by
     bisection, the CDF integrated from the density with Simpson's rule on [0, x] (the density is
