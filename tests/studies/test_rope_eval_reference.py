@@ -64,3 +64,23 @@ def test_passkey_prompt_hides_the_key_at_its_depth_within_the_length():
         assert abs(where - depth) < 0.1
     with pytest.raises(ValueError, match="more than 50 tokens"):
         passkey_prompt(tok, 50, 0.5, 12345)
+
+
+def test_default_documents_are_the_longest_plays_long_enough(monkeypatch):
+    from gguf_tiny import tiny_vocab
+
+    from llamablock.io.tokenizer import Tokenizer, byte_level_bpe
+    from llamablock.studies.context_extension import shakespeare_documents
+    from llamablock.training.data import list_plays, play_to_text
+
+    tokens, merges = tiny_vocab(97)  # about a token per character
+    tok = Tokenizer(byte_level_bpe(tokens, merges, None), 0, [1])
+    docs = shakespeare_documents(tok, 150_000, 2)
+    lengths = {f"{p.parent.name}/{p.stem}": len(play_to_text(p.read_text(encoding="utf-8"))) for p in list_plays("all")}
+    longest = sorted(lengths, key=lengths.get, reverse=True)
+    assert [name for name, _ in docs] == longest[:2] and all(len(ids) >= 150_000 for _, ids in docs)
+    import llamablock.training.data as data
+
+    monkeypatch.setattr(data, "list_plays", lambda corpus: list_plays(corpus)[:1])  # one play: quick to refuse
+    with pytest.raises(ValueError, match="no packaged play has"):
+        shakespeare_documents(tok, 10**7, 1)
