@@ -144,6 +144,37 @@ def test_every_rope_method_runs_on_sdpas_causal_path(tmp_path, monkeypatch):
                         lambda *a, **kw: calls.append((kw.get("is_causal"), kw.get("attn_mask"))) or sdpa(*a, **kw))
     ids = torch.randint(0, 97, (1, N))
     for method in ROPE_METHODS:
+        if method == "dynamic":
+            continue  # read a piece at a time after a cache (growing_token_losses): (step, n) scores
         calls.clear()
         token_losses(method_model(model, method, N / L, N), ids)
         assert calls == [(True, None)] * model.cfg.n_layers, method
+
+
+def test_growing_losses_step_one_equal_transformers_prefix_by_prefix(tmp_path):
+    """Dynamic NTK as a generation sees it: loss i from transformers' uncached forward of the prefix
+    0..i alone (its frequencies follow that prefix's length). One layer, so that a cache of keys kept
+    before rotation can equal the full forward (rope_scaling.rotates_cached_keys says why)."""
+    from llamablock.runtime.evaluate import growing_token_losses
+
+    _hf(tmp_path / "plain", num_hidden_layers=1)
+    ours = with_rope_scaling(llamablock.load_pretrained(tmp_path / "plain"), NAMED["dynamic"])
+    ids = torch.randint(0, 97, (1, 30))
+    got = growing_token_losses(ours, ids, first=10, step=1)
+    want = []
+    hf = _hf(tmp_path / "hf", NAMED["dynamic"], num_hidden_layers=1)
+    for i in range(29):  # increasing lengths only: transformers' dynamic keeps the largest length seen
+        with torch.no_grad():
+            logits = hf(input_ids=ids[:, :i + 1], use_cache=False).logits[0, -1]
+        want.append(F.cross_entropy(logits[None], ids[0, i + 1:i + 2]))
+    assert (got - torch.stack(want)).abs().max() <= 1e-4
+
+
+def test_growing_losses_equal_one_pass_where_frequencies_do_not_follow_the_length(tmp_path):
+    from llamablock.runtime.evaluate import growing_token_losses
+
+    _hf(tmp_path)
+    model = with_rope_scaling(llamablock.load_pretrained(tmp_path), NAMED["yarn"])
+    ids = torch.randint(0, 97, (1, N))
+    for first, step in ((16, 5), (1, 47), (30, 1)):
+        assert (growing_token_losses(model, ids, first, step, chunk=3) - token_losses(model, ids)).abs().max() <= 1e-5

@@ -15,9 +15,12 @@ A method is a change of the model's RoPE, applied to the same weights without fi
 
 The frequencies are rope_scaling.py's, equal to transformers' for the same `rope_scaling` dict;
 the original length L of every method is the checkpoint's `max_seq_len` (its trained context).
-Each document is one forward pass, so dynamic NTK takes its factor from the whole length N for
-every token, inside L too, as transformers' forward of the same N tokens does; in generation,
-where the length grows a token at a time, it would leave tokens inside L untouched.
+Each document is one forward pass, except under dynamic NTK, whose frequencies follow the length:
+one pass would give every token, inside L too, the factor of the whole length N (transformers'
+forward of N tokens does that), which no generation ever uses. So dynamic reads the first L
+tokens in one pass and then DYNAMIC_STEP tokens at a time after a KV cache of the earlier ones
+(runtime.evaluate.growing_token_losses): inside L it is the plain model, and a token past L turns
+with the factor of its own length rounded up to the step, as in a generation.
 
 The reference that says whether a method uses the longer context: the unmodified model in its
 own window of L positions sliding by a stride (runtime.evaluate.sliding_token_losses), on the same
@@ -34,7 +37,11 @@ import torch
 
 from llamablock.io.empty import empty_decoder
 from llamablock.model import Decoder
-from llamablock.runtime.evaluate import sliding_token_losses, token_losses
+from llamablock.runtime.evaluate import (
+    growing_token_losses,
+    sliding_token_losses,
+    token_losses,
+)
 from llamablock.studies.grouped_attention import (
     SelfExtend,
     Sinks,
@@ -43,6 +50,7 @@ from llamablock.studies.grouped_attention import (
 
 ROPE_METHODS = ("none", "linear", "ntk", "dynamic", "yarn", "yarn-no-factor", "llama3")
 METHODS = ROPE_METHODS + ("self-extend", "sinks")
+DYNAMIC_STEP = 256  # tokens per piece past L: the length a token sees is at most 255 too long
 SINK_TOKENS = 4  # StreamingLLM keeps four initial tokens (Xiao et al. 2023 find four suffice)
 
 
@@ -105,6 +113,8 @@ def method_losses(model: Decoder, ids: torch.Tensor, method: str, factor: float,
                   self_extend: SelfExtend | None = None, sinks: Sinks | None = None) -> torch.Tensor:
     """(n - 1,) float32 losses of `ids` (1, n) as one sequence under `method`."""
     m = method_model(model, method, factor, ids.shape[1], self_extend, sinks)
+    if method == "dynamic":
+        return growing_token_losses(m, ids, first=trained_context(model), step=DYNAMIC_STEP, chunk=chunk)
     return token_losses(m, ids, chunk=chunk)
 
 
@@ -167,7 +177,8 @@ def evaluate_methods(model: Decoder, docs: list[tuple[str, list[int]]], methods:
                unit_scale=True, desc="rope eval", bar_format="{l_bar}{bar}| {elapsed}<{remaining} {postfix}")
     for m, d in jobs:
         ids = torch.tensor(docs[d][1][:tokens])[None]  # (1, N)
-        s = settings.get(m, {"factor": factor, "scaling": rope_scaling_for(m, factor, L)})
+        s = settings.get(m, {"factor": factor, "scaling": rope_scaling_for(m, factor, L),
+                             "step": DYNAMIC_STEP if m == "dynamic" else None})
         key = cache.key(model_key, ids, m, s, tokens, dtype)
         bar.set_postfix_str(f"{m} on {docs[d][0]}")
         losses = cache.get(key, tokens - 1)
