@@ -11,7 +11,7 @@ import json
 import math
 import os
 
-from llamablock.commands import UsageError
+from llamablock.commands import UsageError, rope_eval
 from llamablock.diagnostics.rope_plot import plot_wavelengths
 from llamablock.diagnostics.rope_table import (
     DEFAULT_TARGET,
@@ -47,6 +47,9 @@ def add_arguments(p) -> None:
     layout.add_argument("--model", help="a .gguf file, a transformers directory or an embedded model name "
                         "(default: smollm2-135m-instruct)")
     layout.add_argument("--tokens", type=int, default=256, help="tokens of text to compare losses on (default %(default)s)")
+    what = ("run every context-extension method past a checkpoint's trained context; loss by position against "
+            "the model in its own sliding window")
+    rope_eval.add_arguments(sub.add_parser("eval", help=what, description=what))
 
 
 MAX_LEN = 1 << 30  # tokens: a thousand times the longest contexts published
@@ -155,6 +158,8 @@ def run(args) -> int:
         return _lint(args)
     if getattr(args, "action", None) == "layout":
         return _layout(args)
+    if getattr(args, "action", None) == "eval":
+        return rope_eval.run(args)
     _check_flags(args)
     if args.config and args.config not in PRESETS and os.path.lexists(args.config):
         regular_file(args.config, "--config file", MAX_JSON)  # a FIFO hung the read, /dev/zero exhausted memory

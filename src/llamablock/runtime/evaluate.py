@@ -78,6 +78,67 @@ def _check(model, ids: list[int], context: int, stride: int) -> None:
 
 
 @torch.no_grad()
+def growing_token_losses(model, ids: torch.Tensor, first: int, step: int, chunk: int = 1024) -> torch.Tensor:
+    """token_losses as a generation that reads the sequence a piece at a time sees them: tokens
+    0..first-1 in one pass, then `step` tokens at a time after a KV cache of the earlier ones. For
+    RoPE whose frequencies follow the length (dynamic NTK, LongRoPE), tokens a..a+step-1 then turn
+    with the frequencies of length a + step, as at that point of a generation; one pass over all n
+    tokens would give every token the frequencies of length n (transformers' forward does that).
+    Memory: the cache of n tokens and (step, n) attention scores per layer; step=1 is generation."""
+    if ids.dim() != 2 or ids.shape[0] != 1 or ids.shape[1] < 2:
+        raise ValueError(f"growing_token_losses takes one sequence of at least 2 tokens, shape (1, n); got {tuple(ids.shape)}")
+    if first < 1 or step < 1:
+        raise ValueError(f"first and step must be at least 1 token, got {first} and {step}")
+    from llamablock.kv_cache import KVCache
+
+    n = ids.shape[1]
+    cache = KVCache(model.cfg, batch_size=1, max_len=n, dtype=next(model.parameters()).dtype, device=ids.device)
+    out = torch.empty(n - 1, dtype=torch.float32, device=ids.device)
+    a = 0
+    while a < n - 1:
+        b = min(a + (first if a == 0 else step), n - 1)  # tokens a..b-1 go in; they predict a+1..b
+        x = model.hidden(ids[:, a:b], cache=cache)[0]  # (b - a, D)
+        for c in range(0, b - a, chunk):
+            logits = model.logits(x[c:c + chunk]).float()  # (chunk, V)
+            out[a + c:a + c + logits.shape[0]] = F.cross_entropy(logits, ids[0, a + 1 + c:a + 1 + c + logits.shape[0]],
+                                                                 reduction="none")
+        a = b
+    return out
+
+
+def sliding_windows(n: int, context: int, stride: int) -> list[tuple[int, int, int]]:
+    """(begin, end, new) of each window of the strided evaluation over n tokens: tokens begin..end-1
+    go in, and the losses of the last `new` targets (tokens end-new .. end-1) are the ones kept.
+    Every target 1..n-1 is kept exactly once, and a kept target p sees min(p, context - stride)
+    tokens of history or more (tests/studies/test_rope_eval_reference.py)."""
+    # stride == context would leave each later window's first target with no history at all.
+    if not (n >= 2 and 2 <= context and 1 <= stride < context):
+        raise ValueError(f"sliding windows need n >= 2 tokens, context >= 2 and 1 <= stride < context; "
+                         f"got n={n}, context={context}, stride={stride}")
+    return list(_windows(n, context, stride))
+
+
+@torch.no_grad()
+def sliding_token_losses(model, ids: torch.Tensor, context: int, stride: int, chunk: int = 1024) -> torch.Tensor:
+    """The strided evaluation kept token by token: (n - 1,) float32 nats for `ids` (1, n), losses[i]
+    for predicting ids[i + 1] from the window that kept it (`sliding_windows`), each window at
+    positions 0.. as the model was trained. A window's last token is only a target, so it is not
+    run: the queries sit at positions 0..context-2 (a model trained on L positions slides with
+    context L + 1). The head runs on the kept tokens only, `chunk` at a time."""
+    if ids.dim() != 2 or ids.shape[0] != 1:
+        raise ValueError(f"sliding_token_losses takes one sequence, shape (1, n); got {tuple(ids.shape)}")
+    out = torch.empty(ids.shape[1] - 1, dtype=torch.float32, device=ids.device)
+    for begin, end, new in sliding_windows(ids.shape[1], context, stride):
+        x = model.hidden(ids[:, begin:end - 1])[0, -new:]  # (new, D): the states that predict the kept targets
+        targets = ids[0, end - new:end]
+        for a in range(0, new, chunk):
+            logits = model.logits(x[a:a + chunk]).float()  # (chunk, V)
+            out[end - new - 1 + a:end - new - 1 + a + logits.shape[0]] = F.cross_entropy(
+                logits, targets[a:a + chunk], reduction="none")
+    return out
+
+
+@torch.no_grad()
 def sliding_perplexity(model, ids: list[int], context: int, stride: int, progress: bool = False) -> tuple[float, int]:
     """(perplexity, tokens scored) of `ids` under `model`."""
     _check(model, ids, context, stride)
