@@ -148,6 +148,7 @@ from llamablock.fast.malloc import tune_allocator
 tune_allocator()  # as the command line runs
 from llamablock.fast.plan import load_in_format
 from llamablock.io.source import open_source
+from llamablock.runtime.engine import EagerEngine
 from llamablock.runtime.generate import generate
 
 def kib(field):
@@ -158,7 +159,7 @@ before = kib("VmRSS")
 source = open_source(sys.argv[1])
 (model, _), tok = load_in_format(source, "auto"), source.tokenizer
 load = (kib("VmHWM") - before) * 1024
-generate(model, tok.encode("The capital of France is"), 32, eos_ids=())
+generate(EagerEngine(model), tok.encode("The capital of France is"), 32, eos_ids=())
 print(json.dumps([load, (kib("VmHWM") - before) * 1024]))
 """
 # Times the file's size, for the load and for the whole run; see the test's docstring.
