@@ -70,3 +70,17 @@ def test_chunked_token_losses_equal_the_one_shot_cross_entropy(pair, chunk):
             want = F.cross_entropy(model(ids, position_ids=pos)[0, :-1], ids[0, 1:], reduction="none")
         got = token_losses(model, ids, pos, chunk=chunk)
         assert got.shape == (59,) and torch.allclose(got, want, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("n, context, stride", [(100, 20, 20), (100, 20, 7), (41, 20, 20), (20, 20, 20)])
+def test_windows_score_each_target_once_with_history_in_the_window(n, context, stride):
+    """Every scored target t (1..n-1) is predicted once, from a window that holds t - 1; with
+    stride = context (no overlap) each later window's first token goes unscored, as in transformers'
+    perplexity guide. A stride of the whole context crashed on a shape mismatch before."""
+    scored = []
+    for begin, end, new in _windows(n, context, stride):
+        assert end - begin <= context and end - new - 1 >= begin  # the first target's history is in the window
+        scored += range(end - new, end)
+    assert len(scored) == len(set(scored)) and set(scored) <= set(range(1, n))
+    unscored = set(range(1, n)) - set(scored)
+    assert unscored == ({s for s in range(context, n, stride)} if stride == context else set())

@@ -57,14 +57,18 @@ def evaluate(model: torch.nn.Module, windows: torch.Tensor, batch_size: int = 16
 
 def _windows(n: int, context: int, stride: int):
     """(begin, end, new) of each window over n tokens: tokens begin..end-1 go in, and the last `new`
-    targets (positions end-new .. end-1) are the ones no earlier window scored."""
+    targets (positions end-new .. end-1) are the ones no earlier window scored. A window predicts at
+    most end - begin - 1 targets (its first token has no history in it): with stride = context the
+    windows do not overlap and each window's first token goes unscored, as in transformers'
+    perplexity guide, whose labels shift the same way."""
     starts, prev_end = [0], 1
     while starts[-1] + context < n:  # the last window ends at the last token
         starts.append(starts[-1] + stride)
     for begin in starts:
         end = min(begin + context, n)
-        if end - prev_end > 0:
-            yield begin, end, end - prev_end
+        new = min(end - prev_end, end - begin - 1)
+        if new > 0:
+            yield begin, end, new
             prev_end = end
 
 
