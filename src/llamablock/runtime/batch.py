@@ -40,16 +40,20 @@ from typing import Sequence
 import torch
 
 from llamablock.config import ModelConfig
+from llamablock.kv_cache import KVCache
 from llamablock.runtime.generate import check_request
 
 
 class BatchKVCache:
     """Keys and values (P, n_kv, L, hd) per layer for P rows, of which the first `rows` are in use.
-    It offers what attention reads of a KVCache: `keys`/`values` (views of the rows in use),
+    It offers what attention reads of a KVCache: `keys`/`values` (views of the rows in use), `bucketed`,
     `length` (the frontier), `update`, `advance`, and no ring (`key_slots` None): a sliding-window
     layer keeps every slot and its window is a mask."""
 
     ring = None
+    # A decode step's keys padded to a bucket for oneDNN, as in a KVCache: the method reads only
+    # keys, values, length, ring and in_ring, which this cache has too (kv_cache.py says why).
+    bucketed = KVCache.bucketed
 
     def __init__(self, cfg: ModelConfig, capacity: int, slots: int, dtype: torch.dtype, device, rows: int = 0):
         shape = (capacity, cfg.n_kv_heads, slots, cfg.head_dim)  # (P, n_kv, L, hd)
