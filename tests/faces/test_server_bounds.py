@@ -19,9 +19,9 @@ from types import SimpleNamespace
 import pytest
 from gguf_tiny import write_tiny_gguf
 from hf_reference import tiny_hf_model
+from live_server import live_server
 
 httpx = pytest.importorskip("httpx")
-uvicorn = pytest.importorskip("uvicorn")
 
 from llamablock.io.loading import load_model_and_tokenizer  # noqa: E402
 from llamablock.web.app import create_app  # noqa: E402
@@ -54,12 +54,6 @@ class SlowTokenizer:
         return getattr(self.tok, name)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     f = tmp_path_factory.mktemp("bounds") / "tiny.gguf"
@@ -68,17 +62,8 @@ def server(tmp_path_factory):
     model, tok = load_model_and_tokenizer(f)
     slow = SlowTokenizer(tok)
     served = ServedModel("tiny", model, slow, Scheduler(model, tok, max_queue=2), 0, (str(f),))
-    port = _free_port()
-    srv = uvicorn.Server(uvicorn.Config(create_app(served=served), host="127.0.0.1", port=port, log_level="error"))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    end = time.monotonic() + WAIT
-    while not srv.started:
-        assert time.monotonic() < end, "the server did not start"
-        time.sleep(0.01)
-    yield SimpleNamespace(url=f"http://127.0.0.1:{port}", port=port, tok=slow)
-    srv.should_exit = True
-    thread.join(WAIT)
+    with live_server(create_app(served=served), WAIT) as port:
+        yield SimpleNamespace(url=f"http://127.0.0.1:{port}", port=port, tok=slow)
 
 
 def _chunked_upload(port: int, total: int, chunk: int = 64 << 10) -> tuple[bytes, int]:

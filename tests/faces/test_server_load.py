@@ -12,7 +12,6 @@ every server makes once, thread pools and kernels, are in both figures).
 from __future__ import annotations
 
 import gc
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -20,10 +19,10 @@ import pytest
 import torch
 from gguf_tiny import write_tiny_gguf
 from hf_reference import tiny_hf_model
+from live_server import live_server
 from prometheus_client.parser import text_string_to_metric_families
 
 openai = pytest.importorskip("openai", reason="the openai client is a test dependency: pip install -e '.[test]'")
-uvicorn = pytest.importorskip("uvicorn")
 httpx = pytest.importorskip("httpx")
 
 from llamablock.io.loading import load_model_and_tokenizer  # noqa: E402
@@ -54,28 +53,17 @@ def _live_tensors() -> int:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    import socket
 
     f = tmp_path_factory.mktemp("load") / "tiny.gguf"
     # 4 KiB of keys and values per token (2 layers x 4 heads x 64 x 2 x float32), so that caches weigh
     write_tiny_gguf(f, tiny_hf_model("llama", n_heads=4, n_kv=4, head_dim=64, max_position_embeddings=256))
     model, tok = load_model_and_tokenizer(f)
     served = ServedModel("tiny", model, tok, Scheduler(model, tok, max_queue=CLIENTS, parallel=4), 0, (str(f),))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    srv = uvicorn.Server(uvicorn.Config(create_app(served=served), host="127.0.0.1", port=port, log_level="error"))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    end = time.monotonic() + WAIT
-    while not srv.started:
-        assert time.monotonic() < end, "the server did not start"
-        time.sleep(0.01)
-    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=WAIT)
-    served.url = f"http://127.0.0.1:{port}"
-    yield served, client, {p: generate(EagerEngine(model), tok.encode(p), NEW, eos_ids=tok.eos_ids, tokenizer=tok) for p in PROMPTS}
-    srv.should_exit = True
-    thread.join(WAIT)
+    with live_server(create_app(served=served), WAIT) as port:
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=WAIT)
+        served.url = f"http://127.0.0.1:{port}"
+        yield served, client, {p: generate(EagerEngine(model), tok.encode(p), NEW, eos_ids=tok.eos_ids, tokenizer=tok)
+                               for p in PROMPTS}
 
 
 def _ask(client, i: int) -> tuple[str, str, int]:
