@@ -56,14 +56,7 @@ def read_llamablock_dir(path: Path, tokenizer: bool = True) -> tuple[ModelConfig
 
     path = Path(path)
     if is_checkpoint(path):
-        state = checked_state(path, need_sums=False)
-        where = path / "state.json"
-        cfg = model_config(state.get("model_config"), f"{where}: model_config")
-        try:
-            tok = tokenizer_from_record(state.get("tokenizer")) if tokenizer else None
-        except ValueError as e:
-            raise ValueError(f"{where}: tokenizer: {e}") from None
-        return cfg, tok, f"{where}'s model_config"
+        return _state_parts(path, checked_state(path, need_sums=False), tokenizer)
     conf = path / "config.json"
     cfg = model_config(read_json(conf), str(conf))
     return cfg, (tokenizer_from_dir(path) if tokenizer else None), str(conf)
@@ -83,14 +76,20 @@ def load_checkpoint(path: Path, verify: bool = False) -> tuple[Decoder, object, 
     checks both tensor files, training.checkpoint.verify). Without, checksums may be absent:
     generate and serve still read a run saved before they were recorded."""
     state = checked_checkpoint(path, ("model.safetensors",)) if verify else checked_state(path, need_sums=False)
-    where = Path(path) / "state.json"
+    cfg, tok, where = _state_parts(Path(path), state, tokenizer=True)
+    return load_llamablock_weights(path, cfg, where), tok, state
+
+
+def _state_parts(path: Path, state: dict, tokenizer: bool) -> tuple[ModelConfig, object, str]:
+    """(config, Tokenizer or None, where the config was read) from a checkpoint's checked state.json,
+    each refusal naming the file and the field."""
+    where = path / "state.json"
     cfg = model_config(state.get("model_config"), f"{where}: model_config")
-    model = load_llamablock_weights(path, cfg, f"{where}'s model_config")
     try:
-        tok = tokenizer_from_record(state.get("tokenizer"))
+        tok = tokenizer_from_record(state.get("tokenizer")) if tokenizer else None
     except ValueError as e:
         raise ValueError(f"{where}: tokenizer: {e}") from None
-    return model, tok, state
+    return cfg, tok, f"{where}'s model_config"
 
 
 def load_llamablock_dir(path: Path, dtype: torch.dtype | None = None):
