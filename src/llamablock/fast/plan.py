@@ -91,8 +91,9 @@ def build(source: ModelSource, plan: Plan, notify=None) -> Built:
 def eager_beside(built: Built) -> nn.Module:
     """An eager model beside a compiled engine, from the weights already read (a server runs the
     requests its engine does not cover on it): the engine's float model itself, or a quantized copy
-    of it for q8/q4 (the dequantize-then-quantize path, whose logits equal the native load's:
-    tests/fast/test_native.py)."""
+    of it for q8/q4. That is the dequantize-then-quantize path, whose logits equal the native
+    load's for a file of one format (tests/fast/test_native.py); a file mixing formats runs every
+    weight in the engine's one format here, where the native load keeps each tensor's own."""
     fmt = built.engine.fmt
     return apply_dtype(copy.deepcopy(built.model), fmt) if fmt in PACKED else built.model
 
