@@ -66,8 +66,9 @@ def alone(model, prompt: list[int], n: int) -> tuple[list[int], list[torch.Tenso
 
 def batched(model, prompts: list[list[int]], chunk: int, rows: int = 2, requests=REQUESTS):
     """Greedy tokens and logits of each request, run as a scheduler runs them: requests arrive at
-    their steps; each loop prefills one chunk of the oldest waiting prompt, then decodes one token
-    for every row; a row leaves when it has its tokens."""
+    their steps; each loop runs one prefill forward (prompts that arrived together as one padded
+    batch, else one chunk of the oldest), then decodes one token for every row; a row leaves when
+    it has its tokens."""
     engine = BatchEngine(model, rows=rows, chunk=chunk)
     out = {i: ([], []) for i in range(len(prompts))}
     waiting, prefilling, step = list(range(len(prompts))), [], 0
@@ -85,10 +86,8 @@ def batched(model, prompts: list[list[int]], chunk: int, rows: int = 2, requests
             owner[id(row)] = i
             prefilling.append(row)
         if prefilling:
-            row = prefilling[0]
-            logits = engine.prefill(row)
-            if logits is not None:
-                prefilling.pop(0)
+            for row, logits in engine.prefill_next(prefilling):
+                prefilling.remove(row)
                 if took(owner[id(row)], logits[0]):
                     engine.remove(row)
         if engine.rows:
@@ -136,6 +135,24 @@ def test_batched_equals_alone_quantized(llama, fmt):
         worst = max(float((a - b).float().abs().max() / b.float().abs().max())
                     for a, b in zip(got[i][1], logits, strict=True))
         assert worst <= QUANT_RTOL, f"request {i}: logits differ by {worst:.2e} of the largest"
+
+
+def test_prompts_that_arrive_together_are_prefilled_in_one_forward(llama):
+    """Short prompts that have not started share one padded forward (their first tokens after one
+    prefill); a prompt that would push the group past `chunk` tokens waits for the next one. The
+    rows joined this way are the ones test_batched_equals_alone checks against EagerEngine (its
+    REQUESTS 0 and 1 arrive together)."""
+    engine = BatchEngine(llama, rows=4, chunk=16)
+    forwards = []
+    hook = llama.register_forward_pre_hook(lambda m, args, kw: forwards.append(args[0].shape), with_kwargs=True)
+    try:
+        rows = [engine.add(p, 4) for p in ([1, 2, 3], [4, 5, 6, 7, 8], [9] * 5, [10] * 2)]
+        joined = engine.prefill_next(rows)
+    finally:
+        hook.remove()
+    assert [r for r, _ in joined] == rows[:3]  # 3 x 5 padded tokens fit in 16; a fourth would make 20
+    assert forwards == [torch.Size([3, 5])] and all(lg.shape == (1, llama.cfg.vocab_size) for _, lg in joined)
+    assert [r.index for r in rows[:3]] == [0, 1, 2] and engine.cache.length == 5
 
 
 def test_rows_move_shift_and_grow(llama):

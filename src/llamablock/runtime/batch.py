@@ -14,6 +14,12 @@ ALiBi) read the row's own token distances (llamablock.attention builds them from
              call, so a scheduler can run the other rows' decode steps between its chunks
     prefill  its next chunk; after the last, the sequence joins: its cache is copied into the
              next free row (a prompt longer than the frontier shifts the rows right first)
+    prefill_next  what a scheduler calls: the prompts that arrived together and fit in `chunk`
+             tokens (padding included) in one forward, left-padded as `generate_batch` pads
+             them, else the next chunk of the oldest. A forward's fixed costs (a packed layer's
+             dequantization from fast.quant.PREFILL_ROWS rows on, the per-layer overhead) are
+             then paid once for all of them: four clients that arrive at once get their first
+             tokens after one prefill, not four (`llamablock bench serve`'s first-token times).
     step     one token for every row: logits (b, V), rows in the order of `rows`
     remove   a row leaves: the last row moves into its place, so the rows in use are always
              0..b-1 and the cache hands attention a view of them, never a gathered copy
@@ -138,13 +144,15 @@ class BatchEngine:
         """A new sequence, to be prefilled (`prefill`) before it joins the batch."""
         check_request(self.model, len(prompt_ids), max_new_tokens)
         ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=self.device)  # (1, n)
-        return Row(ids, solo=BatchKVCache(self.cfg, 1, ids.shape[1], self.dtype, self.device, rows=1))
+        return Row(ids)
 
     @torch.no_grad()
     def prefill(self, row: Row) -> torch.Tensor | None:
         """The next `chunk` tokens of the row's prompt into its own cache; after the last chunk the
         row joins the batch and its last token's logits (1, V) are returned, else None."""
         n, a = row.prompt_tokens, row.length
+        if row.solo is None:  # its own cache, made at its first chunk (a prompt prefilled in a group needs none)
+            row.solo = BatchKVCache(self.cfg, 1, n, self.dtype, self.device, rows=1)
         b = min(n, a + self.chunk)
         if n - b < self.chunk // 2:  # no short tail: it would run other kernels than the whole (fast.quant's
             b = n                    # PREFILL_ROWS) and cost a step of its own
@@ -154,8 +162,45 @@ class BatchEngine:
             return None
         logits = self.model(row.ids[:, a:b], cache=row.solo, last_only=True)[:, -1]  # (1, V)
         row.length = n
-        self._join(row)
+        self._join(row, row.solo, 0, n)
         return logits
+
+    def prefill_next(self, waiting: Sequence[Row]) -> list[tuple[Row, torch.Tensor]]:
+        """One prefill forward for the waiting rows, oldest first: the leading prompts that have not
+        started and fit in `chunk` tokens together (each padded to the longest) as one batch, else
+        the oldest row's next chunk. Returns the rows that joined, each with its logits (1, V)."""
+        group = self._group(waiting)
+        if len(group) > 1:
+            return self._prefill_together(group)
+        logits = self.prefill(waiting[0])
+        return [] if logits is None else [(waiting[0], logits)]
+
+    def _group(self, waiting: Sequence[Row]) -> list[Row]:
+        group: list[Row] = []
+        if self.max_rows is not None:  # one sequence at a time: nothing to group
+            return group
+        for row in waiting:
+            width = max([r.prompt_tokens for r in group] + [row.prompt_tokens])
+            if row.length or (len(group) + 1) * width > self.chunk:
+                break
+            group.append(row)
+        return group
+
+    @torch.no_grad()
+    def _prefill_together(self, group: list[Row]) -> list[tuple[Row, torch.Tensor]]:
+        k, width = len(group), max(r.prompt_tokens for r in group)
+        ids = torch.zeros(k, width, dtype=torch.long, device=self.device)  # (k, width), left-padded
+        real = torch.zeros(k, width, dtype=torch.bool, device=self.device)
+        for i, r in enumerate(group):
+            ids[i, width - r.prompt_tokens:] = r.ids[0]
+            real[i, width - r.prompt_tokens:] = True
+        positions = (real.cumsum(1) - 1).clamp(min=0)  # (k, width): 0 at each row's first real token
+        cache = BatchKVCache(self.cfg, k, width, self.dtype, self.device, rows=k)
+        logits = self.model(ids, position_ids=positions, cache=cache, pad_mask=real, last_only=True)[:, -1]  # (k, V)
+        for i, r in enumerate(group):
+            r.length = r.prompt_tokens
+            self._join(r, cache, i, width)
+        return [(r, logits[i:i + 1]) for i, r in enumerate(group)]
 
     @torch.no_grad()
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -200,7 +245,9 @@ class BatchEngine:
         """Slots at the left that are padding in every row."""
         return self.cache.length - max(r.length for r in self.rows)
 
-    def _join(self, row: Row) -> None:
+    def _join(self, row: Row, src: BatchKVCache, i: int, end: int) -> None:
+        """The row's prefilled keys and values, slots [end - n, end) of row i of `src`, into the next
+        free row of the batch, ending at the frontier."""
         if self.max_rows is not None and len(self.rows) >= self.max_rows:
             raise ValueError(f"this model's RoPE follows the sequence length (Rotary.late_keys): it decodes "
                              f"{self.max_rows} sequence at a time")
@@ -214,11 +261,11 @@ class BatchEngine:
         if shift or n + 1 > self.cache.max_len or rows > self.cache.capacity:
             slots = max(self.cache.max_len, self._grown(self.cache.length + shift + 1))
             self._relayout(shift, slots, max(rows, self.cache.capacity * (2 if rows > self.cache.capacity else 1)))
-        front, i = self.cache.length, len(self.rows)
-        for dst, src in ((self.cache.all_keys, row.solo.all_keys), (self.cache.all_values, row.solo.all_values)):
-            for d, s in zip(dst, src, strict=True):
-                d[i, :, front - n: front] = s[0, :, :n]
-        row.solo, row.index = None, i
+        front, at = self.cache.length, len(self.rows)
+        for dst, held in ((self.cache.all_keys, src.all_keys), (self.cache.all_values, src.all_values)):
+            for d, s in zip(dst, held, strict=True):
+                d[at, :, front - n: front] = s[i, :, end - n: end]
+        row.solo, row.index = None, at
         self.rows.append(row)
         self.cache.use(len(self.rows))
 

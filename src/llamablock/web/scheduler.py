@@ -1,9 +1,10 @@
 """One model served to many clients at once: continuous batching behind a bounded queue.
 
-Up to `parallel` requests run together on one thread: each loop prefills one chunk of the oldest
-request still reading its prompt, then decodes one token for every other running request in one
-batch (llamablock.runtime.batch.BatchEngine), so a long prompt holds the others' streams for one
-chunk at a time, not for its whole prefill. Between two loops, requests that finished or whose
+Up to `parallel` requests run together on one thread: each loop runs one prefill forward (the
+prompts that arrived together, padded into one batch, or one chunk of the oldest long prompt),
+then decodes one token for every other running request in one batch
+(llamablock.runtime.batch.BatchEngine), so a long prompt holds the others' streams for one chunk at
+a time, not for its whole prefill. Between two loops, requests that finished or whose
 client left give up their rows, and waiting ones take the free rows. The rest wait in a queue of
 at most `max_queue` (a full queue is refused at once, Busy, which the API answers 503 with
 Retry-After, rather than left to grow). This is the scheme of Orca (Yu et al., OSDI 2022) that
@@ -187,7 +188,7 @@ class Scheduler:
                 return
             self._leave_cancelled()
             try:
-                self._prefill_one()
+                self._prefill()
                 self._decode()
             except Exception as e:  # a step failed for the whole batch: report it to each, go on
                 for r in list(self.active):
@@ -228,19 +229,21 @@ class Scheduler:
             self._count(r.job, "cancelled", len(r.new), time.monotonic(), r)  # counted before it leaves: a
             self._drop(r)  # reader who sees it gone sees it counted
 
-    def _prefill_one(self) -> None:
-        """One chunk of the oldest prompt not yet in the batch; its first token when it is."""
-        r = next((r for r in self.active if r.row.index is None), None)
-        if r is None:
+    def _prefill(self) -> None:
+        """One prefill forward (BatchEngine.prefill_next): the prompts that arrived together, or one
+        chunk of the oldest; the first token of each request that joined the batch."""
+        waiting = [r for r in self.active if r.row.index is None]
+        if not waiting:
             return
         try:
-            logits = self.engine.prefill(r.row)  # (1, V) after the last chunk, else None
-        except Exception as e:  # this request's own failure (its cache could not be allocated, ...)
-            self._finish(r, None, e)
+            joined = self.engine.prefill_next([r.row for r in waiting])  # [(row, logits (1, V))]
+        except Exception as e:  # the oldest request's failure (its cache could not be allocated, ...):
+            self._finish(waiting[0], None, e)  # it leaves; the others try again at the next loop
             return
-        if logits is not None:
-            self.metrics.prompt_tokens.inc(r.row.prompt_tokens)
-            self._take(r, logits)
+        by_row = {id(r.row): r for r in waiting}
+        for row, logits in joined:
+            self.metrics.prompt_tokens.inc(row.prompt_tokens)
+            self._take(by_row[id(row)], logits)
 
     def _decode(self) -> None:
         """One token for every row in the batch."""
