@@ -175,10 +175,16 @@ class StaticKVCache:
         self.values[layer][:, :, :t] = v
 
     def write(self, layer: int, pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store k, v (b, n_kv, 1, hd) in slot `pos` (a (1,) long tensor, so that a compiled step takes
-        it as an input, not a constant); return all L slots, (b, n_kv, L, hd) each."""
-        self.keys[layer].index_copy_(2, pos, k)
-        self.values[layer].index_copy_(2, pos, v)
+        """Store k, v (b, n_kv, 1, hd) in slot `pos`, a long tensor (so that a compiled step takes it
+        as an input, not a constant): (1,), the same slot in every row, or (b,), row i's in slot
+        pos[i]; return all L slots, (b, n_kv, L, hd) each."""
+        if pos.shape[0] == 1:  # a shape, fixed in a compiled program: no branch on values
+            self.keys[layer].index_copy_(2, pos, k)
+            self.values[layer].index_copy_(2, pos, v)
+        else:
+            rows = torch.arange(k.shape[0], device=k.device)
+            self.keys[layer][rows, :, pos] = k[:, :, 0]  # (b, n_kv, hd) into (b, n_kv, L, hd) at [i, :, pos[i]]
+            self.values[layer][rows, :, pos] = v[:, :, 0]
         return self.keys[layer], self.values[layer]
 
     def tensors(self) -> list[torch.Tensor]:

@@ -11,13 +11,13 @@ changes only the order of float32 sums (padding keys get a softmax weight of exa
 
 import pytest
 import torch
+from batch_driver import alone, batched
 from hf_reference import tiny_hf_model
 
 import llamablock
 from llamablock.model import Decoder
 from llamablock.presets import preset
 from llamablock.runtime.batch import BatchEngine
-from llamablock.runtime.engine import EagerEngine
 
 # float32 keeps about 7 significant digits (epsilon 1.2e-7); summing the same terms in another order
 # (a batch's matmul blocks, a wider masked softmax) moves a result by a few epsilons per layer.
@@ -48,63 +48,11 @@ def _prompts(vocab: int, requests=REQUESTS) -> list[list[int]]:
     return [torch.randint(0, vocab, (n,), generator=g).tolist() for n, _, _ in requests]
 
 
-@torch.no_grad()
-def alone(model, prompt: list[int], n: int) -> tuple[list[int], list[torch.Tensor]]:
-    """Greedy tokens and the logits that chose them, one sequence through EagerEngine."""
-    engine = EagerEngine(model)
-    engine.prepare(len(prompt) + n)
-    logits = engine.prefill(torch.tensor([prompt]))[0]
-    tokens, seen = [], []
-    while True:
-        seen.append(logits)
-        tokens.append(int(logits.argmax()))
-        if len(tokens) == n:
-            return tokens, seen
-        pos = len(prompt) + len(tokens) - 1
-        logits = engine.step(torch.tensor([[tokens[-1]]]), pos)[0]
-
-
-def batched(model, prompts: list[list[int]], chunk: int, rows: int = 2, requests=REQUESTS):
-    """Greedy tokens and logits of each request, run as a scheduler runs them: requests arrive at
-    their steps; each loop runs one prefill forward (prompts that arrived together as one padded
-    batch, else one chunk of the oldest), then decodes one token for every row; a row leaves when
-    it has its tokens."""
-    engine = BatchEngine(model, rows=rows, chunk=chunk)
-    out = {i: ([], []) for i in range(len(prompts))}
-    waiting, prefilling, step = list(range(len(prompts))), [], 0
-    owner = {}
-
-    def took(i, logits):
-        out[i][1].append(logits)
-        out[i][0].append(int(logits.argmax()))
-        return len(out[i][0]) == requests[i][1]
-
-    while waiting or prefilling or engine.rows:
-        for i in [i for i in waiting if requests[i][2] <= step]:
-            waiting.remove(i)
-            row = engine.add(prompts[i], requests[i][1])
-            owner[id(row)] = i
-            prefilling.append(row)
-        if prefilling:
-            for row, logits in engine.prefill_next(prefilling):
-                prefilling.remove(row)
-                if took(owner[id(row)], logits[0]):
-                    engine.remove(row)
-        if engine.rows:
-            tokens = torch.tensor([out[owner[id(r)]][0][-1] for r in engine.rows])
-            logits = engine.step(tokens)
-            for r, lg in zip(list(engine.rows), logits, strict=True):
-                if took(owner[id(r)], lg):
-                    engine.remove(r)
-        step += 1
-    return out
-
-
 @pytest.mark.parametrize("name", ["llama", "sliding-window", "gpt-2017"])
 def test_batched_equals_alone(llama, name):
     model = _models(llama)[name]
     prompts = _prompts(model.cfg.vocab_size)
-    got = batched(model, prompts, chunk=16)
+    got = batched(BatchEngine(model, rows=2, chunk=16), prompts, REQUESTS)
     for i, prompt in enumerate(prompts):
         tokens, logits = alone(model, prompt, REQUESTS[i][1])
         assert got[i][0] == tokens, f"request {i} ({len(prompt)} prompt tokens): tokens differ"
@@ -128,7 +76,7 @@ def test_batched_equals_alone_quantized(llama, fmt):
 
     model = quantize_model(copy.deepcopy(llama).to(torch.bfloat16), fmt)
     prompts = _prompts(model.cfg.vocab_size, QUANT_REQUESTS)
-    got = batched(model, prompts, chunk=64, requests=QUANT_REQUESTS)
+    got = batched(BatchEngine(model, rows=2, chunk=64), prompts, QUANT_REQUESTS)
     for i, prompt in enumerate(prompts):
         tokens, logits = alone(model, prompt, QUANT_REQUESTS[i][1])
         assert got[i][0] == tokens, f"request {i}: tokens differ"

@@ -8,7 +8,9 @@
                                  packages on disk that later processes load (llamablock.fast.aoti_step):
                                  the engine of `llamablock generate --compile`
 Each satisfies llamablock.runtime.engine's interface (prepare, prefill, step), batch 1, so
-`generate` takes any of them in place of the model.
+`generate` takes any of them in place of the model. With `batch` B > 1 the step decodes B
+sequences, each at its own position (`step_rows`), and there is no compiled prefill: the server's
+batch engine (llamablock.fast.batch_compiled) prefills eagerly and fills the rows.
 
 `fmt` is "float32", "bfloat16" (the model's own dtype, checked) or "q8"/"q4": the fused weights
 of the static layout are quantized (llamablock.fast.quant) after fusing, so q, k and v share one
@@ -52,7 +54,7 @@ class StaticEngine:
     """The static layout of `model` in format `fmt`, run eagerly. The compiled engines below
     change only how `step` (and the prefill) run."""
 
-    def __init__(self, model, fmt: str | None = None):
+    def __init__(self, model, fmt: str | None = None, batch: int = 1):
         reason = unsupported_reason(model.cfg)
         if reason is not None:
             raise ValueError(f"the compiled decoder does not support {reason}; run without compilation")
@@ -67,11 +69,13 @@ class StaticEngine:
             raise ValueError(f"the compiled engine runs on the CPU; the model is on {model.embed.weight.device}")
         if any(not isinstance(getattr(layer.attn, "wq", None), torch.nn.Linear) for layer in model.layers):
             raise ValueError("give the float model: the compiled decoder fuses q/k/v before quantizing them")
-        self.model, self.cfg, self.fmt = model, model.cfg, fmt
+        if batch <= 0:
+            raise ValueError(f"batch must be a positive integer, got {batch!r}")
+        self.model, self.cfg, self.fmt, self.batch = model, model.cfg, fmt, batch
         self.static: StaticDecoder | None = None
         self.compile_seconds = 0.0
-        self._ids = torch.zeros(1, 1, dtype=torch.long)  # (1, 1): the step's token
-        self._pos = torch.zeros(1, dtype=torch.long)  # (1,): its position
+        self._ids = torch.zeros(batch, 1, dtype=torch.long)  # (B, 1): the step's tokens
+        self._pos = torch.zeros(batch if batch > 1 else 1, dtype=torch.long)  # (B,) or (1,): their positions
 
     @property
     def length(self) -> int:
@@ -92,7 +96,7 @@ class StaticEngine:
             return
         length = cache_length(total_tokens, self.cfg.max_seq_len)
         with torch.no_grad():
-            static = StaticDecoder(self.model, length)
+            static = StaticDecoder(self.model, length, batch=self.batch)
             if self.fmt in PACKED:
                 quantize_model(static, self.fmt)
         self.static = static
@@ -111,6 +115,14 @@ class StaticEngine:
         """ids (1, t) at positions 0..t-1 -> logits (1, V)."""
         self.start(ids.shape[1] + 1)
         return self._prefill(ids)
+
+    @torch.no_grad()
+    def step_rows(self, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """A batch engine's step (batch B > 1): ids (B, 1), row i at position pos[i] of its own
+        cache row (pos (B,) long) -> logits (B, V). llamablock.fast.batch_compiled fills the rows."""
+        self._ids.copy_(ids)
+        self._pos.copy_(pos)
+        return self._step(self._ids, self._pos)
 
     @torch.no_grad()
     def step(self, ids: torch.Tensor, pos: int) -> torch.Tensor:
@@ -155,8 +167,8 @@ class AOTIEngine(StaticEngine):
     """
 
     def __init__(self, model, fmt: str | None = None, *, autotune: bool = True, inductor: dict | None = None,
-                 compile_prefill: bool = True, huge_pages: bool = True, notify=None):
-        super().__init__(model, fmt)
+                 compile_prefill: bool = True, huge_pages: bool = True, notify=None, batch: int = 1):
+        super().__init__(model, fmt, batch)
         self.autotune, self.inductor = autotune, inductor
         self.compile_prefill, self.huge_pages = compile_prefill, huge_pages
         self.notify = notify or (lambda line: print(line, file=sys.stderr, flush=True))
@@ -171,7 +183,7 @@ class AOTIEngine(StaticEngine):
     def _compiles_prefill(self) -> bool:
         """Whether prefill runs as a compiled program: a cache long enough for its lengths
         PREFILL_MIN .. L - 1 and its example length L / 2 to hold PREFILL_MIN."""
-        return self.compile_prefill and self.length > 2 * PREFILL_MIN
+        return self.compile_prefill and self.batch == 1 and self.length > 2 * PREFILL_MIN
 
     def _ready(self) -> bool:
         return "step" in self.running and ("prefill" in self.running or not self._compiles_prefill())

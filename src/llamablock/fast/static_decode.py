@@ -135,7 +135,8 @@ class _Layer(nn.Module):
 
     def step(self, x: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
              allowed: torch.Tensor, cache: StaticKVCache) -> torch.Tensor:
-        """x (b, 1, D) at position pos (1,); allowed (1, L) bool: the slots this token may see."""
+        """x (b, 1, D) at position pos, (1,) shared or (b,) one per row; allowed (1 or b, 1, 1, L)
+        bool: the slots each row's token may see."""
         b = x.shape[0]
         q, k, v = self._qkv(self.norm1(x), cos, sin)
         keys, values = cache.write(self.index, pos, k, v)  # (b, n_kv, L, hd) each, written in place
@@ -207,13 +208,15 @@ class StaticDecoder(nn.Module):
         return self._logits(x if last is None else x.index_select(1, last))
 
     def step(self, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        """ids (b, 1) at position pos (a (1,) long tensor, slots before it filled) -> logits (b, V).
+        """ids (b, 1) at position pos -> logits (b, V): pos a (1,) long tensor, every row at that
+        position, or (b,), row i at pos[i] (the rows of a batch of sequences, each its slots before
+        its position filled; llamablock.fast.batch_compiled).
 
         No checks and no Python-side branching on values here: this is the compiled graph.
         """
         x = self._embed(ids)
-        cos, sin = self.cos[pos][None], self.sin[pos][None]  # (1, 1, r/2)
-        allowed = allowed_slots(pos, self.slots, self.cfg.sliding_window)  # (1, L)
+        cos, sin = self.cos[pos][:, None], self.sin[pos][:, None]  # (1 or b, 1, r/2)
+        allowed = allowed_slots(pos, self.slots, self.cfg.sliding_window)[:, None, None]  # (1 or b, 1, 1, L)
         for layer in self.layers:
             x = layer.step(x, pos, cos, sin, allowed, self.cache)
         return self._logits(x)

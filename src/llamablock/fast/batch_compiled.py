@@ -1,0 +1,122 @@
+"""Continuous batching with a compiled decode step: the server's rows decoded by one program for B rows.
+
+The eager batch engine (llamablock.runtime.batch) pays a Python call and a dispatch for every op of
+every layer at every step, whatever the batch; here the step of B sequences is the static layout's
+step compiled once (AOTIEngine with batch=B, built by `llamablock compile --batch B` or by `serve
+--compile-tokens`). `llamablock bench serve` measures both side by side.
+
+Layout: the static cache gives each sequence a row of L slots of its own, its token i in slot i,
+and the step writes row r's key and value at slot pos[r] and masks the slots after it
+(StaticDecoder.step with one position per row): no alignment to a shared frontier, nothing
+shifted. The program always computes its B rows: a free row runs token 0 at position 0 and its
+output is dropped (its slot 0 is overwritten when a sequence takes the row).
+
+Prefill is the eager batch engine's (prompts that arrive together in one padded forward, a long
+one in chunks) on the served eager model; when a prompt is done, its keys and values are copied
+into a free row's slots [0, n). A request the compiled rows cannot hold (prompt + max_tokens over
+L, or every row taken) joins the eager batch instead, and a step then runs both; `rows` lists the
+compiled rows first.
+
+Exactness: the eager model and the static layout hold the same weights (q/k/v and gate/up are fused
+before quantizing, and q8/q4 quantize each output row on its own, so fusing changes no integer and
+no scale); they sum in other orders, so a row's logits equal its run alone to float rounding
+(tests/fast/test_batch_compiled.py states the tolerance).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from llamablock.runtime.batch import BatchEngine, BatchKVCache, Row
+
+
+class _Prefiller(BatchEngine):
+    """The eager batch engine, asked first where each prefilled row goes (`place`: True when the
+    compiled rows took it)."""
+
+    def __init__(self, model, rows: int, chunk: int, place):
+        super().__init__(model, rows=rows, chunk=chunk)
+        self.place = place
+
+    def _join(self, row: Row, src: BatchKVCache, i: int, end: int) -> None:
+        if not self.place(row, src, i, end):
+            super()._join(row, src, i, end)
+
+
+class CompiledBatchEngine:
+    """BatchEngine's interface (add, prefill_next, step, remove, rows) over a compiled step for
+    `compiled.batch` rows; `model` is the served eager model (prefill, and the rows it cannot hold)."""
+
+    def __init__(self, model, compiled, chunk: int = 256):
+        if compiled.batch < 2 or compiled.static is None:
+            raise ValueError("give a prepared compiled engine built for a batch of at least 2 (AOTIEngine(batch=B))")
+        self.model, self.cfg, self.compiled = model, model.cfg, compiled
+        self.eager = _Prefiller(model, rows=compiled.batch, chunk=chunk, place=self._place)
+        self.max_rows = self.eager.max_rows
+        self.slots: list[Row | None] = [None] * compiled.batch  # the sequence in each compiled row
+        self._total: dict[int, int] = {}  # id(row) -> prompt + max new tokens
+
+    @property
+    def device(self) -> torch.device:
+        return self.eager.device
+
+    @property
+    def rows(self) -> list[Row]:
+        """The sequences decoding: the compiled rows in row order, then the eager batch's."""
+        return [r for r in self.slots if r is not None] + self.eager.rows
+
+    def describe(self) -> str:
+        return (f"the compiled step for {self.compiled.batch} rows ({self.compiled.describe()}; requests of up to "
+                f"{self.compiled.length} tokens), the rest eagerly")
+
+    def add(self, prompt_ids: Sequence[int], max_new_tokens: int) -> Row:
+        row = self.eager.add(prompt_ids, max_new_tokens)
+        self._total[id(row)] = len(prompt_ids) + max_new_tokens
+        return row
+
+    def prefill_next(self, waiting: Sequence[Row]) -> list[tuple[Row, torch.Tensor]]:
+        return self.eager.prefill_next(waiting)
+
+    @torch.no_grad()
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens (b,), one per row in `rows` order -> logits (b, V)."""
+        rows = self.rows
+        if tokens.shape != (len(rows),):
+            raise ValueError(f"step takes one token per row: {len(rows)}, got shape {tuple(tokens.shape)}")
+        used = [i for i, r in enumerate(self.slots) if r is not None]
+        out = []
+        if used:
+            b = self.compiled.batch
+            ids = torch.zeros(b, 1, dtype=torch.long)  # (B, 1); free rows: token 0 at position 0
+            pos = torch.zeros(b, dtype=torch.long)  # (B,)
+            ids[used, 0] = tokens[:len(used)].cpu()
+            pos[used] = torch.tensor([self.slots[i].length for i in used])
+            out.append(self.compiled.step_rows(ids, pos)[used].to(self.device))  # (k, V)
+            for i in used:
+                self.slots[i].length += 1
+        if self.eager.rows:
+            out.append(self.eager.step(tokens[len(used):]))
+        return torch.cat(out) if len(out) > 1 else out[0]
+
+    def remove(self, row: Row) -> None:
+        self._total.pop(id(row), None)
+        if row.index is not None and row.index < len(self.slots) and self.slots[row.index] is row:
+            self.slots[row.index], row.index = None, None
+        else:
+            self.eager.remove(row)
+
+    def _place(self, row: Row, src: BatchKVCache, i: int, end: int) -> bool:
+        """A prefilled row into a free compiled row when it fits: its slots [end - n, end) of row i of
+        `src` into slots [0, n) of the static cache."""
+        free = next((s for s, r in enumerate(self.slots) if r is None), None)
+        if free is None or not self.compiled.covers(self._total.get(id(row), self.compiled.length + 1)):
+            return False
+        n, cache = row.length, self.compiled.static.cache
+        for dst, held in ((cache.keys, src.all_keys), (cache.values, src.all_values)):
+            for d, s in zip(dst, held, strict=True):
+                d[free, :, :n] = s[i, :, end - n: end]
+        self.slots[free] = row
+        row.solo, row.index = None, free
+        return True

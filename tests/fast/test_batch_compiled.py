@@ -1,0 +1,93 @@
+"""The compiled batch engine (llamablock.fast.batch_compiled): a request decoded among others by the
+static layout's step for B rows computes what it computes alone.
+
+The reference is EagerEngine, one sequence at a time (itself tested against transformers). The
+step for B rows runs eagerly here (StaticEngine(batch=B): the program's own graph, not compiled),
+and once compiled by AOTInductor on the tiny model. Tolerances: the static layout fuses matmuls
+and softmaxes over all L slots (exact zeros past a row's position), so float32 logits agree to
+1e-5 of the largest as in test_compiled_decode.py; greedy tokens must be equal.
+"""
+
+import pytest
+import torch
+from batch_driver import alone, batched
+from hf_reference import tiny_hf_model
+
+import llamablock
+from llamablock.fast.batch_compiled import CompiledBatchEngine
+from llamablock.fast.compiled_decode import AOTIEngine, StaticEngine
+from llamablock.fast.static_decode import StaticDecoder
+
+LOGIT_RTOL = 1e-5
+
+# (prompt length, new tokens, arrival step): six requests through three compiled rows, so rows are
+# freed and taken again; the 60 + 70 tokens of the last are more than the 64-slot cache holds, so
+# it runs in the eager batch beside the compiled rows (as do requests that find every compiled row taken).
+REQUESTS = [(7, 30, 0), (3, 12, 0), (41, 10, 2), (12, 25, 5), (1, 8, 9), (60, 70, 14)]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tiny")
+    tiny_hf_model("llama", n_heads=4, n_kv=2).save_pretrained(d)
+    return llamablock.load_pretrained(d)
+
+
+def _prompts(vocab: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(1)
+    return [torch.randint(0, vocab, (n,), generator=g).tolist() for n, _, _ in REQUESTS]
+
+
+def _check(got, model, prompts):
+    for i, prompt in enumerate(prompts):
+        tokens, logits = alone(model, prompt, REQUESTS[i][1])
+        assert got[i][0] == tokens, f"request {i} ({len(prompt)} prompt tokens): tokens differ"
+        worst = max(float((a - b).abs().max() / b.abs().max()) for a, b in zip(got[i][1], logits, strict=True))
+        assert worst <= LOGIT_RTOL, f"request {i}: logits differ by {worst:.2e} of the largest"
+
+
+@torch.no_grad()
+def test_rows_at_their_own_positions_equal_each_row_alone(tiny):
+    """StaticDecoder.step with one position per row: row i at pos[i] gives the logits that a
+    one-row layout gives at that position (so a row's mask, RoPE angle and cache slot are its own)."""
+    g = torch.Generator().manual_seed(0)
+    lengths = [5, 17, 9]
+    prompts = [torch.randint(0, tiny.cfg.vocab_size, (1, n), generator=g) for n in lengths]
+    batch = StaticDecoder(tiny, 64, batch=3)
+    singles = [StaticDecoder(tiny, 64) for _ in lengths]
+    for i, (ids, one) in enumerate(zip(prompts, singles, strict=True)):
+        one.prefill(ids)
+        for layer in range(tiny.cfg.n_layers):  # the rows' prompts, each from slot 0
+            batch.cache.keys[layer][i] = one.cache.keys[layer][0]
+            batch.cache.values[layer][i] = one.cache.values[layer][0]
+    tokens = torch.tensor([[3], [4], [5]])
+    got = batch.step(tokens, torch.tensor(lengths))
+    for i, one in enumerate(singles):
+        want = one.step(tokens[i:i + 1], torch.tensor([lengths[i]]))
+        torch.testing.assert_close(got[i:i + 1], want, atol=1e-5, rtol=0)
+
+
+def test_compiled_rows_equal_each_request_alone(tiny):
+    """Requests joining, leaving and taking freed rows, one too long for the compiled rows (it
+    decodes in the eager batch in the same steps): every answer equals its run alone."""
+    static = StaticEngine(tiny, batch=3)
+    static.prepare(64)
+    engine = CompiledBatchEngine(tiny, static, chunk=16)
+    prompts = _prompts(tiny.cfg.vocab_size)
+    sizes = []
+    step = engine.step
+    engine.step = lambda t: (sizes.append((sum(r is not None for r in engine.slots), len(engine.eager.rows))), step(t))[1]
+    got = batched(engine, prompts, REQUESTS)
+    _check(got, tiny, prompts)
+    assert max(c for c, _ in sizes) == 3 and max(e for _, e in sizes) >= 1  # all compiled rows used; eager rows beside
+
+
+@pytest.mark.slow
+def test_the_aoti_program_for_three_rows_equals_each_request_alone(tiny, tmp_path, monkeypatch):
+    """The step for three rows compiled by AOTInductor (autotune off: seconds on the tiny model)."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    compiled = AOTIEngine(tiny, autotune=False, batch=3, notify=lambda line: None)
+    compiled.prepare(64)
+    assert compiled.running == {"step": compiled.running["step"]} and compiled.running["step"] != "eager"
+    prompts = _prompts(tiny.cfg.vocab_size)
+    _check(batched(CompiledBatchEngine(tiny, compiled, chunk=16), prompts, REQUESTS), tiny, prompts)
