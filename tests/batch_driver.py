@@ -5,6 +5,8 @@ tests/fast/test_batch_compiled.py for the compiled one).
     requests: [(prompt length, new tokens, the step at which the request arrives)]
     batched(engine, prompts, requests) -> {i: (greedy tokens, their logits)}
     alone(model, prompt, n)            -> (greedy tokens, their logits), EagerEngine
+    assert_each_alone(got, model, prompts, requests, rtol): the same greedy tokens, and logits within
+        rtol of the largest logit
 """
 
 import torch
@@ -61,3 +63,12 @@ def batched(engine, prompts: list[list[int]], requests) -> dict:
                     engine.remove(r)
         step += 1
     return out
+
+
+def assert_each_alone(got: dict, model, prompts: list[list[int]], requests, rtol: float) -> None:
+    for i, prompt in enumerate(prompts):
+        tokens, logits = alone(model, prompt, requests[i][1])
+        assert got[i][0] == tokens, f"request {i} ({len(prompt)} prompt tokens): tokens differ"
+        worst = max(float((a - b).float().abs().max() / b.float().abs().max())
+                    for a, b in zip(got[i][1], logits, strict=True))
+        assert worst <= rtol, f"request {i}: logits differ by {worst:.2e} of the largest"

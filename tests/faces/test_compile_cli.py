@@ -10,11 +10,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from batch_driver import assert_each_alone, batched
 from gguf_tiny import count_calls, write_tiny_gguf
 from hf_reference import tiny_hf_model
 
 from llamablock import cli
 from llamablock.fast import builds
+from llamablock.fast.batch_compiled import CompiledBatchEngine
 from llamablock.web.generation import load_served
 
 # A command resolves --model once, parses a GGUF's header once and reads its weights once.
@@ -105,3 +107,31 @@ def test_a_build_by_other_code_is_not_used_and_the_summary_says_to_rebuild(capsy
     assert builds.built_length(f, "float32") == 64 and not builds.stale_build(f)
     assert [k for k in json.loads(builds._index_file().read_text()) if k.startswith(builds._file(f))] == [
         builds._key(f, "float32")]
+
+
+# (prompt length, new tokens, arrival step): five requests through three compiled rows
+BATCH_REQUESTS = [(7, 20, 0), (3, 12, 0), (30, 10, 2), (12, 25, 4), (5, 40, 6)]
+
+
+@pytest.mark.slow
+def test_compile_batch_builds_the_servers_step_and_its_rows_equal_each_request_alone(capsys, tiny, monkeypatch):
+    """`compile --batch 3` builds the step for three sequences; `serve --parallel 3` then decodes its
+    rows with that program (the file read once), and each request's greedy tokens and logits equal
+    its run alone on the eager model (1e-4 of the largest logit: inductor's kernels against eager
+    float32, as tests/fast/test_compiled_decode.py allows)."""
+    torch._dynamo.reset()
+    assert cli.main(["compile", "--model", str(tiny), "--tokens", "64", "--batch", "3", "--no-autotune"]) == 0
+    out = capsys.readouterr().out
+    assert "--parallel 3` now uses it" in out
+    assert builds.built_length(tiny, "float32", batch=3) == 64 and builds.built_length(tiny, "float32", batch=2) is None
+    with monkeypatch.context() as m:
+        counts = _count_reads(m)
+        served = load_served(str(tiny), max_queue=1, parallel=3)
+        served.worker.close()
+        assert {k: len(v) for k, v in counts.items()} == ONE_EACH, counts
+    engine = served.worker.engine
+    assert isinstance(engine, CompiledBatchEngine) and engine.compiled.running["step"] != "eager"
+    assert "the compiled step for 3 rows" in served.worker.describe()
+    g = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(0, served.model.cfg.vocab_size, (n,), generator=g).tolist() for n, _, _ in BATCH_REQUESTS]
+    assert_each_alone(batched(engine, prompts, BATCH_REQUESTS), served.model, prompts, BATCH_REQUESTS, 1e-4)

@@ -215,7 +215,7 @@ def test_metrics_count_what_was_served_and_each_request_logs_a_line(tiny, sched,
 
 @pytest.mark.parametrize("flags, message", [(["--parallel", "0"], "--parallel must be a positive integer"),
                                             (["--prefill-chunk", "-1"], "--prefill-chunk must be a positive integer"),
-                                            (["--compile-tokens", "512"], "add --parallel 1")])
+                                            (["--compile-tokens", "1"], "at least 2")])
 def test_serve_refuses_a_bad_batch_flag_in_one_line(capsys, flags, message):
     from llamablock.cli import build_parser, main
 

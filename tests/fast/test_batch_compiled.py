@@ -2,20 +2,21 @@
 static layout's step for B rows computes what it computes alone.
 
 The reference is EagerEngine, one sequence at a time (itself tested against transformers). The
-step for B rows runs eagerly here (StaticEngine(batch=B): the program's own graph, not compiled),
-and once compiled by AOTInductor on the tiny model. Tolerances: the static layout fuses matmuls
+step for B rows runs eagerly here (StaticEngine(batch=B): the program's own graph, not compiled);
+tests/faces/test_compile_cli.py builds it with `llamablock compile --batch` and runs the same check
+on the AOTInductor program. Tolerances: the static layout fuses matmuls
 and softmaxes over all L slots (exact zeros past a row's position), so float32 logits agree to
 1e-5 of the largest as in test_compiled_decode.py; greedy tokens must be equal.
 """
 
 import pytest
 import torch
-from batch_driver import alone, batched
+from batch_driver import assert_each_alone, batched
 from hf_reference import tiny_hf_model
 
 import llamablock
 from llamablock.fast.batch_compiled import CompiledBatchEngine
-from llamablock.fast.compiled_decode import AOTIEngine, StaticEngine
+from llamablock.fast.compiled_decode import StaticEngine
 from llamablock.fast.static_decode import StaticDecoder
 
 LOGIT_RTOL = 1e-5
@@ -36,14 +37,6 @@ def tiny(tmp_path_factory):
 def _prompts(vocab: int) -> list[list[int]]:
     g = torch.Generator().manual_seed(1)
     return [torch.randint(0, vocab, (n,), generator=g).tolist() for n, _, _ in REQUESTS]
-
-
-def _check(got, model, prompts):
-    for i, prompt in enumerate(prompts):
-        tokens, logits = alone(model, prompt, REQUESTS[i][1])
-        assert got[i][0] == tokens, f"request {i} ({len(prompt)} prompt tokens): tokens differ"
-        worst = max(float((a - b).abs().max() / b.abs().max()) for a, b in zip(got[i][1], logits, strict=True))
-        assert worst <= LOGIT_RTOL, f"request {i}: logits differ by {worst:.2e} of the largest"
 
 
 @torch.no_grad()
@@ -78,16 +71,5 @@ def test_compiled_rows_equal_each_request_alone(tiny):
     step = engine.step
     engine.step = lambda t: (sizes.append((sum(r is not None for r in engine.slots), len(engine.eager.rows))), step(t))[1]
     got = batched(engine, prompts, REQUESTS)
-    _check(got, tiny, prompts)
+    assert_each_alone(got, tiny, prompts, REQUESTS, LOGIT_RTOL)
     assert max(c for c, _ in sizes) == 3 and max(e for _, e in sizes) >= 1  # all compiled rows used; eager rows beside
-
-
-@pytest.mark.slow
-def test_the_aoti_program_for_three_rows_equals_each_request_alone(tiny, tmp_path, monkeypatch):
-    """The step for three rows compiled by AOTInductor (autotune off: seconds on the tiny model)."""
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
-    compiled = AOTIEngine(tiny, autotune=False, batch=3, notify=lambda line: None)
-    compiled.prepare(64)
-    assert compiled.running == {"step": compiled.running["step"]} and compiled.running["step"] != "eager"
-    prompts = _prompts(tiny.cfg.vocab_size)
-    _check(batched(CompiledBatchEngine(tiny, compiled, chunk=16), prompts, REQUESTS), tiny, prompts)

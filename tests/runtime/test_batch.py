@@ -11,7 +11,7 @@ changes only the order of float32 sums (padding keys get a softmax weight of exa
 
 import pytest
 import torch
-from batch_driver import alone, batched
+from batch_driver import assert_each_alone, batched
 from hf_reference import tiny_hf_model
 
 import llamablock
@@ -53,11 +53,7 @@ def test_batched_equals_alone(llama, name):
     model = _models(llama)[name]
     prompts = _prompts(model.cfg.vocab_size)
     got = batched(BatchEngine(model, rows=2, chunk=16), prompts, REQUESTS)
-    for i, prompt in enumerate(prompts):
-        tokens, logits = alone(model, prompt, REQUESTS[i][1])
-        assert got[i][0] == tokens, f"request {i} ({len(prompt)} prompt tokens): tokens differ"
-        worst = max(float((a - b).abs().max() / b.abs().max()) for a, b in zip(got[i][1], logits, strict=True))
-        assert worst <= LOGIT_RTOL, f"request {i}: logits differ by {worst:.2e} of the largest"
+    assert_each_alone(got, model, prompts, REQUESTS, LOGIT_RTOL)
 
 
 # Prompts under fast.quant.PREFILL_ROWS tokens, each prefilled in one chunk: every matmul then runs
@@ -77,12 +73,7 @@ def test_batched_equals_alone_quantized(llama, fmt):
     model = quantize_model(copy.deepcopy(llama).to(torch.bfloat16), fmt)
     prompts = _prompts(model.cfg.vocab_size, QUANT_REQUESTS)
     got = batched(BatchEngine(model, rows=2, chunk=64), prompts, QUANT_REQUESTS)
-    for i, prompt in enumerate(prompts):
-        tokens, logits = alone(model, prompt, QUANT_REQUESTS[i][1])
-        assert got[i][0] == tokens, f"request {i}: tokens differ"
-        worst = max(float((a - b).float().abs().max() / b.float().abs().max())
-                    for a, b in zip(got[i][1], logits, strict=True))
-        assert worst <= QUANT_RTOL, f"request {i}: logits differ by {worst:.2e} of the largest"
+    assert_each_alone(got, model, prompts, QUANT_REQUESTS, QUANT_RTOL)
 
 
 def test_prompts_that_arrive_together_are_prefilled_in_one_forward(llama):

@@ -3,7 +3,9 @@
 The engine (llamablock.fast.compiled_decode.AOTIEngine) compiles its decode step and prefill for
 one model file, format and cache length; this command does it ahead of time, stage by stage,
 with the elapsed time and the previous build's total, and records it (llamablock.fast.builds) so
-that `llamablock generate` picks the compiled engine by default from then on.
+that `llamablock generate` picks the compiled engine by default from then on. `--batch B` builds
+the step for B sequences at once instead (no compiled prefill), which `llamablock serve --parallel
+B` picks up the same way (llamablock.fast.batch_compiled).
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ def add_arguments(p) -> None:
                    help="the format to compile for; auto: the file's own (its majority format) (default: %(default)s)")
     p.add_argument("--tokens", type=int, default=512,
                    help="prompt + new tokens the engine holds; rounded up to a power of two (default: %(default)s)")
+    p.add_argument("--batch", type=int, default=1, metavar="B",
+                   help="sequences the decode step takes at once: `llamablock serve --parallel B` decodes its "
+                        "requests' rows with it (default: %(default)s, the engine of `llamablock generate`)")
     p.add_argument("--no-autotune", action="store_true",
                    help="inductor's default kernels instead of autotuned GEMM templates (faster to build, slower to run)")
 
@@ -36,10 +41,12 @@ def run(args) -> int:
 
     if args.tokens < 2:
         raise ValueError(f"--tokens must be at least 2, got {args.tokens}")
+    if args.batch < 1:
+        raise ValueError(f"--batch must be a positive integer, got {args.batch}")
     source = open_source(args.model, tokenizer=False)
     if args.tokens > source.cfg.max_seq_len:
         raise ValueError(f"--tokens {args.tokens} exceeds the model's context of {source.cfg.max_seq_len}")
-    plan = decide(source, args.dtype, "compiled")
+    plan = decide(source, args.dtype, "compiled", batch=args.batch)
     fmt, start = plan.fmt, time.perf_counter()
 
     def report(stage: str) -> None:
@@ -55,8 +62,11 @@ def run(args) -> int:
               "(the lines above say why): `llamablock generate` runs the eager engine; another --dtype may build",
               flush=True)
         return 0
-    builds.record(source.path, fmt, engine.length, engine.packages(), seconds, autotune=not args.no_autotune)
+    builds.record(source.path, fmt, engine.length, engine.packages(), seconds, autotune=not args.no_autotune,
+                  batch=args.batch)
+    user = (f"`llamablock generate --model {args.model or source.path.name}`" if args.batch == 1 else
+            f"`llamablock serve --model {args.model or source.path.name} --parallel {args.batch}`")
     print(f"  [{time.perf_counter() - start:6.1f} s] done: {engine.describe()}; {seconds:.0f} s compiling, the rest "
-          f"loaded from the cache; `llamablock generate --model {args.model or source.path.name}` now uses it for up "
-          f"to {engine.length} tokens", file=sys.stdout, flush=True)
+          f"loaded from the cache; {user} now uses it for requests of up to {engine.length} tokens",
+          file=sys.stdout, flush=True)
     return 0

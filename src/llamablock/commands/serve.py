@@ -34,9 +34,10 @@ def add_arguments(p) -> None:
                    help="the most prompt tokens prefilled between two decode steps of the running requests: "
                         "smaller keeps their streams steadier while a long prompt arrives (default: %(default)s)")
     p.add_argument("--compile-tokens", type=int, default=None, metavar="TOKENS",
-                   help="serve requests of up to TOKENS (prompt + completion) with the compiled engine, prepared "
-                        "before the server listens (loaded from the compile cache, or compiled once: minutes); "
-                        "longer requests run eagerly (default: eager only)")
+                   help="serve requests of up to TOKENS (prompt + completion) with the compiled engine (its step "
+                        "for --parallel sequences at once), prepared before the server listens (loaded from the "
+                        "compile cache, or compiled once: minutes); longer requests run eagerly (default: the "
+                        "compiled engine where `llamablock compile --batch N` built it for --parallel N, else eager)")
     p.add_argument("--trace-cache", default=None, metavar="DIR",
                    help="where the token tracer keeps its trained 2017/2024 pair (default: the tracer's own)")
     p.add_argument("--lab-results", default="lab-out/results.json", metavar="FILE",
@@ -53,9 +54,6 @@ def run(args) -> int:
         raise UsageError(f"--prefill-chunk must be a positive integer, got {args.prefill_chunk}")
     if args.max_queue <= 0:
         raise UsageError(f"--max-queue must be a positive integer, got {args.max_queue}")
-    if args.compile_tokens is not None and args.parallel != 1:
-        raise UsageError(f"--compile-tokens serves one request at a time (the compiled engine decodes one sequence): "
-                         f"add --parallel 1, or leave --compile-tokens out to batch {args.parallel} requests eagerly")
     if args.compile_tokens is not None and args.compile_tokens < 2:
         raise UsageError(f"--compile-tokens takes the longest request in tokens (at least 2), got {args.compile_tokens}")
     import socket

@@ -7,7 +7,7 @@ the file's identity (path, size, modification time) instead, so that `llamablock
 choose the compiled engine by default when one exists and the eager model otherwise
 (`--engine auto`). It also keeps how long each build took, for the next build's progress line.
 
-    <package dir>/builds.json   {"<path>|<size>|<mtime>|<code>|<format>": {"lengths": {L: [package, ...]},
+    <package dir>/builds.json   {"<path>|<size>|<mtime>|<code>|<format>": {"lengths": {L or "LxB": [package, ...]},
                                                                            "seconds": last build,
                                                                            "autotune": bool}}
 An entry counts only while its packages are still on disk (pruning may delete them), and only for
@@ -15,7 +15,8 @@ the code that built it (`<code>`: torch's version and llamablock's source digest
 packages' own names hash too): after an upgrade or an edit, `--engine auto` runs the eager model
 and says to rebuild, instead of compiling in the foreground for minutes. `autotune` is how the
 build was made (`llamablock compile --no-autotune` or not): the packages' names hash the settings,
-so `generate` must ask for the same ones to find them.
+so `generate` must ask for the same ones to find them. A build for a batch of B sequences (`llamablock
+compile --batch B`, the server's `--parallel B`: llamablock.fast.batch_compiled) is listed as "LxB".
 """
 
 from __future__ import annotations
@@ -57,17 +58,23 @@ def _read() -> dict:
     return d if isinstance(d, dict) else {}
 
 
-def record(path: Path, fmt: str, length: int, packages: list[Path], seconds: float, autotune: bool = True) -> None:
-    """Note that the engine for `path` in `fmt` at cache `length` lives in `packages`, built with
-    `autotune` or not; entries of this file and format by other code go (their packages can no
-    longer serve)."""
+def _size(length: int, batch: int) -> str:
+    return str(length) if batch == 1 else f"{length}x{batch}"
+
+
+def record(path: Path, fmt: str, length: int, packages: list[Path], seconds: float, autotune: bool = True,
+           batch: int = 1) -> None:
+    """Note that the engine for `path` in `fmt` at cache `length` (for `batch` sequences) lives in
+    `packages`, built with `autotune` or not; entries of this file and format by other code go
+    (their packages can no longer serve)."""
     index = {k: v for k, v in _read().items() if k == _key(path, fmt) or not _same_file_and_format(k, path, fmt)}
     entry = index.setdefault(_key(path, fmt), {"lengths": {}, "seconds": None})
-    entry["lengths"][str(length)] = [str(p) for p in packages]
+    size = _size(length, batch)
+    entry["lengths"][size] = [str(p) for p in packages]
     if seconds > 0:
         entry["seconds"] = seconds
     if entry.get("autotune", autotune) != autotune:  # the other setting's packages are not these
-        entry["lengths"] = {str(length): entry["lengths"][str(length)]}
+        entry["lengths"] = {size: entry["lengths"][size]}
     entry["autotune"] = autotune
     f = _index_file()
     f.parent.mkdir(parents=True, exist_ok=True)
@@ -93,11 +100,17 @@ def stale_build(path: Path) -> bool:
     return bool(keys) and not any(k.startswith(mine) for k in keys)
 
 
-def built_length(path: Path, fmt: str) -> int | None:
-    """The longest cache length built for `path` in `fmt` whose packages are all on disk, or None."""
+def built_length(path: Path, fmt: str, batch: int = 1) -> int | None:
+    """The longest cache length built for `path` in `fmt` for `batch` sequences whose packages are
+    all on disk, or None."""
     entry = _read().get(_key(path, fmt), {})
-    ok = [int(n) for n, dirs in entry.get("lengths", {}).items() if dirs and all(Path(d).is_dir() for d in dirs)]
+    ok = [int(size.split("x")[0]) for size, dirs in entry.get("lengths", {}).items()
+          if _batch_of(size) == batch and dirs and all(Path(d).is_dir() for d in dirs)]
     return max(ok) if ok else None
+
+
+def _batch_of(size: str) -> int:
+    return int(size.split("x")[1]) if "x" in size else 1
 
 
 def autotuned(path: Path, fmt: str) -> bool:

@@ -44,11 +44,14 @@ class Plan:
     built: int | None = None  # the recorded build's cache length (compiled), else None
     autotune: bool = True  # the recorded build's setting: its packages' names hash it
     note: str | None = None  # said with the summary: why eager where a compiled engine could run
+    batch: int = 1  # sequences the compiled step decodes at once (a server's --parallel)
 
 
-def decide(source: ModelSource, fmt: str = "auto", engine: str = "auto", device: str = "cpu") -> Plan:
+def decide(source: ModelSource, fmt: str = "auto", engine: str = "auto", device: str = "cpu",
+           batch: int = 1) -> Plan:
     """The plan for running `source`: `fmt` one of formats.CHOICES, `engine` one of ENGINES,
-    `device` a resolved device name (util/devices.resolve_device)."""
+    `device` a resolved device name (util/devices.resolve_device); `batch` the sequences a compiled
+    step decodes at once (its builds are recorded apart)."""
     if engine not in ENGINES:
         raise ValueError(f"--engine must be one of {', '.join(ENGINES)}, got {engine!r}")
     if device != "cpu":
@@ -60,14 +63,15 @@ def decide(source: ModelSource, fmt: str = "auto", engine: str = "auto", device:
     built = None
     if engine == "compiled" or builds.any_build(source.path):  # else the format is not needed
         compiled_fmt = own_format(source) if fmt == "auto" else fmt
-        built = builds.built_length(source.path, compiled_fmt)
+        built = builds.built_length(source.path, compiled_fmt, batch)
     if engine == "auto" and built is None:
-        command = f"`llamablock compile{' --model ' + source.given if source.given else ''}`"
+        flags = (f" --model {source.given}" if source.given else "") + (f" --batch {batch}" if batch > 1 else "")
+        command, user = f"`llamablock compile{flags}`", "generate" if batch == 1 else "serve"
         note = (f"eager engine: the compiled one was built by another llamablock or torch; {command} builds it "
                 "again" if builds.stale_build(source.path) else
-                f"eager engine: {command} builds the compiled one once, then generate uses it")
+                f"eager engine: {command} builds the compiled one once, then {user} uses it")
         return Plan("eager", fmt, device, note=note)
-    return Plan("compiled", compiled_fmt, device, built, builds.autotuned(source.path, compiled_fmt))
+    return Plan("compiled", compiled_fmt, device, built, builds.autotuned(source.path, compiled_fmt), batch=batch)
 
 
 @dataclass
@@ -85,7 +89,7 @@ def build(source: ModelSource, plan: Plan, notify=None) -> Built:
     from llamablock.fast.compiled_decode import AOTIEngine
 
     model = load_decoder(source, load_dtype(plan.fmt))
-    return Built(model, AOTIEngine(model, plan.fmt, autotune=plan.autotune, notify=notify))
+    return Built(model, AOTIEngine(model, plan.fmt, autotune=plan.autotune, notify=notify, batch=plan.batch))
 
 
 def eager_beside(built: Built) -> nn.Module:
@@ -124,6 +128,7 @@ def prepare(engine, source: ModelSource, total_tokens: int) -> float:
     seconds = engine.prepare(total_tokens) or 0.0
     running = getattr(engine, "running", None)
     if running is not None and running.get("step") != "eager":  # a step run eagerly is no build to choose
-        builds.record(source.path, engine.fmt, engine.length, engine.packages(), seconds, autotune=engine.autotune)
+        builds.record(source.path, engine.fmt, engine.length, engine.packages(), seconds, autotune=engine.autotune,
+                      batch=engine.batch)
     return seconds
 

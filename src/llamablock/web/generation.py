@@ -4,10 +4,10 @@ tokenizer, the scheduler that runs its requests) and `load_served`, which builds
 
 Requests run on llamablock.web.scheduler (continuous batching behind a bounded queue).
 
-Engines: with `--parallel 1`, a request runs on the compiled engine
-(llamablock.fast.compiled_decode.AOTIEngine) when one is given and already covers the request's
-length (its programs loaded or compiled before serving began: nothing is compiled inside a
-request); every other request, and every batch, on the eager engine.
+Engines: a request runs on the compiled engine (llamablock.fast.compiled_decode.AOTIEngine) when one
+is given and already covers the request's length (its programs loaded or compiled before serving
+began: nothing is compiled inside a request): alone with `--parallel 1`, as a row of its step for
+a batch otherwise (llamablock.fast.batch_compiled); every other request on the eager engine.
 """
 
 from __future__ import annotations
@@ -36,21 +36,19 @@ def load_served(model: str | None = None, max_queue: int = 8, compile_tokens: in
     """Load a model (a name or path as `llamablock generate --model` takes, or a run directory) and
     start its worker, the file read once (fast/plan.py). Requests run on the eager engine, in the
     file's own precision; the compiled engine serves the requests it covers when `llamablock compile`
-    has built it for this model (fast/builds.py), or when `compile_tokens` asks for it: then it is
-    prepared now for requests up to that many tokens, loaded from the compile cache or compiled
-    once, so that no request waits for a compilation. The compiled engine decodes one sequence, so
-    it is used with `parallel` 1 only. With a compiled engine the eager model is made from the same
+    has built it for this model for `parallel` sequences at once (`--batch`; fast/builds.py), or
+    when `compile_tokens` asks for it: then it is prepared now for requests up to that many tokens,
+    loaded from the compile cache or compiled once, so that no request waits for a compilation.
+    With `parallel` 1 it runs one request at a time; with more, its step decodes `parallel` rows
+    (llamablock.fast.batch_compiled). With a compiled engine the eager model is made from the same
     weights (plan.eager_beside)."""
     from llamablock.fast.plan import build, decide, eager_beside, prepare
     from llamablock.io.source import open_source
 
-    if compile_tokens and parallel != 1:
-        raise ValueError(f"the compiled engine decodes one sequence at a time: use --compile-tokens with --parallel 1, "
-                         f"not {parallel}")
     if compile_tokens and device != "cpu":
         raise ValueError(f"the compiled engine runs on the CPU; serve with --device cpu to use --compile-tokens, not {device}")
     source = open_source(model)
-    plan = decide(source, "auto", "compiled" if compile_tokens else "auto" if parallel == 1 else "eager", device)
+    plan = decide(source, "auto", "compiled" if compile_tokens else "auto", device, batch=parallel)
     built = build(source, plan)
     compiled = None
     if plan.engine == "compiled":

@@ -19,8 +19,9 @@ server's event loop; each piece of text goes to the event loop that asked for it
 Exception). A client that disconnects sets its job's `cancelled`: a waiting job is skipped, a
 running one leaves the batch before the next step.
 
-The compiled engine (llamablock.fast.compiled_decode) decodes one sequence: with `parallel` 1 it
-serves the requests it covers, one at a time as before; batches run on the eager engine.
+A compiled engine (llamablock.fast.compiled_decode) built for one sequence serves, with `parallel`
+1, the requests it covers, one at a time; one built for a batch of B (AOTIEngine(batch=B)) decodes
+the batch's rows (llamablock.fast.batch_compiled), the rows it cannot hold eagerly beside them.
 Counters for /metrics: llamablock.web.metrics; one log line per request (logger llamablock.serve).
 """
 
@@ -116,7 +117,12 @@ class Scheduler:
         if max_queue <= 0:
             raise ValueError(f"max_queue must be a positive integer, got {max_queue!r}")
         self.model, self.tokenizer, self.compiled = model, tokenizer, compiled
-        self.engine = engine_factory(model, rows=parallel, chunk=chunk)
+        if compiled is not None and compiled.batch > 1:  # the compiled step decodes the batch
+            from llamablock.fast.batch_compiled import CompiledBatchEngine
+
+            self.engine, self.compiled = CompiledBatchEngine(model, compiled, chunk=chunk), None
+        else:
+            self.engine = engine_factory(model, rows=parallel, chunk=chunk)
         self.parallel = parallel
         self.jobs: queue.Queue = queue.Queue(maxsize=max_queue)
         self.active: list[_Running] = []  # admitted, in arrival order (read by other threads: replaced, not mutated)
@@ -155,9 +161,11 @@ class Scheduler:
             how = "one request at a time" + (" on the compiled engine where it covers the request, else eagerly"
                                              if self.compiled is not None else " on the eager engine")
         else:
-            how = f"up to {self.parallel} requests decoded together as one batch on the eager engine"
+            how = f"up to {self.parallel} requests decoded together as one batch on "
+            describe = getattr(self.engine, "describe", None)
+            how += describe() if describe is not None else "the eager engine"
             if self.compiled is not None:
-                how += " (the compiled engine decodes one sequence: it serves --parallel 1 only)"
+                how += " (the compiled engine was built for one sequence: it serves --parallel 1 only)"
         return f"{how}; {self.jobs.maxsize} more may wait"
 
     def submit(self, job: Job) -> Job:
