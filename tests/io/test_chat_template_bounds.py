@@ -129,6 +129,20 @@ def test_an_isolated_render_is_stopped_at_its_time_limit():
     assert time.monotonic() - start < LIMIT_S
 
 
+def test_isolated_renders_reuse_a_child_and_one_past_its_time_is_replaced():
+    """The children stay up between renders (no Python start per request), and a child killed at its
+    time limit is replaced: the next render answers."""
+    t = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    assert render_isolated(t, {}, HI, True) == "hi"
+    children = {c.proc.pid for c in list(chat_template._pool.idle.queue)}
+    assert render_isolated(t, {}, HI, True) == "hi"
+    assert {c.proc.pid for c in list(chat_template._pool.idle.queue)} == children  # the same processes
+    with pytest.raises(RenderFailed, match="ran past 1 s"):
+        render_isolated(SLOW, {}, HI, True, seconds=1)
+    assert render_isolated(t, {}, HI, True) == "hi"
+    assert chat_template._pool.started <= chat_template.WORKERS
+
+
 def test_an_isolated_render_gives_the_same_text_and_errors():
     t = "{{ bos_token }}{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}{% endfor %}"
     assert render_isolated(t, {"bos_token": "<s>"}, HI, True) == chat_template.render(t, {"bos_token": "<s>"}, HI, True)

@@ -216,37 +216,104 @@ def render_isolated(template: str, special: dict, messages: list[dict], add_gene
     """`render` in a child process killed after `seconds` (default TEMPLATE_SECONDS) and limited
     to TEMPLATE_MEMORY: the bounds above stop every operation known to blow up, and this stops any
     other, since an operation in C holds the interpreter lock and no thread of the server could
-    interrupt it. Costs a Python start per render, so the server uses it, not the command line."""
-    import os
-    import subprocess
-
+    interrupt it. The children stay up between renders (WORKERS of them, one render at a time
+    each): starting Python for every render cost 0.1-0.25 s of each request's first token, and
+    four requests that arrived together reached the scheduler that far apart (`llamablock bench
+    serve`). A child that runs past its time is killed and the next render starts a fresh one."""
     job = json.dumps({"template": template, "special": special, "messages": messages,
                       "add_generation_prompt": add_generation_prompt})
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}  # this process's llamablock
-    limit = TEMPLATE_SECONDS if seconds is None else seconds
-    try:
-        done = subprocess.run([sys.executable, "-c", "from llamablock.io.chat_template import _child; _child()"],
-                              input=job, capture_output=True, text=True, timeout=limit, env=env, check=False)
-    except subprocess.TimeoutExpired:
-        raise RenderFailed(f"TemplateError: it ran past {limit:g} s") from None
-    try:
-        out = json.loads(done.stdout)
-    except ValueError:
-        why = done.stderr.strip().splitlines()[-1:] or [f"exit status {done.returncode}"]
-        raise RenderFailed(f"TemplateError: the render's process failed: {why[0][:200]}") from None
+    out = _pool.run(job, TEMPLATE_SECONDS if seconds is None else seconds)
     if "error" in out:
         raise RenderFailed(out["error"])
     return out["text"]
 
 
+WORKERS = 2  # as many as the server's threads that render requests (web/api_openai.py)
+
+
+class _Child:
+    """One render process: a job per line of JSON on its stdin, its answer a line on its stdout."""
+
+    def __init__(self):
+        import os
+        import subprocess
+
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}  # this process's llamablock
+        self.proc = subprocess.Popen([sys.executable, "-c", "from llamablock.io.chat_template import _child; _child()"],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True, env=env)
+
+    def run(self, job: str, limit: float) -> dict | None:
+        """The child's answer, or None when it ran past `limit` seconds or died (it is then gone)."""
+        import select
+
+        try:
+            self.proc.stdin.write(job + "\n")
+            self.proc.stdin.flush()
+        except OSError:
+            return None
+        ready, _, _ = select.select([self.proc.stdout], [], [], limit)
+        line = self.proc.stdout.readline() if ready else ""
+        return json.loads(line) if line else None
+
+    def why_gone(self) -> str:
+        self.proc.kill()
+        self.proc.wait()
+        lines = self.proc.stderr.read().strip().splitlines()
+        return lines[-1][:200] if lines else f"exit status {self.proc.returncode}"
+
+
+class _Pool:
+    """Up to WORKERS render processes, started on first use; a job waits for an idle one."""
+
+    def __init__(self):
+        import queue
+        import threading
+
+        self.idle: queue.Queue = queue.Queue()
+        self.started, self.lock = 0, threading.Lock()
+
+    def run(self, job: str, limit: float) -> dict:
+        import time
+
+        with self.lock:
+            fresh = self.idle.empty() and self.started < WORKERS
+            if fresh:
+                self.started += 1
+        try:
+            child = _Child() if fresh else self.idle.get()
+        except OSError:  # no process could start: the next render tries again
+            with self.lock:
+                self.started -= 1
+            raise
+        started = time.monotonic()
+        out = child.run(job, limit)
+        if out is not None:
+            self.idle.put(child)
+            return out
+        ran = time.monotonic() - started
+        why = child.why_gone()
+        with self.lock:
+            self.started -= 1
+        if ran >= limit:
+            raise RenderFailed(f"TemplateError: it ran past {limit:g} s")
+        raise RenderFailed(f"TemplateError: the render's process failed: {why}")
+
+
+_pool = _Pool()
+
+
 def _child() -> None:
-    """The child's side of `render_isolated`: one job on stdin, {"text"} or {"error"} on stdout."""
+    """The child's side of `render_isolated`: a job per line on stdin, {"text"} or {"error"} per line
+    on stdout, until stdin closes (the server has gone)."""
     import resource
 
     resource.setrlimit(resource.RLIMIT_AS, (TEMPLATE_MEMORY, TEMPLATE_MEMORY))
-    job = json.loads(sys.stdin.read())
-    try:
-        out = {"text": render(job["template"], job["special"], job["messages"], job["add_generation_prompt"])}
-    except Exception as e:  # noqa: BLE001 (reported to the parent, which raises it)
-        out = {"error": f"{type(e).__name__}: {e}"}
-    sys.stdout.write(json.dumps(out))
+    for line in sys.stdin:
+        job = json.loads(line)
+        try:
+            out = {"text": render(job["template"], job["special"], job["messages"], job["add_generation_prompt"])}
+        except Exception as e:  # noqa: BLE001 (reported to the parent, which raises it)
+            out = {"error": f"{type(e).__name__}: {e}"}
+        sys.stdout.write(json.dumps(out) + "\n")
+        sys.stdout.flush()
