@@ -124,6 +124,37 @@ def test_a_request_joins_between_steps_and_both_answers_are_their_own(tiny, sche
     assert b_chunks >= 3 and sizes[:4] == [1, 1, 1, 1] and sizes.index(2) == 3 + b_chunks
 
 
+def test_requests_sent_together_are_prefilled_in_one_forward(tiny, loop, monkeypatch):
+    """A request arrives while the API is still preparing another (`preparing`): its prefill waits
+    for it (at most GATHER_S, here long enough that a slow machine cannot make the test pass or fail
+    by timing), and the two prompts join the batch after one forward. Without the wait the first is
+    prefilled alone."""
+    from llamablock.web import scheduler
+
+    monkeypatch.setattr(scheduler, "GATHER_S", WAIT)
+    model, tok = tiny
+    groups = []
+
+    class Recording(BatchEngine):
+        def prefill_next(self, waiting):
+            joined = super().prefill_next(waiting)
+            groups.append(len(joined))
+            return joined
+
+    s = Scheduler(model, tok, max_queue=4, parallel=4, engine_factory=Recording)
+    try:
+        with s.preparing():  # the second request is still being read when the first is submitted
+            a = s.submit(job(loop, tok, "ROMEO: but soft", 4))
+            until(lambda: s.running, "the first request taking a row")
+            b = s.submit(job(loop, tok, "JULIET: O Romeo", 4))
+        ga, gb = events(loop, a)[-1][1], events(loop, b)[-1][1]
+    finally:
+        s.close()
+    assert groups[0] == 2, groups
+    assert ga.tokens == reference(tiny, "ROMEO: but soft", 4).tokens
+    assert gb.tokens == reference(tiny, "JULIET: O Romeo", 4).tokens
+
+
 def test_requests_that_end_leave_while_another_goes_on(tiny, sched, loop):
     """One ends at max_tokens, one at a stop string; two are sampled with seeds, and draw what they
     would alone."""
@@ -215,7 +246,8 @@ def test_metrics_count_what_was_served_and_each_request_logs_a_line(tiny, sched,
 
 @pytest.mark.parametrize("flags, message", [(["--parallel", "0"], "--parallel must be a positive integer"),
                                             (["--prefill-chunk", "-1"], "--prefill-chunk must be a positive integer"),
-                                            (["--compile-tokens", "1"], "at least 2")])
+                                            (["--compile-tokens", "1"], "at least 2"),
+                                            (["--engine", "eager", "--compile-tokens", "64"], "leave out --engine eager")])
 def test_serve_refuses_a_bad_batch_flag_in_one_line(capsys, flags, message):
     from llamablock.cli import build_parser, main
 

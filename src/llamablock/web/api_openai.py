@@ -31,6 +31,7 @@ for a disconnect while it waits.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 import uuid
@@ -225,8 +226,10 @@ def _fits(served: ServedModel, text: str, source: str) -> None:
 
 
 async def _prepared(request: Request, prepare):
-    raw = await read_json_body(request)
-    return await run_sync(prepare, request, raw, limiter=_prepare_limiter(request))
+    served = request.app.state.served
+    with served.worker.preparing() if served is not None else contextlib.nullcontext():
+        raw = await read_json_body(request)
+        return await run_sync(prepare, request, raw, limiter=_prepare_limiter(request))
 
 
 @router.post("/v1/completions")

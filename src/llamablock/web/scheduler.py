@@ -28,6 +28,7 @@ Counters for /metrics: llamablock.web.metrics; one log line per request (logger 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import queue
 import threading
@@ -40,6 +41,8 @@ from llamablock.runtime.batch import BatchEngine, Row
 from llamablock.runtime.generate import Generation, _TextStream, generate
 from llamablock.runtime.sampling import Sampling, next_token
 from llamablock.web.metrics import ServerMetrics
+
+GATHER_S = 0.05  # the longest a prefill waits for requests still being read and tokenized (Scheduler._gather)
 
 
 class Cancelled(Exception):
@@ -129,6 +132,8 @@ class Scheduler:
         self.metrics = ServerMetrics(running=lambda: len(self.active), queued=self.jobs.qsize)
         self._ids = itertools.count(1)
         self._serial: Job | None = None  # the job the compiled engine is running alone
+        self._preparing = 0  # requests the API is reading, templating and tokenizing (`preparing`)
+        self._preparing_lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="llamablock-scheduler", daemon=True)
         self._thread.start()
 
@@ -168,6 +173,18 @@ class Scheduler:
                 how += " (the compiled engine was built for one sequence: it serves --parallel 1 only)"
         return f"{how}; {self.jobs.maxsize} more may wait"
 
+    @contextlib.contextmanager
+    def preparing(self):
+        """Around the API's work on a request before `submit`: a prefill about to start waits for it
+        (at most GATHER_S), so that prompts sent together are prefilled together."""
+        with self._preparing_lock:
+            self._preparing += 1
+        try:
+            yield
+        finally:
+            with self._preparing_lock:
+                self._preparing -= 1
+
     def submit(self, job: Job) -> Job:
         job.id = next(self._ids)
         job.arrived = time.monotonic()
@@ -192,7 +209,7 @@ class Scheduler:
     # -- the loop -----------------------------------------------------------------------------
     def _run(self) -> None:
         while True:
-            if not self._admit():
+            if not self._admit() or (self._gather() and not self._admit()):
                 return
             self._leave_cancelled()
             try:
@@ -230,6 +247,20 @@ class Scheduler:
             gen = torch.Generator(device=self.engine.device).manual_seed(job.seed) if job.seed is not None else None
             stream = _TextStream(self.tokenizer, job.stop, lambda s, job=job: job.emit("text", s))
             self.active = self.active + [_Running(job, row, stream, gen, history, started=time.monotonic())]
+        return True
+
+    def _gather(self) -> bool:
+        """Before a new prompt's prefill, while the API is still preparing other requests and rows
+        are free: wait for them, at most GATHER_S. Four clients that send at once reach the queue a
+        few milliseconds apart (more while this thread's Python holds the interpreter lock), and
+        without the wait the first prompt is prefilled alone and the others after it (`llamablock
+        bench serve`'s first-token times). True when it waited (the caller admits again)."""
+        fresh = any(r.row.index is None and r.row.length == 0 for r in self.active)
+        if not fresh or not self._preparing or len(self.active) >= self.capacity:
+            return False
+        end = time.monotonic() + GATHER_S
+        while self._preparing and time.monotonic() < end:
+            time.sleep(0.002)
         return True
 
     def _leave_cancelled(self) -> None:
