@@ -5,8 +5,10 @@ because a batch of decode steps costs little more than one on a machine whose de
 reading the weights. Targets: with 4 concurrent clients, aggregate decode >= 3x one client's and
 >= llama.cpp's `llama-server -np 4`; time to first token p95 with 4 clients within 2x one client's.
 
-How: the server runs as a user starts it, `python -m llamablock serve --parallel 8` on the embedded
-SmolLM2-135M-Instruct Q4_1 file, in a child process; for 1, 2, 4 and 8 clients at once, each
+How: the server runs as a user starts it, `python -m llamablock serve --parallel 4` on the embedded
+SmolLM2-135M-Instruct Q4_1 file, in a child process, twice: on the eager engine (`--engine eager`)
+and on the compiled step for 4 rows, which `llamablock compile --batch 4` builds first (its time is
+reported; a build from an earlier run is loaded from the compile cache). For 1, 2, 4 and 8 clients at once, each
 client is the official `openai` client on its own thread, streaming a chat completion (greedy, a
 different question each, max_tokens 128). Per stream: the time to its first content chunk and its
 decode rate (tokens after the first over the time after the first); per level: the aggregate rate
@@ -14,7 +16,8 @@ decode rate (tokens after the first over the time after the first); per level: t
 decoding may end at end-of-sequence before 128 tokens: the rates are per generated token.
 llama.cpp's `llama-server` is run the same way where it is on PATH (this project never builds or
 installs it); otherwise the report says it is absent.
---quick: 1 and 2 clients, 8 tokens each.
+Four parallel requests on every server, as llama-server's `-np 4`: the 8-client level queues four.
+--quick: 1 and 2 clients, 8 tokens each, the eager engine only.
 """
 
 from __future__ import annotations
@@ -124,16 +127,31 @@ def run(quick: bool = False) -> list[Section]:
     path = str(resolve_model(None))
     threads = torch.get_num_threads()
     levels, tokens = ([1, 2], 8) if quick else ([1, 2, 4, 8], 128)
-    sec = Section(f"`llamablock serve --parallel 8`, SmolLM2-135M-Instruct Q4_1, concurrent streaming chat clients "
+    sec = Section(f"`llamablock serve --parallel 4`, SmolLM2-135M-Instruct Q4_1, concurrent streaming chat clients "
                   f"(the openai client), greedy, at most {tokens} tokens each, {threads} thread(s)",
                   ["server", "clients", "aggregate tok/s", "TTFT p50 (s)", "TTFT p95 (s)", "per-stream tok/s",
                    "tokens"])
-    port = _port()
-    url = f"http://127.0.0.1:{port}"
-    ours = _serve([sys.executable, "-m", "llamablock", "serve", "--port", str(port), "--parallel", "8",
-                   "--max-queue", "16", "--threads", str(threads)], url, "smollm2-135m-instruct", levels, tokens,
-                  dict(os.environ))
-    results = {"llamablock serve": ours}
+
+    def ours(*flags: str) -> dict:
+        port = _port()
+        return _serve([sys.executable, "-m", "llamablock", "serve", "--port", str(port), "--parallel", "4",
+                       "--max-queue", "16", "--threads", str(threads), *flags], f"http://127.0.0.1:{port}",
+                      "smollm2-135m-instruct", levels, tokens, dict(os.environ))
+
+    results = {"llamablock serve, eager": ours("--engine", "eager")}
+    if not quick:
+        t = time.perf_counter()
+        build = subprocess.run([sys.executable, "-m", "llamablock", "compile", "--batch", "4", "--threads", str(threads)],
+                               capture_output=True, text=True)
+        seconds = time.perf_counter() - t
+        if build.returncode == 0:
+            results["llamablock serve, compiled step for 4 rows"] = ours("--engine", "compiled")
+            last = build.stdout.strip().splitlines()[-1] if build.stdout.strip() else ""
+            sec.notes.append(f"`llamablock compile --batch 4` took {seconds:.0f} s in this run (0 compiling when an "
+                             f"earlier run's build was in the compile cache): {last.split('] ', 1)[-1][:200]}")
+        else:
+            sec.notes.append(f"`llamablock compile --batch 4` failed (status {build.returncode}): "
+                             f"{build.stderr.strip().splitlines()[-1][:200] if build.stderr.strip() else ''}")
     server = shutil.which("llama-server")
     if server and not quick:
         port = _port()
@@ -150,12 +168,16 @@ def run(quick: bool = False) -> list[Section]:
                          "so the comparison with llama.cpp's server is absent from this run.")
     if quick:
         return [sec]
-    one, four = ours[1], ours[4]
-    sec.notes.append(verdict("aggregate decode, 4 clients vs 1", four["aggregate"] / one["aggregate"], 3.0))
-    sec.notes.append(verdict("TTFT p95, 4 clients vs 1", four["ttft_p95"] / one["ttft_p95"], 2.0,
-                             higher_is_better=False))
     cpp = results.get("llama.cpp llama-server -np 4")
-    if cpp is not None:
-        sec.notes.append(verdict("aggregate decode with 4 clients vs llama-server -np 4",
-                                 four["aggregate"] / cpp[4]["aggregate"], 1.0))
+    for name, by_level in results.items():
+        if not name.startswith("llamablock"):
+            continue
+        one, four = by_level[1], by_level[4]
+        sec.notes.append(f"{name}: " + verdict("aggregate decode, 4 clients vs 1", four["aggregate"] / one["aggregate"],
+                                               3.0))
+        sec.notes.append(f"{name}: " + verdict("TTFT p95, 4 clients vs 1", four["ttft_p95"] / one["ttft_p95"], 2.0,
+                                               higher_is_better=False))
+        if cpp is not None:
+            sec.notes.append(f"{name}: " + verdict("aggregate decode with 4 clients vs llama-server -np 4",
+                                                   four["aggregate"] / cpp[4]["aggregate"], 1.0))
     return [sec]

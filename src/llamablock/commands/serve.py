@@ -38,6 +38,10 @@ def add_arguments(p) -> None:
                         "for --parallel sequences at once), prepared before the server listens (loaded from the "
                         "compile cache, or compiled once: minutes); longer requests run eagerly (default: the "
                         "compiled engine where `llamablock compile --batch N` built it for --parallel N, else eager)")
+    p.add_argument("--engine", choices=("auto", "eager", "compiled"), default="auto",
+                   help="auto: the compiled engine where `llamablock compile` built it for this model and --parallel, "
+                        "else eager; eager: never compiled; compiled: prepared before listening, compiling if need "
+                        "be, as --compile-tokens (default: %(default)s)")
     p.add_argument("--trace-cache", default=None, metavar="DIR",
                    help="where the token tracer keeps its trained 2017/2024 pair (default: the tracer's own)")
     p.add_argument("--lab-results", default="lab-out/results.json", metavar="FILE",
@@ -54,6 +58,8 @@ def run(args) -> int:
         raise UsageError(f"--prefill-chunk must be a positive integer, got {args.prefill_chunk}")
     if args.max_queue <= 0:
         raise UsageError(f"--max-queue must be a positive integer, got {args.max_queue}")
+    if args.compile_tokens is not None and args.engine == "eager":
+        raise UsageError("--compile-tokens asks for the compiled engine; leave out --engine eager")
     if args.compile_tokens is not None and args.compile_tokens < 2:
         raise UsageError(f"--compile-tokens takes the longest request in tokens (at least 2), got {args.compile_tokens}")
     import socket
@@ -73,7 +79,7 @@ def run(args) -> int:
         from llamablock.util.devices import resolve_device
 
         served = load_served(args.model, args.max_queue, args.compile_tokens, resolve_device(args.device),
-                             args.parallel, args.prefill_chunk)
+                             args.parallel, args.prefill_chunk, engine=args.engine)
     except FileNotFoundError as e:
         if args.model is not None:
             raise

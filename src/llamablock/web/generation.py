@@ -32,7 +32,7 @@ class ServedModel:
 
 
 def load_served(model: str | None = None, max_queue: int = 8, compile_tokens: int | None = None,
-                device: str = "cpu", parallel: int = 4, chunk: int = 256) -> ServedModel:
+                device: str = "cpu", parallel: int = 4, chunk: int = 256, engine: str = "auto") -> ServedModel:
     """Load a model (a name or path as `llamablock generate --model` takes, or a run directory) and
     start its worker, the file read once (fast/plan.py). Requests run on the eager engine, in the
     file's own precision; the compiled engine serves the requests it covers when `llamablock compile`
@@ -41,19 +41,21 @@ def load_served(model: str | None = None, max_queue: int = 8, compile_tokens: in
     loaded from the compile cache or compiled once, so that no request waits for a compilation.
     With `parallel` 1 it runs one request at a time; with more, its step decodes `parallel` rows
     (llamablock.fast.batch_compiled). With a compiled engine the eager model is made from the same
-    weights (plan.eager_beside)."""
+    weights (plan.eager_beside). `engine` is fast/plan.py's choice: "eager" never compiles, "compiled"
+    prepares the compiled engine whatever the builds say."""
     from llamablock.fast.plan import build, decide, eager_beside, prepare
     from llamablock.io.source import open_source
 
     if compile_tokens and device != "cpu":
         raise ValueError(f"the compiled engine runs on the CPU; serve with --device cpu to use --compile-tokens, not {device}")
     source = open_source(model)
-    plan = decide(source, "auto", "compiled" if compile_tokens else "auto", device, batch=parallel)
+    plan = decide(source, "auto", "compiled" if compile_tokens else engine, device, batch=parallel)
     built = build(source, plan)
     compiled = None
     if plan.engine == "compiled":
         compiled, m = built.engine, eager_beside(built)
-        prepare(compiled, source, min(compile_tokens or plan.built, source.cfg.max_seq_len))
+        # --engine compiled with nothing built: `llamablock compile`'s default length
+        prepare(compiled, source, min(compile_tokens or plan.built or 512, source.cfg.max_seq_len))
     else:
         m = built.model
     arg = model or source.name
