@@ -154,6 +154,9 @@ def run(quick: bool = False) -> list[Section]:
                              f"{build.stderr.strip().splitlines()[-1][:200] if build.stderr.strip() else ''}")
     server = shutil.which("llama-server")
     if server and not quick:
+        said = subprocess.run([server, "--version"], capture_output=True, text=True)
+        version = "; ".join((said.stdout + said.stderr).strip().splitlines()[-2:])
+        sec.notes.append(f"llama.cpp: `llama-server` from PATH ({version}), -t {threads}, -c 4096 (1024 tokens per slot).")
         port = _port()
         url = f"http://127.0.0.1:{port}"
         results["llama.cpp llama-server -np 4"] = _serve(
