@@ -27,86 +27,23 @@ Counters for /metrics: llamablock.web.metrics; one log line per request (logger 
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import itertools
 import queue
 import threading
 import time
-from dataclasses import dataclass, field
 
 import torch
 
-from llamablock.runtime.batch import BatchEngine, Row
+from llamablock.runtime.batch import BatchEngine
 from llamablock.runtime.generate import Generation, _TextStream, generate
-from llamablock.runtime.sampling import Sampling, next_token
+from llamablock.runtime.sampling import next_token
+from llamablock.web.jobs import Busy, Cancellable, Cancelled, Job, Running
 from llamablock.web.metrics import ServerMetrics
 
+__all__ = ["Busy", "Cancelled", "GATHER_S", "Job", "Scheduler"]
+
 GATHER_S = 0.05  # the longest a prefill waits for requests still being read and tokenized (Scheduler._gather)
-
-
-class Cancelled(Exception):
-    """The client went away: the job stops before its next step."""
-
-
-class Busy(Exception):
-    """The queue is full."""
-
-
-@dataclass
-class Job:
-    prompt_ids: list[int]
-    max_tokens: int
-    sampling: Sampling
-    seed: int | None
-    stop: list[str]
-    loop: asyncio.AbstractEventLoop
-    events: asyncio.Queue = field(default_factory=asyncio.Queue)
-    cancelled: threading.Event = field(default_factory=threading.Event)
-    id: int = 0
-    arrived: float = 0.0  # time.monotonic() at submit
-
-    def emit(self, kind: str, value) -> None:
-        """From the scheduler's thread: hand one event to the request's event loop."""
-        try:
-            self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, value))
-        except RuntimeError:  # the loop is closed: the server is stopping
-            self.cancelled.set()
-
-
-@dataclass(eq=False)
-class _Running:
-    """A job in the batch: its row, its tokens so far and its text stream."""
-
-    job: Job
-    row: Row
-    stream: _TextStream
-    generator: torch.Generator | None
-    history: torch.Tensor  # (1, prompt + max_tokens): the prompt, then the new tokens
-    new: list[int] = field(default_factory=list)
-    started: float = 0.0
-    first: float = 0.0
-    last: float = 0.0
-
-
-class _Cancellable:
-    """An engine that raises `Cancelled` before any step once its job is cancelled."""
-
-    def __init__(self, engine, cancelled: threading.Event):
-        self.engine, self.cancelled, self.cfg = engine, cancelled, engine.cfg
-
-    def prepare(self, total_tokens: int) -> None:
-        self.engine.prepare(total_tokens)
-
-    def prefill(self, ids):
-        if self.cancelled.is_set():
-            raise Cancelled
-        return self.engine.prefill(ids)
-
-    def step(self, ids, pos: int):
-        if self.cancelled.is_set():
-            raise Cancelled
-        return self.engine.step(ids, pos)
 
 
 class Scheduler:
@@ -128,7 +65,7 @@ class Scheduler:
             self.engine = engine_factory(model, rows=parallel, chunk=chunk)
         self.parallel = parallel
         self.jobs: queue.Queue = queue.Queue(maxsize=max_queue)
-        self.active: list[_Running] = []  # admitted, in arrival order (read by other threads: replaced, not mutated)
+        self.active: list[Running] = []  # admitted, in arrival order (read by other threads: replaced, not mutated)
         self.metrics = ServerMetrics(running=lambda: len(self.active), queued=self.jobs.qsize)
         self._ids = itertools.count(1)
         self._serial: Job | None = None  # the job the compiled engine is running alone
@@ -246,7 +183,7 @@ class Scheduler:
             history[0, :n] = row.ids[0]
             gen = torch.Generator(device=self.engine.device).manual_seed(job.seed) if job.seed is not None else None
             stream = _TextStream(self.tokenizer, job.stop, lambda s, job=job: job.emit("text", s))
-            self.active = self.active + [_Running(job, row, stream, gen, history, started=time.monotonic())]
+            self.active = self.active + [Running(job, row, stream, gen, history, started=time.monotonic())]
         return True
 
     def _gather(self) -> bool:
@@ -296,7 +233,7 @@ class Scheduler:
         for i, r in enumerate(running):
             self._take(r, logits[i:i + 1])
 
-    def _take(self, r: _Running, logits: torch.Tensor) -> None:
+    def _take(self, r: Running, logits: torch.Tensor) -> None:
         """Choose the request's next token from logits (1, V), stream its text, see if it stops."""
         n = r.row.prompt_tokens + len(r.new)
         tok = int(next_token(logits, r.history[:, :n], r.job.sampling, r.generator)[0])
@@ -317,7 +254,7 @@ class Scheduler:
         elif len(r.new) == r.job.max_tokens:
             self._finish(r, "length")
 
-    def _finish(self, r: _Running, reason: str | None, error: Exception | None = None) -> None:
+    def _finish(self, r: Running, reason: str | None, error: Exception | None = None) -> None:
         """The request leaves: counted, its row freed, then its client told (in that order, so that
         whoever has its answer finds it counted and its row free)."""
         now = time.monotonic()
@@ -332,7 +269,7 @@ class Scheduler:
         r.job.emit("done", Generation(r.new, r.row.prompt_tokens, reason, first - r.started, now - first,
                                       max(0, len(r.new) - 1), r.stream.text))
 
-    def _drop(self, r: _Running) -> None:
+    def _drop(self, r: Running) -> None:
         self.engine.remove(r.row)
         self.active = [a for a in self.active if a is not r]
 
@@ -346,7 +283,7 @@ class Scheduler:
             job.emit("text", s)
 
         try:
-            g = generate(_Cancellable(self.compiled, job.cancelled), job.prompt_ids, job.max_tokens, job.sampling,
+            g = generate(Cancellable(self.compiled, job.cancelled), job.prompt_ids, job.max_tokens, job.sampling,
                          seed=job.seed, eos_ids=self.tokenizer.eos_ids, stop_strings=job.stop,
                          tokenizer=self.tokenizer, on_text=on_text)
             self.metrics.prompt_tokens.inc(g.prompt_tokens)
@@ -364,6 +301,6 @@ class Scheduler:
             self._serial = None
 
     # -- accounts -----------------------------------------------------------------------------
-    def _count(self, job: Job, outcome: str, tokens: int, now: float, r: _Running | None = None) -> None:
+    def _count(self, job: Job, outcome: str, tokens: int, now: float, r: Running | None = None) -> None:
         started, first = (r.started, r.first) if r is not None else (None, None)
         self.metrics.finished(job.id, outcome, len(job.prompt_ids), tokens, job.arrived, started, first or None, now)
