@@ -81,7 +81,10 @@ def test_a_mixed_file_keeps_each_tensors_format(tmp_path):
 
 @pytest.mark.parametrize("tied", [False, True])
 @pytest.mark.parametrize("qtype,fmt", [("Q8_0", "q8"), ("Q4_1", "q4")])
-def test_straight_load_equals_dequantize_then_quantize(tmp_path, qtype, fmt, tied):
+def test_straight_load_equals_dequantize_then_quantize(tmp_path, qtype, fmt, tied, monkeypatch):
+    from llamablock.fast import quant
+
+    monkeypatch.setattr(quant, "prefill_rows", lambda fmt: quant.PREFILL_ROWS)  # 40 rows: the GEMM on every CPU
     f = _tiny(tmp_path, qtype, tied)
     native, _ = load_gguf_native(f)
     assert isinstance(native.embed, Int8Embedding) == tied
@@ -110,7 +113,10 @@ def test_a_tied_quantized_embedding_is_the_heads_int8_rows(tmp_path):
 
 
 @pytest.mark.slow
-def test_smollm2_straight_load_equals_the_old_path_and_runs_in_q4():
+def test_smollm2_straight_load_equals_the_old_path_and_runs_in_q4(monkeypatch):
+    from llamablock.fast import quant
+
+    monkeypatch.setattr(quant, "prefill_rows", lambda fmt: quant.PREFILL_ROWS)  # the long text: the GEMM
     source = open_source(None)
     (native, what), tok = load_in_format(source, "auto"), source.tokenizer
     assert "210 tensors q4" in what and own_format(source) == "q4"

@@ -158,14 +158,24 @@ def test_dtype_choices_for_the_commands():
     assert isinstance(apply_dtype(plain, "float32").layers[0].attn.wq, nn.Linear)
 
 
+def _gemm_from_prefill_rows(monkeypatch):
+    """Make every CPU switch to the dequantized GEMM at PREFILL_ROWS rows (an AVX2 CPU never does)."""
+    from llamablock.fast import quant
+
+    monkeypatch.setattr(quant, "prefill_rows", lambda fmt: quant.PREFILL_ROWS)
+
+
 @pytest.mark.parametrize("cls", [Int8Linear, Int4Linear])
-def test_prefill_path_equals_dequantized_matmul(cls):
-    """From PREFILL_ROWS rows on, the layer dequantizes and runs the bf16 GEMM: same weights.
+def test_prefill_path_equals_dequantized_matmul(cls, monkeypatch):
+    """From the switch on (here PREFILL_ROWS rows), the layer dequantizes and runs the bf16 GEMM:
+    same weights.
 
     Bound: the float32 dequantized weight is rounded to bf16 once (2^-8 relative) and the
     product once more (2^-8), hence 2 * 2^-8 * (|x| @ |W|^T).
     """
     from llamablock.fast.quant import PREFILL_ROWS
+
+    _gemm_from_prefill_rows(monkeypatch)
 
     q = cls(torch.randn(192, 576))
     deq = q.dequantized()
@@ -239,5 +249,27 @@ def test_int4_without_a_readable_layout_keeps_its_nibble_copy(monkeypatch):
     kept = Int4Linear(w)
     assert read_back.nibbles is None and kept.nibbles is not None
     assert torch.equal(read_back.ids(), kept.ids())
+    _gemm_from_prefill_rows(monkeypatch)  # the prefill path reads the ids back
     x = torch.randn(PREFILL_ROWS + 3, 576).bfloat16()
     assert torch.equal(read_back(x), kept(x)) and torch.equal(read_back(x[:2]), kept(x[:2]))
+
+
+@pytest.mark.parametrize("kind, fmt, rows, gemm", [
+    ("AVX2", "q4", 2048, False), ("AVX2", "q8", 2048, False),  # the kernel at every length
+    ("AVX-512", "q4", 255, False), ("AVX-512", "q4", 256, True), ("AVX-512", "q8", 64, True),
+    ("AMX", "q4", 32, True), ("NEON", "q4", 31, False), ("NEON", "q4", 32, True)])  # NEON: not measured
+def test_the_prefill_switch_follows_the_cpu_kind(monkeypatch, kind, fmt, rows, gemm):
+    """PREFILL_BY_CPU, each kind simulated: whether a layer dequantizes for `rows` rows."""
+    from llamablock.util import cpu
+
+    isa = {"AVX2": "AVX2", "NEON": "DEFAULT"}.get(kind, "AVX512")
+    features = {"AMX": {"amx_bf16"}, "NEON": {"neon"}}.get(kind, set())
+    monkeypatch.setattr(cpu, "this_cpu", lambda: cpu.CPU("simulated", 2, isa, frozenset(features)))
+    assert cpu.this_cpu().kind == kind
+    layer = (Int4Linear if fmt == "q4" else Int8Linear)(torch.randn(64, 64))
+    used = []
+    deq = "unpacked" if fmt == "q4" else "dequantized"
+    real = getattr(layer, deq)
+    monkeypatch.setattr(layer, deq, lambda: used.append(rows) or real())
+    layer(torch.randn(rows, 64).bfloat16())
+    assert bool(used) == gemm

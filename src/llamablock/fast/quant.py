@@ -20,11 +20,15 @@ Why these choices (`llamablock bench decode` measures speed and perplexity per f
     per block); larger groups cost perplexity;
   * the output head in 8 bits (even under q4) keeps greedy tokens equal to float32.
 Prefill: the packed kernels work row by row of x, so their time grows linearly with the number
-of tokens, and for a long prompt dequantizing to bfloat16 and calling the ordinary matmul is
-many times faster. From PREFILL_ROWS rows on, a layer dequantizes its weight for that call (a
-transient bfloat16 copy, freed after) and runs the bfloat16 GEMM; decode (one row) always
-reads only the small integers. int4 reads the ids for this back out of the kernel's packed
-copy (fast/int4pack.py), so a layer holds its weights once.
+of tokens, while dequantizing to bfloat16 and calling the ordinary matmul costs a fixed
+dequantization plus a GEMM whose per-row cost depends on the CPU (fast with AMX or AVX-512 BF16,
+emulated with AVX2). From `prefill_rows(fmt)` rows on, a layer dequantizes its weight for that
+call (a transient bfloat16 copy, freed after) and runs the bfloat16 GEMM; decode (one row)
+always reads only the small integers. The crossover is a choice per CPU kind (PREFILL_BY_CPU,
+`llamablock bench prefill_crossover` measures it); inside a compiled program it is PREFILL_ROWS,
+so that one program holds every prompt length from there on (fast/compiled_decode.py). int4
+reads the ids for this back out of the kernel's packed copy (fast/int4pack.py), so a layer holds
+its weights once.
 Error per weight: rounding to nearest gives |W - dequant(W)| <= s / 2 (s the row or group
 step), plus the bfloat16 rounding of s and z (relative 2^-9). `dequantized()` returns the
 float32 weight the kernel actually multiplies by, for tests and perplexity checks.
@@ -38,7 +42,32 @@ from torch import nn
 from llamablock.fast import int4pack
 from llamablock.fast.formats import PACKED
 
-PREFILL_ROWS = 32  # from this many rows of x on, dequantize and use the bf16 GEMM (see above)
+PREFILL_ROWS = 32  # inside a compiled program, and on CPUs not measured: dequantize from this many rows on
+
+# From how many rows of x the dequantized bf16 GEMM beats the packed kernel, per CPU kind
+# (util/cpu.py) and format; None: never up to the 256 measured, so the kernel runs at every
+# length. From `llamablock bench prefill_crossover` on a 1536 x 576, a 576 x 1536 and a 2048 x
+# 2048 layer, one thread: on AVX-512 without AMX the int4 dequantization costs as much as some
+# 200-250 kernel rows and int8's some 60-100; on AVX2 (ATEN_CPU_CAPABILITY=avx2) the bf16 GEMM
+# itself is slower per row than either kernel. AMX keeps the constant it was chosen with.
+PREFILL_BY_CPU = {"AMX": {"q8": PREFILL_ROWS, "q4": PREFILL_ROWS}, "AVX-512": {"q8": 64, "q4": 256},
+                  "AVX2": {"q8": None, "q4": None}}
+
+
+def prefill_rows(fmt: str) -> int | None:
+    """Rows of x from which a `fmt` layer (q8 or q4) runs the dequantized GEMM here; None for never."""
+    if torch.compiler.is_compiling():
+        return PREFILL_ROWS
+    from llamablock.util.cpu import this_cpu
+
+    return PREFILL_BY_CPU.get(this_cpu().kind, {}).get(fmt, PREFILL_ROWS)
+
+
+def _dequantizes(rows: int, fmt: str) -> bool:
+    if rows < PREFILL_ROWS:  # decode and short prompts: the kernel on every CPU, with no lookup
+        return False
+    crossover = prefill_rows(fmt)
+    return crossover is not None and rows >= crossover
 
 
 def _check_2d(w: torch.Tensor) -> None:
@@ -93,7 +122,7 @@ class Int8Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x2 = x.reshape(-1, shape[-1]).to(torch.bfloat16)  # (m, k)
-        if x2.shape[0] >= PREFILL_ROWS or not self.kernel:
+        if not self.kernel or _dequantizes(x2.shape[0], "q8"):
             y = x2 @ self.dequantized().to(torch.bfloat16).T  # (m, n), bf16 GEMM
         else:
             y = torch.ops.aten._weight_int8pack_mm(x2, self.qweight, self.scales)  # (m, n)
@@ -160,7 +189,7 @@ class Int4Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x2 = x.reshape(-1, shape[-1]).to(torch.bfloat16)  # (m, k)
-        if x2.shape[0] >= PREFILL_ROWS:
+        if _dequantizes(x2.shape[0], "q4"):
             y = x2 @ self.unpacked().to(torch.bfloat16).T  # (m, n), bf16 GEMM
         else:
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2, self.packed, self.group_size, self.scales_zeros)

@@ -17,7 +17,7 @@ ALiBi) read the row's own token distances (llamablock.attention builds them from
     prefill_next  what a scheduler calls: the prompts that arrived together and fit in `chunk`
              tokens (padding included) in one forward, left-padded as `generate_batch` pads
              them, else the next chunk of the oldest. A forward's fixed costs (a packed layer's
-             dequantization from fast.quant.PREFILL_ROWS rows on, the per-layer overhead) are
+             dequantization past fast.quant.prefill_rows, the per-layer overhead) are
              then paid once for all of them: four clients that arrive at once get their first
              tokens after one prefill, not four (`llamablock bench serve`'s first-token times).
     step     one token for every row: logits (b, V), rows in the order of `rows`
@@ -155,7 +155,7 @@ class BatchEngine:
             row.solo = BatchKVCache(self.cfg, 1, n, self.dtype, self.device, rows=1)
         b = min(n, a + self.chunk)
         if n - b < self.chunk // 2:  # no short tail: it would run other kernels than the whole (fast.quant's
-            b = n                    # PREFILL_ROWS) and cost a step of its own
+            b = n                    # prefill_rows) and cost a step of its own
         if b < n:  # a middle chunk needs no logits: skip the final norm and the head
             self.model.hidden(row.ids[:, a:b], cache=row.solo)
             row.length = b
