@@ -115,8 +115,8 @@ BATCH_REQUESTS = [(7, 20, 0), (3, 12, 0), (30, 10, 2), (12, 25, 4), (5, 40, 6)]
 
 @pytest.mark.slow
 def test_compile_batch_builds_the_servers_step_and_its_rows_equal_each_request_alone(capsys, tiny, monkeypatch):
-    """`compile --batch 3` builds the step for three sequences; `serve --parallel 3` then decodes its
-    rows with that program (the file read once), and each request's greedy tokens and logits equal
+    """`compile --batch 3` builds the step for three sequences and for one; `serve --parallel 3` then
+    decodes its rows with those programs (the file read once), and each request's greedy tokens and logits equal
     its run alone on the eager model (1e-4 of the largest logit: inductor's kernels against eager
     float32, as tests/fast/test_compiled_decode.py allows)."""
     torch._dynamo.reset()
@@ -130,7 +130,8 @@ def test_compile_batch_builds_the_servers_step_and_its_rows_equal_each_request_a
         served.worker.close()
         assert {k: len(v) for k, v in counts.items()} == ONE_EACH, counts
     engine = served.worker.engine
-    assert isinstance(engine, CompiledBatchEngine) and engine.compiled.running["step"] != "eager"
+    assert isinstance(engine, CompiledBatchEngine) and engine.compiled.buckets == (1, 3)
+    assert set(engine.compiled.running) == {"step", "step x1"} and "eager" not in engine.compiled.running.values()
     assert "the compiled step for 3 rows" in served.worker.describe()
     g = torch.Generator().manual_seed(2)
     prompts = [torch.randint(0, served.model.cfg.vocab_size, (n,), generator=g).tolist() for n, _, _ in BATCH_REQUESTS]

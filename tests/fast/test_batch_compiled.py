@@ -61,15 +61,20 @@ def test_rows_at_their_own_positions_equal_each_row_alone(tiny):
 
 
 def test_compiled_rows_equal_each_request_alone(tiny):
-    """Requests joining, leaving and taking freed rows, one too long for the compiled rows (it
-    decodes in the eager batch in the same steps): every answer equals its run alone."""
+    """Requests joining, leaving and taking freed rows (a row leaving before the last makes the last
+    move into its place), steps at one row and at three, one request too long for the compiled rows
+    (it decodes in the eager batch in the same steps): every answer equals its run alone."""
     static = StaticEngine(tiny, batch=3)
     static.prepare(64)
     engine = CompiledBatchEngine(tiny, static, chunk=16)
     prompts = _prompts(tiny.cfg.vocab_size)
-    sizes = []
-    step = engine.step
+    sizes, buckets, moves = [], [], []
+    step, step_bucket, remove = engine.step, static.step_bucket, engine.remove
     engine.step = lambda t: (sizes.append((sum(r is not None for r in engine.slots), len(engine.eager.rows))), step(t))[1]
+    static.step_bucket = lambda ids, pos: (buckets.append(ids.shape[0]), step_bucket(ids, pos))[1]
+    engine.remove = lambda row: (moves.append(row.index is not None and row.index < sum(
+        r is not None for r in engine.slots) - 1 and engine.slots[row.index] is row), remove(row))[1]
     got = batched(engine, prompts, REQUESTS)
     assert_each_alone(got, tiny, prompts, REQUESTS, LOGIT_RTOL)
     assert max(c for c, _ in sizes) == 3 and max(e for _, e in sizes) >= 1  # all compiled rows used; eager rows beside
+    assert set(buckets) == {1, 3} and any(moves)  # the one-row step ran, and a row moved into a gap

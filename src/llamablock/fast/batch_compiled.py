@@ -8,8 +8,10 @@ step compiled once (AOTIEngine with batch=B, built by `llamablock compile --batc
 Layout: the static cache gives each sequence a row of L slots of its own, its token i in slot i,
 and the step writes row r's key and value at slot pos[r] and masks the slots after it
 (StaticDecoder.step with one position per row): no alignment to a shared frontier, nothing
-shifted. The program always computes its B rows: a free row runs token 0 at position 0 and its
-output is dropped (its slot 0 is overwritten when a sequence takes the row).
+shifted. The rows in use are always the first k (a row that leaves takes the last row's slots),
+and a step runs the smallest of the engine's `buckets` that holds them: a lone request runs the
+one-row program (the one `generate` runs), more run the B-row one, where a free row runs token 0
+at position 0 and its output is dropped (its slot 0 is overwritten when a sequence takes it).
 
 Prefill is the eager batch engine's (prompts that arrive together in one padded forward, a long
 one in chunks) on the served eager model; when a prompt is done, its keys and values are copied
@@ -85,27 +87,34 @@ class CompiledBatchEngine:
         rows = self.rows
         if tokens.shape != (len(rows),):
             raise ValueError(f"step takes one token per row: {len(rows)}, got shape {tuple(tokens.shape)}")
-        used = [i for i, r in enumerate(self.slots) if r is not None]
+        k = sum(r is not None for r in self.slots)  # the compiled rows in use: slots 0..k-1
         out = []
-        if used:
-            b = self.compiled.batch
-            ids = torch.zeros(b, 1, dtype=torch.long)  # (B, 1); free rows: token 0 at position 0
-            pos = torch.zeros(b, dtype=torch.long)  # (B,)
-            ids[used, 0] = tokens[:len(used)].cpu()
-            pos[used] = torch.tensor([self.slots[i].length for i in used])
-            out.append(self.compiled.step_rows(ids, pos)[used].to(self.device))  # (k, V)
-            for i in used:
+        if k:
+            b = next(n for n in self.compiled.buckets if n >= k)
+            ids = torch.zeros(b, 1, dtype=torch.long)  # (b, 1); free rows: token 0 at position 0
+            pos = torch.zeros(b, dtype=torch.long)  # (b,)
+            ids[:k, 0] = tokens[:k].cpu()
+            pos[:k] = torch.tensor([self.slots[i].length for i in range(k)])
+            out.append(self.compiled.step_bucket(ids, pos)[:k].to(self.device))  # (k, V)
+            for i in range(k):
                 self.slots[i].length += 1
         if self.eager.rows:
-            out.append(self.eager.step(tokens[len(used):]))
+            out.append(self.eager.step(tokens[k:]))
         return torch.cat(out) if len(out) > 1 else out[0]
 
     def remove(self, row: Row) -> None:
         self._total.pop(id(row), None)
-        if row.index is not None and row.index < len(self.slots) and self.slots[row.index] is row:
-            self.slots[row.index], row.index = None, None
-        else:
+        i = row.index
+        if i is None or i >= len(self.slots) or self.slots[i] is not row:
             self.eager.remove(row)
+            return
+        last = max(j for j, r in enumerate(self.slots) if r is not None)
+        if last != i:  # the last row moves into the gap: the rows in use stay 0..k-1
+            moved, cache = self.slots[last], self.compiled.static.cache
+            for buf in cache.keys + cache.values:
+                buf[i, :, :moved.length] = buf[last, :, :moved.length]
+            self.slots[i], moved.index = moved, i
+        self.slots[last], row.index = None, None
 
     def _place(self, row: Row, src: BatchKVCache, i: int, end: int) -> bool:
         """A prefilled row into a free compiled row when it fits: its slots [end - n, end) of row i of

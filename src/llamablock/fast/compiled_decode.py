@@ -29,6 +29,7 @@ spent compiling (0 for packages loaded from disk).
 
 from __future__ import annotations
 
+import copy
 import sys
 import time
 
@@ -73,6 +74,7 @@ class StaticEngine:
             raise ValueError(f"batch must be a positive integer, got {batch!r}")
         self.model, self.cfg, self.fmt, self.batch = model, model.cfg, fmt, batch
         self.static: StaticDecoder | None = None
+        self._buckets: dict[int, tuple] = {}  # rows -> (static layout viewing that many rows, program or None)
         self.compile_seconds = 0.0
         self._ids = torch.zeros(batch, 1, dtype=torch.long)  # (B, 1): the step's tokens
         self._pos = torch.zeros(batch if batch > 1 else 1, dtype=torch.long)  # (B,) or (1,): their positions
@@ -99,7 +101,7 @@ class StaticEngine:
             static = StaticDecoder(self.model, length, batch=self.batch)
             if self.fmt in PACKED:
                 quantize_model(static, self.fmt)
-        self.static = static
+        self.static, self._buckets = static, {}
         self._built()
 
     def prepare(self, total_tokens: int) -> float:
@@ -123,6 +125,38 @@ class StaticEngine:
         self._ids.copy_(ids)
         self._pos.copy_(pos)
         return self._step(self._ids, self._pos)
+
+    @property
+    def buckets(self) -> tuple[int, ...]:
+        """The batch sizes a batch engine's steps run at: one row (a lone request reads one row of the
+        cache, not `batch`) and `batch`."""
+        return tuple(sorted({1, self.batch}))
+
+    @torch.no_grad()
+    def step_bucket(self, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """A batch engine's step at one of `buckets`: ids (b, 1) for the cache's first b rows, row i at
+        position pos[i] ((b,), or (1,) when b is 1) -> logits (b, V)."""
+        if ids.shape[0] == self.batch:
+            return self.step_rows(ids, pos)
+        view, program = self._bucket(ids.shape[0])
+        return view.step(ids, pos) if program is None else program(ids.contiguous(), pos.contiguous())
+
+    def _bucket(self, rows: int) -> tuple:
+        """(the static layout over the cache's first `rows` rows, its step program or None): the same
+        weights, and cache tensors that are views of the batch's, so the program writes the batch's
+        rows; made on first use. For one row the program is the one `generate` builds (the same
+        weights, shapes and cache length make the same package)."""
+        if rows not in self._buckets:
+            view, cache = copy.copy(self.static), copy.copy(self.static.cache)
+            cache.keys = [t[:rows] for t in self.static.cache.keys]
+            cache.values = [t[:rows] for t in self.static.cache.values]
+            view.cache, view.batch = cache, rows
+            self._buckets[rows] = (view, self._bucket_program(view, rows))
+        return self._buckets[rows]
+
+    def _bucket_program(self, view, rows: int):
+        """A compiled step for `view` (None: run it eagerly)."""
+        return None
 
     @torch.no_grad()
     def step(self, ids: torch.Tensor, pos: int) -> torch.Tensor:
@@ -174,11 +208,16 @@ class AOTIEngine(StaticEngine):
         self.notify = notify or (lambda line: print(line, file=sys.stderr, flush=True))
         self._step_program = self._prefill_program = None
         self._digest: str | None = None
-        self.running: dict[str, str] = {}  # method -> the attempt's name that runs it, or "eager"
+        self.running: dict[str, str] = {}  # method (or "step x<rows>") -> the attempt's name that runs it, or "eager"
 
     def _built(self) -> None:
         self._step_program = self._prefill_program = self._digest = None
         self.running = {}
+
+    def _bucket_program(self, view, rows: int):
+        example = (torch.zeros(rows, 1, dtype=torch.long), torch.zeros(rows, dtype=torch.long))  # (1,) at one row
+        return self._first_that_builds("step", view, example, None, self.huge_pages,
+                                       f"the decode step for {rows} rows", f"step x{rows}")
 
     def _compiles_prefill(self) -> bool:
         """Whether prefill runs as a compiled program: a cache long enough for its lengths
@@ -197,8 +236,11 @@ class AOTIEngine(StaticEngine):
         before = self.compile_seconds
         report(f"the static layout in {self.fmt} for {cache_length(total_tokens, self.cfg.max_seq_len)} tokens")
         self.start(total_tokens)
-        report("the decode step")
+        report("the decode step" + (f" for {self.batch} rows" if self.batch > 1 else ""))
         self._program("step")
+        for rows in self.buckets[:-1]:
+            report(f"the decode step for {rows} row{'s' if rows > 1 else ''}")
+            self._bucket(rows)
         if self._compiles_prefill():
             report("the prefill")
             self._program("prefill")
@@ -206,7 +248,8 @@ class AOTIEngine(StaticEngine):
 
     def packages(self) -> list:
         """The package directories of the programs built so far (none for a program run eagerly)."""
-        return [p.path for p in (self._step_program, self._prefill_program) if p is not None]
+        programs = [self._step_program, self._prefill_program, *(p for _, p in self._buckets.values())]
+        return [p.path for p in programs if p is not None]
 
     def describe(self) -> str:
         """What runs, for the summary line: the format, and the programs' settings where they are
@@ -214,7 +257,7 @@ class AOTIEngine(StaticEngine):
         every program runs the same way."""
         said = {}
         for method, name in self.running.items():
-            first = attempts(self.fmt, method, self.autotune, self.inductor)[0]
+            first = attempts(self.fmt, method.split(" ")[0], self.autotune, self.inductor)[0]
             if name == "eager":
                 said[method] = "run eagerly: no setting built on this CPU"
             elif name != first.name or first.why:
@@ -224,28 +267,38 @@ class AOTIEngine(StaticEngine):
         if len(set(said.values())) == 1 and len(said) == len(self.running):
             return f"{self.fmt}, compiled ({next(iter(said.values()))})"
         label = {"step": "decode step", "prefill": "prefill"}
-        return f"{self.fmt}, compiled ({'; '.join(f'{label[m]}: {w}' for m, w in said.items())})"
+        return f"{self.fmt}, compiled ({'; '.join(f'{label.get(m, m)}: {w}' for m, w in said.items())})"
 
     def _program(self, method: str):
         """The AOTInductor program for `method` at this length: loaded from the cache or compiled,
         with the first of build_options.attempts that builds; None when none does (eager)."""
-        from llamablock.fast.aoti_step import AOTIProgram, BuildFailed, weights_digest
-
         if method in self.running:
             return self._step_program if method == "step" else self._prefill_program
-        if self._digest is None:
-            self._digest = weights_digest(self.static)  # one hash of the weights for every program
         if method == "step":
             example, lengths, huge = (self._ids, self._pos), None, self.huge_pages
         else:
             example = (torch.zeros(1, self.length // 2, dtype=torch.long), torch.zeros(1, dtype=torch.long))
             lengths, huge = (PREFILL_MIN, self.length - 1), False
-        program, tried = None, attempts(self.fmt, method, self.autotune, self.inductor)
-        what = "the decode step" if method == "step" else "the prefill"
+        program = self._first_that_builds(method, self.static, example, lengths, huge,
+                                          "the decode step" if method == "step" else "the prefill", method)
+        if method == "step":
+            self._step_program = program
+        else:
+            self._prefill_program = program
+        return program
+
+    def _first_that_builds(self, method: str, static, example: tuple, lengths, huge: bool, what: str, key: str):
+        """The AOTInductor program of `static.<method>`, with the first of build_options.attempts that
+        builds (one line per failure to `notify`), recorded in `running[key]`; None (eager) when none does."""
+        from llamablock.fast.aoti_step import AOTIProgram, BuildFailed, weights_digest
+
+        if self._digest is None:
+            self._digest = weights_digest(self.static)  # one hash of the weights for every program
+        tried = attempts(self.fmt, method, self.autotune, self.inductor)
         for i, attempt in enumerate(tried):
             t = time.perf_counter()
             try:
-                program = AOTIProgram(self.static, self.fmt, attempt.options, method, example, self._digest,
+                program = AOTIProgram(static, self.fmt, attempt.options, method, example, self._digest,
                                       lengths=lengths, huge_pages=huge)
             except BuildFailed as e:
                 self.compile_seconds += time.perf_counter() - t
@@ -257,15 +310,10 @@ class AOTIEngine(StaticEngine):
                                 f"trying {instead} instead]")
                 continue
             self.compile_seconds += program.compile_seconds
-            self.running[method] = attempt.name
-            break
-        else:
-            self.running[method] = "eager"
-        if method == "step":
-            self._step_program = program
-        else:
-            self._prefill_program = program
-        return program
+            self.running[key] = attempt.name
+            return program
+        self.running[key] = "eager"
+        return None
 
     def _prefill(self, ids: torch.Tensor) -> torch.Tensor:
         t = ids.shape[1]
