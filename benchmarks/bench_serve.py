@@ -7,7 +7,7 @@ reading the weights. Targets: with 4 concurrent clients, aggregate decode >= 3x 
 
 How: the server runs as a user starts it, `python -m llamablock serve --parallel 4` on the embedded
 SmolLM2-135M-Instruct Q4_1 file, in a child process, twice: on the eager engine (`--engine eager`)
-and on the compiled step for 4 rows, which `llamablock compile --batch 4` builds first (its time is
+and on the compiled steps for 1 and 4 rows, which `llamablock compile --batch 4` builds first (its time is
 reported; a build from an earlier run is loaded from the compile cache). For 1, 2, 4 and 8 clients at once, each
 client is the official `openai` client on its own thread, streaming a chat completion (greedy, a
 different question each, max_tokens 128). Per stream: the time to its first content chunk and its
@@ -189,7 +189,7 @@ def run(quick: bool = False) -> list[Section]:
                                capture_output=True, text=True)
         seconds = time.perf_counter() - t
         if build.returncode == 0:
-            results["llamablock serve, compiled step for 4 rows"] = ours("--engine", "compiled")
+            results["llamablock serve, compiled (steps for 1 and 4 rows)"] = ours("--engine", "compiled")
             last = build.stdout.strip().splitlines()[-1] if build.stdout.strip() else ""
             sec.notes.append(f"`llamablock compile --batch 4` took {seconds:.0f} s in this run (0 compiling when an "
                              f"earlier run's build was in the compile cache): {last.split('] ', 1)[-1][:200]}")
