@@ -132,7 +132,7 @@ def test_compile_batch_builds_the_servers_step_and_its_rows_equal_each_request_a
     engine = served.worker.engine
     assert isinstance(engine, CompiledBatchEngine) and engine.compiled.buckets == (1, 3)
     assert set(engine.compiled.running) == {"step", "step x1"} and "eager" not in engine.compiled.running.values()
-    assert "the compiled step for 3 rows" in served.worker.describe()
+    assert "the compiled steps for 1 and 3 rows" in served.worker.describe()
     g = torch.Generator().manual_seed(2)
     prompts = [torch.randint(0, served.model.cfg.vocab_size, (n,), generator=g).tolist() for n, _, _ in BATCH_REQUESTS]
     assert_each_alone(batched(engine, prompts, BATCH_REQUESTS), served.model, prompts, BATCH_REQUESTS, 1e-4)

@@ -70,7 +70,8 @@ class CompiledBatchEngine:
         return [r for r in self.slots if r is not None] + self.eager.rows
 
     def describe(self) -> str:
-        return (f"the compiled step for {self.compiled.batch} rows ({self.compiled.describe()}; requests of up to "
+        sizes = " and ".join(map(str, self.compiled.buckets))
+        return (f"the compiled steps for {sizes} rows ({self.compiled.describe()}; requests of up to "
                 f"{self.compiled.length} tokens), the rest eagerly")
 
     def add(self, prompt_ids: Sequence[int], max_new_tokens: int) -> Row:
