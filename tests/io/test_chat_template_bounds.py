@@ -140,6 +140,15 @@ def test_isolated_renders_reuse_a_child_and_one_past_its_time_is_replaced():
     with pytest.raises(RenderFailed, match="ran past 1 s"):
         render_isolated(SLOW, {}, HI, True, seconds=1)
     assert render_isolated(t, {}, HI, True) == "hi"
+    for child in list(chat_template._pool.idle.queue):  # children that die between renders
+        child.proc.kill()
+        child.proc.wait()
+    with pytest.raises(RenderFailed, match="the render's process failed"):
+        render_isolated(t, {}, HI, True)
+    while chat_template._pool.idle.qsize():  # the other dead one, if two were up
+        with pytest.raises(RenderFailed):
+            render_isolated(t, {}, HI, True)
+    assert render_isolated(t, {}, HI, True) == "hi"
     assert chat_template._pool.started <= chat_template.WORKERS
 
 

@@ -237,10 +237,14 @@ class _Child:
     def __init__(self):
         import os
         import subprocess
+        import tempfile
 
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}  # this process's llamablock
+        # Its stderr goes to a file, read only when it fails: a pipe that nobody reads would stop a
+        # child that wrote more than the pipe holds (warnings, over a server's lifetime).
+        self.errors = tempfile.TemporaryFile(mode="w+")
         self.proc = subprocess.Popen([sys.executable, "-c", "from llamablock.io.chat_template import _child; _child()"],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.errors,
                                      text=True, env=env)
 
     def run(self, job: str, limit: float) -> dict | None:
@@ -259,7 +263,9 @@ class _Child:
     def why_gone(self) -> str:
         self.proc.kill()
         self.proc.wait()
-        lines = self.proc.stderr.read().strip().splitlines()
+        self.errors.seek(0)
+        lines = self.errors.read().strip().splitlines()
+        self.errors.close()
         return lines[-1][:200] if lines else f"exit status {self.proc.returncode}"
 
 
