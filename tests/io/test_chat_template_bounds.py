@@ -152,6 +152,19 @@ def test_isolated_renders_reuse_a_child_and_one_past_its_time_is_replaced():
     assert chat_template._pool.started <= chat_template.WORKERS
 
 
+def test_a_child_that_dies_mid_answer_counts_as_gone():
+    """A child that writes part of its answer line and exits: no answer (None), not a JSON error that
+    would leave the pool a child short for good."""
+    child = chat_template._Child()
+    child.proc.kill()
+    child.proc.wait()
+    child.proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.readline(); "
+                                   "sys.stdout.write('{\"te'); sys.stdout.flush()"],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert child.run('{"job": 1}', 10) is None
+    assert child.why_gone()
+
+
 def test_an_isolated_render_gives_the_same_text_and_errors():
     t = "{{ bos_token }}{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}{% endfor %}"
     assert render_isolated(t, {"bos_token": "<s>"}, HI, True) == chat_template.render(t, {"bos_token": "<s>"}, HI, True)

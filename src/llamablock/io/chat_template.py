@@ -217,9 +217,9 @@ def render_isolated(template: str, special: dict, messages: list[dict], add_gene
     to TEMPLATE_MEMORY: the bounds above stop every operation known to blow up, and this stops any
     other, since an operation in C holds the interpreter lock and no thread of the server could
     interrupt it. The children stay up between renders (WORKERS of them, one render at a time
-    each): starting Python for every render cost 0.1-0.25 s of each request's first token, and
-    four requests that arrived together reached the scheduler that far apart (`llamablock bench
-    serve`). A child that runs past its time is killed and the next render starts a fresh one."""
+    each): starting Python for every render delayed each request's first token, and staggered
+    requests that arrived together on their way to the scheduler (`llamablock bench serve`). A
+    child that runs past its time, or dies, is replaced by a fresh one at the next render."""
     job = json.dumps({"template": template, "special": special, "messages": messages,
                       "add_generation_prompt": add_generation_prompt})
     out = _pool.run(job, TEMPLATE_SECONDS if seconds is None else seconds)
@@ -258,7 +258,10 @@ class _Child:
             return None
         ready, _, _ = select.select([self.proc.stdout], [], [], limit)
         line = self.proc.stdout.readline() if ready else ""
-        return json.loads(line) if line else None
+        try:
+            return json.loads(line) if line.endswith("\n") else None
+        except ValueError:  # a line cut short: the child died while writing it
+            return None
 
     def why_gone(self) -> str:
         self.proc.kill()
