@@ -46,10 +46,10 @@ PREFILL_ROWS = 32  # inside a compiled program, and on CPUs not measured: dequan
 
 # From how many rows of x the dequantized bf16 GEMM beats the packed kernel, per CPU kind
 # (util/cpu.py) and format; None: never up to the 256 measured, so the kernel runs at every
-# length. From `llamablock bench prefill_crossover` on a 1536 x 576, a 576 x 1536 and a 2048 x
-# 2048 layer, one thread: on AVX-512 without AMX the int4 dequantization costs as much as some
-# 200-250 kernel rows and int8's some 60-100; on AVX2 (ATEN_CPU_CAPABILITY=avx2) the bf16 GEMM
-# itself is slower per row than either kernel. AMX keeps the constant it was chosen with.
+# length. Read off `llamablock bench prefill_crossover` (BENCHMARKS.md, this CPU kind and its AVX2
+# kernels with ATEN_CPU_CAPABILITY=avx2): on AVX-512 without AMX the dequantization costs many
+# kernel rows, int4's several times int8's; on AVX2 the bf16 GEMM itself is slower per row than
+# either kernel. AMX keeps the constant it was chosen with.
 PREFILL_BY_CPU = {"AMX": {"q8": PREFILL_ROWS, "q4": PREFILL_ROWS}, "AVX-512": {"q8": 64, "q4": 256},
                   "AVX2": {"q8": None, "q4": None}}
 
@@ -64,8 +64,7 @@ def prefill_rows(fmt: str) -> int | None:
 
 
 def _dequantizes(rows: int, fmt: str) -> bool:
-    if rows < PREFILL_ROWS:  # decode and short prompts: the kernel on every CPU, with no lookup
-        return False
+    """For `rows` >= PREFILL_ROWS (the callers test that first, so a decode step pays no call)."""
     crossover = prefill_rows(fmt)
     return crossover is not None and rows >= crossover
 
@@ -122,7 +121,7 @@ class Int8Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x2 = x.reshape(-1, shape[-1]).to(torch.bfloat16)  # (m, k)
-        if not self.kernel or _dequantizes(x2.shape[0], "q8"):
+        if not self.kernel or (x2.shape[0] >= PREFILL_ROWS and _dequantizes(x2.shape[0], "q8")):
             y = x2 @ self.dequantized().to(torch.bfloat16).T  # (m, n), bf16 GEMM
         else:
             y = torch.ops.aten._weight_int8pack_mm(x2, self.qweight, self.scales)  # (m, n)
@@ -189,7 +188,7 @@ class Int4Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x2 = x.reshape(-1, shape[-1]).to(torch.bfloat16)  # (m, k)
-        if _dequantizes(x2.shape[0], "q4"):
+        if x2.shape[0] >= PREFILL_ROWS and _dequantizes(x2.shape[0], "q4"):
             y = x2 @ self.unpacked().to(torch.bfloat16).T  # (m, n), bf16 GEMM
         else:
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2, self.packed, self.group_size, self.scales_zeros)
