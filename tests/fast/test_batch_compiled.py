@@ -78,3 +78,24 @@ def test_compiled_rows_equal_each_request_alone(tiny):
     assert_each_alone(got, tiny, prompts, REQUESTS, LOGIT_RTOL)
     assert max(c for c, _ in sizes) == 3 and max(e for _, e in sizes) >= 1  # all compiled rows used; eager rows beside
     assert set(buckets) == {1, 3} and any(moves)  # the one-row step ran, and a row moved into a gap
+
+
+def test_the_one_row_bucket_is_the_package_generate_builds(tiny):
+    """A batch engine's one-row step names the same AOTInductor package as the one-sequence
+    engine's step at the same cache length (same weights, shapes, settings), so `compile` and
+    `compile --batch B` share it. Keys only: nothing is compiled."""
+    from llamablock.fast.aoti_step import package_key, weights_digest
+    from llamablock.fast.build_options import attempts
+
+    one, batch = StaticEngine(tiny), StaticEngine(tiny, batch=3)
+    one.prepare(64)
+    batch.prepare(64)
+    view, _ = batch._bucket(1)
+    options = attempts("float32", "step", False, None)[0].options
+    keys = [package_key(static, "float32", options, "step", (torch.zeros(1, 1, dtype=torch.long),
+                                                             torch.zeros(1, dtype=torch.long)), weights_digest(static))
+            for static in (one.static, view)]
+    assert keys[0] == keys[1]
+    three = package_key(batch.static, "float32", options, "step", (torch.zeros(3, 1, dtype=torch.long),
+                                                                    torch.zeros(3, dtype=torch.long)))
+    assert three != keys[0]

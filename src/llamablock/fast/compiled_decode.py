@@ -217,7 +217,7 @@ class AOTIEngine(StaticEngine):
     def _bucket_program(self, view, rows: int):
         example = (torch.zeros(rows, 1, dtype=torch.long), torch.zeros(rows, dtype=torch.long))  # (1,) at one row
         return self._first_that_builds("step", view, example, None, self.huge_pages,
-                                       f"the decode step for {rows} rows", f"step x{rows}")
+                                       f"the decode step for {rows} row{'s' if rows > 1 else ''}", f"step x{rows}")
 
     def _compiles_prefill(self) -> bool:
         """Whether prefill runs as a compiled program: a cache long enough for its lengths
