@@ -226,9 +226,9 @@ def _fits(served: ServedModel, text: str, source: str) -> None:
 
 
 async def _prepared(request: Request, prepare):
+    raw = await read_json_body(request)  # before `preparing`: a slow upload must not hold prefills
     served = request.app.state.served
     with served.worker.preparing() if served is not None else contextlib.nullcontext():
-        raw = await read_json_body(request)
         return await run_sync(prepare, request, raw, limiter=_prepare_limiter(request))
 
 
