@@ -117,6 +117,50 @@ def test_self_extend_with_group_one_and_sinks_with_a_long_window_are_the_plain_m
         assert (token_losses(with_grouped_attention(model, scheme, block=5), ids) - one).abs().max() <= 1e-5
 
 
+def _by_definition(attn, scheme, x):
+    """One attention layer on x (1, t, D) with every (query, key) score written out as grouped_attention's
+    docstring defines it, on whole (t, t) matrices: the reference for the banded blocks."""
+    t = x.shape[1]
+    q = attn.wq(x).view(1, t, attn.h, attn.hd).transpose(1, 2)  # (1, h, t, hd)
+    k = attn.wk(x).view(1, t, attn.n_kv, attn.hd).transpose(1, 2).repeat_interleave(attn.h // attn.n_kv, 1)
+    v = attn.wv(x).view(1, t, attn.n_kv, attn.hd).transpose(1, 2).repeat_interleave(attn.h // attn.n_kv, 1)
+    i, j = torch.arange(t)[:, None], torch.arange(t)[None, :]
+    d = i - j
+    if isinstance(scheme, SelfExtend):  # Jin et al. 2024: floor-divided positions past the neighbour window
+        G, W = scheme.group, scheme.window
+        pq, pk, grouped, seen = torch.arange(t) // G + W - W // G, torch.arange(t) // G, d >= W, d >= 0
+    else:  # StreamingLLM: the sinks at their own positions, the query at its slot in a cache of S + W
+        S, W = scheme.sinks, scheme.window
+        pq, pk = torch.arange(t).clamp(max=S + W - 1), torch.arange(t)
+        grouped = (d >= W) & (j < S)
+        seen = ((d >= 0) & (d < W)) | grouped
+
+    def rot(z, p):
+        return attn.rotary.rotate(z, *attn.rotary.cos_sin(p[None], z.dtype))
+
+    plain = rot(q, torch.arange(t)) @ rot(k, torch.arange(t)).transpose(-1, -2)
+    moved = rot(q, pq) @ rot(k, pk).transpose(-1, -2)
+    scores = torch.where(grouped, moved, plain).mul(attn.scale).masked_fill(~seen, float("-inf"))
+    out = torch.softmax(scores, -1) @ v  # (1, h, t, hd)
+    return attn.wo(out.transpose(1, 2).reshape(1, t, attn.h * attn.hd))
+
+
+@pytest.mark.parametrize("scheme", [SelfExtend(group=3, window=7), SelfExtend(group=2, window=1),
+                                    Sinks(sinks=2, window=9), Sinks(sinks=0, window=5), Sinks(sinks=4, window=3)])
+def test_grouped_attention_in_banded_blocks_equals_its_definition(tmp_path, scheme):
+    """Blocks smaller and larger than the window, and a last block cut short, against whole matrices."""
+    from llamablock.studies.grouped_attention import GroupedAttention
+
+    _hf(tmp_path)
+    attn = llamablock.load_pretrained(tmp_path).layers[0].attn
+    x = torch.randn(1, N, 64)
+    with torch.no_grad():
+        want = _by_definition(attn, scheme, x)
+        for block in (1, 5, 11, N):
+            got = GroupedAttention(attn, scheme, block)(x, None)
+            assert (got - want).abs().max() <= 1e-5, (block, (got - want).abs().max())
+
+
 def test_sinks_equal_the_plain_model_on_what_a_streaming_cache_holds(tmp_path):
     """One layer: a query's keys are then the embeddings of the tokens the cache holds, so the
     StreamingLLM cache (S sinks then the last W tokens, rotated by slot) is the plain model run on

@@ -18,7 +18,10 @@ The masks and the second rotation are what the Decoder's own attention cannot ta
 (its inputs are one set of angles and an additive mask), so `with_grouped_attention` returns a
 Decoder whose every block's attention is a `GroupedAttention` holding the original's weights.
 It attends in blocks of `block` queries against the keys up to the block's end: memory holds
-(h, block, s) scores, never (h, t, t). Shapes: the package legend (llamablock/__init__.py).
+(h, block, s) scores, never (h, t, t). Keys W or more behind a block's first query take one
+rotation for the whole block (Self-Extend's grouped one; for sinks, the sinks' and nothing else),
+so only the band of the last W + block keys is scored twice: a long pass costs little more than
+the plain model's (`split`; benchmark long_loss). Shapes: the package legend (llamablock/__init__.py).
 """
 
 from __future__ import annotations
@@ -50,6 +53,13 @@ class SelfExtend:
         d = i[:, None] - j[None, :]
         return d >= 0, d >= self.window
 
+    def split(self, start: int) -> tuple[int, int]:
+        """(far, near) for the queries from `start` on: keys 0..far-1 are all seen through rotation
+        (b), keys far..near-1 by none of them, and only keys from near on need `choose`. Keys at
+        least W behind the block's first query are grouped for every query of it."""
+        far = max(0, start - self.window + 1)
+        return far, far
+
 
 @dataclass(frozen=True)
 class Sinks:
@@ -68,6 +78,12 @@ class Sinks:
         near = (d >= 0) & (d < self.window)
         sink = (d >= self.window) & (j[None, :] < self.sinks)
         return near | sink, sink
+
+    def split(self, start: int) -> tuple[int, int]:
+        """As SelfExtend.split: keys at least W behind the block's first query are evicted for every
+        query of it, except the sinks among them."""
+        behind = max(0, start - self.window + 1)
+        return min(self.sinks, behind), behind
 
 
 class GroupedAttention(nn.Module):
@@ -102,12 +118,17 @@ class GroupedAttention(nn.Module):
         out = torch.empty_like(q)
         for start in range(0, t, self.block):
             end = min(start + self.block, t)
-            allowed, second = self.scheme.choose(pos[start:end], pos[:end])  # (T, s)
-            sa = self._scores(qa[:, :, start:end], ka[:, :, :end], g)  # (b, n_kv, g, T, s)
-            sb = self._scores(qb[:, :, start:end], kb[:, :, :end], g)
+            far, near = self.scheme.split(start)  # banded: only keys near..end-1 need both rotations
+            allowed, second = self.scheme.choose(pos[start:end], pos[near:end])  # (T, s_near)
+            sa = self._scores(qa[:, :, start:end], ka[:, :, near:end], g)  # (b, n_kv, g, T, s_near)
+            sb = self._scores(qb[:, :, start:end], kb[:, :, near:end], g)
             scores = torch.where(second, sb, sa).masked_fill(~allowed, float("-inf"))
+            if far:
+                scores = torch.cat((self._scores(qb[:, :, start:end], kb[:, :, :far], g), scores), dim=-1)
             probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
-            o = probs @ v[:, :, None, :end]  # (b, n_kv, g, T, hd)
+            o = probs[..., far:] @ v[:, :, None, near:end]  # (b, n_kv, g, T, hd)
+            if far:
+                o += probs[..., :far] @ v[:, :, None, :far]
             out[:, :, start:end] = o.reshape(b, a.h, end - start, a.hd)
         return a.wo(out.transpose(1, 2).reshape(b, t, a.h * a.hd))
 
