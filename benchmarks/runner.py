@@ -28,6 +28,7 @@ BENCHMARKS = {
     "malloc": "benchmarks.bench_malloc",
     "decode": "benchmarks.bench_decode_quant",
     "long_prefill": "benchmarks.bench_long_prefill",
+    "long_loss": "benchmarks.bench_long_loss",
     "prefill_crossover": "benchmarks.bench_prefill_crossover",
     "compile_cache": "benchmarks.bench_compile_cache",
     "build": "benchmarks.bench_build",
