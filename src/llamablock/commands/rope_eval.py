@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 
 from llamablock.commands import UsageError
 
@@ -110,12 +111,14 @@ def run(args) -> int:
         return _passkey(args, source, model, methods, tokens, factor)
     docs = _documents(args, tok, tokens)
     cache = LossCache(None if args.no_cache else (args.cache_dir or default_cache_dir()))
+    started = time.perf_counter()
     losses = evaluate_methods(model, docs, methods, tokens, factor, stride, cache,
                               model_identity(source.path), self_extend=self_extend,
                               progress=not args.eval_json)
     result = {"model": str(source.path), "trained_context": L, "tokens": tokens, "factor": factor,
               "stride": stride, "documents": [name for name, _ in docs],
-              "methods": summarize(losses, L, args.bin), "cache": {"hits": cache.hits, "computed": cache.misses}}
+              "methods": summarize(losses, L, args.bin), "cache": {"hits": cache.hits, "computed": cache.misses},
+              "seconds": round(time.perf_counter() - started, 1)}
     if args.eval_plot:
         from llamablock.studies.context_extension_plot import plot_losses
 
@@ -142,7 +145,7 @@ def _text(r: dict) -> str:
                                                                 if d["low"] is not None else ""))
             cells += f"{m['perplexity'][n]:>9.3f}{ci:>21}"
         lines.append(f"{method:<15}" + cells)
-    lines += ["", f"cache: {r['cache']['hits']} passes read, {r['cache']['computed']} computed"]
+    lines += ["", f"cache: {r['cache']['hits']} passes read, {r['cache']['computed']} computed in {r['seconds']:,.0f} s"]
     return "\n".join(lines)
 
 
