@@ -8,8 +8,10 @@ causal path; Self-Extend and sinks attend in query blocks over the band that nee
 (studies.grouped_attention); the head and the loss run 1,024 tokens at a time
 (runtime.evaluate.token_losses). Each row is its own child process: the model is loaded and its
 RSS noted, the kernel's peak mark reset (`/proc/self/clear_refs`, 5), then one pass of
-studies.context_extension.method_losses, exactly as `rope eval` runs it; the row gives the time,
-the peak RSS above the loaded model and the process's whole peak.
+studies.context_extension.method_losses, exactly as `rope eval` runs it, with the allocator the
+command line sets (fast.malloc: large buffers kept, so the peak includes what glibc holds; with
+glibc's defaults the blocked methods took twice as long, refaulting each block's scores); the row
+gives the time, the peak RSS above the loaded model and the process's whole peak.
 --quick: the llama-2024-small preset (random weights) at 256..1024 tokens.
 """
 
@@ -33,7 +35,9 @@ def status_kib(field):
         if line.startswith(field + ":"):
             return int(line.split()[1])
 
+from llamablock.fast.malloc import tune_allocator
 quick, method, t, threads = sys.argv[1] == "quick", sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+tune_allocator()  # as the command line sets it: the blocked methods' score buffers are reused, not refaulted
 torch.set_num_threads(threads)
 torch.manual_seed(0)
 if quick:
