@@ -1,7 +1,7 @@
 """The package's layers: every import points down, and no import cycle exists.
 
 The module's own files sit at the package root (the bottom layer); every other concern is a
-folder that may import only from the layers beneath it (README, "The layout"). Folders on one
+folder that may import only from the layers beneath it (docs/guide.md, "The library"). Folders on one
 line are siblings: neither imports the other. Imports are read from the source with `ast`, those
 inside functions included, so a lazy import cannot hide an upward arrow.
 Run alone: `python -m pytest tests/test_layers.py`.
