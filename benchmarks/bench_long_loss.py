@@ -1,5 +1,5 @@
 """One pass of `llamablock rope eval`: the loss of every token of a long sequence, time and peak
-memory at 8k, 16k and 32k tokens (issue: bounded memory on a CPU, under 4 GB at 32k).
+memory at 8k, 16k and 32k tokens, against the target of a pass at 32k in under 4 GB on a CPU.
 
 What a pass must not hold: a dense score or mask tensor, (heads, T, T) per layer, and the full
 logits, (T, vocabulary). SmolLM2-135M at 32,768 tokens would need 9 x 32768^2 x 4 bytes = 36 GiB
@@ -9,8 +9,8 @@ causal path; Self-Extend and sinks attend in query blocks over the band that nee
 (runtime.evaluate.token_losses). Each row is its own child process: the model is loaded and its
 RSS noted, the kernel's peak mark reset (`/proc/self/clear_refs`, 5), then one pass of
 studies.context_extension.method_losses, exactly as `rope eval` runs it, with the allocator the
-command line sets (fast.malloc: large buffers kept, so the peak includes what glibc holds; with
-glibc's defaults the blocked methods took twice as long, refaulting each block's scores); the row
+command line sets (fast.malloc: large buffers kept, so the peak includes what glibc holds, and
+the blocked methods reuse each block's score buffer instead of faulting it in again); the row
 gives the time, the peak RSS above the loaded model and the process's whole peak.
 --quick: the llama-2024-small preset (random weights) at 256..1024 tokens.
 """

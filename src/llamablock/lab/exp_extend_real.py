@@ -8,8 +8,8 @@ correlated with their neighbours, bins of a thousand tokens much less, so a t in
 the bins' paired differences (method minus baseline, bin by bin) is the noise margin; with several
 documents the bins of all are pooled.
 
-Only the full run measures this (about eight passes of 16,384 tokens on two cores); the quick run
-records each claim as not measured, with that reason. tests/lab/test_extend_real.py breaks each
+Only the full run measures this (eight passes of 16,384 tokens; BENCHMARKS.md, long_loss, times
+one); the quick run records each claim as not measured, with that reason. tests/lab/test_extend_real.py breaks each
 check with synthetic losses and requires the verdict differs.
 """
 
@@ -34,12 +34,12 @@ TEXTS = {
 }
 CLAIMS = tuple(TEXTS)
 METHODS = ("none", "linear", "ntk", "dynamic", "yarn", "yarn-no-factor", "llama3")
-EXTENSIONS = ("linear", "ntk", "dynamic", "yarn", "yarn-no-factor", "llama3")  # the fixes judged in (e)
+EXTENSIONS = METHODS[1:]  # the fixes judged in (e): every method but the unscaled model
 DOCS = 1  # documents (the longest plays): one pass each costs minutes here
 BIN = 1024
 DYNAMIC_TOLERANCE = 1e-4  # nats per token: float32 passes of different lengths round differently
-WHY_QUICK = ("the quick run does not run SmolLM2-135M past its 8,192-token context (about eight passes of 16,384 "
-             "tokens, half an hour on two cores); the full `llamablock lab` judges this claim")
+WHY_QUICK = ("the quick run does not run SmolLM2-135M past its 8,192-token context (eight passes of 16,384 tokens "
+             "through the model); the full `llamablock lab` judges this claim")
 
 
 def real_losses() -> tuple[dict[str, list[torch.Tensor]], dict]:
@@ -87,31 +87,33 @@ def judge(losses: dict, run: dict) -> list[Claim]:
     claims = []
 
     rise = paired(losses, "none", "reference", *past)
-    c = _claim("15.2.real-past-context", measured=round(rise[0], 4), unit=f"unscaled minus the reference at positions {past[0]}-{past[1]}, nats",
-              tolerance="the interval of the difference lies above 0")
+    c = _claim("15.2.real-past-context", measured=round(rise[0], 4),
+               unit=f"unscaled minus the reference at positions {past[0]}-{past[1]}, nats",
+               tolerance="the interval of the difference lies above 0")
     claims.append(c.judge(rise[1] > 0, f"{where}. Unscaled RoPE minus the model in its own sliding window past L: "
                                        f"{_text(rise)}."))
 
     cost = {m: paired(losses, m, "none", *inside) for m in ("linear", "ntk", "yarn")}
     vs = {m: paired(losses, "linear", m, *inside) for m in ("ntk", "yarn")}
     c = _claim("15.2.real-interpolation-blur", measured=[round(cost[m][0], 4) for m in ("linear", "ntk", "yarn")],
-              unit="loss inside L minus the unscaled model's, linear / ntk / yarn, nats",
-              tolerance="linear's cost above 0 and above NTK-aware's and YaRN's, each interval clear of 0")
+               unit="loss inside L minus the unscaled model's, linear / ntk / yarn, nats",
+               tolerance="linear's cost above 0 and above NTK-aware's and YaRN's, each interval clear of 0")
     ok = cost["linear"][1] > 0 and all(v[1] > 0 for v in vs.values())
     claims.append(c.judge(ok, f"{where}. Inside L, against the unscaled model: linear {_text(cost['linear'])}, "
                               f"NTK-aware {_text(cost['ntk'])}, YaRN {_text(cost['yarn'])}; linear minus NTK-aware "
                               f"{_text(vs['ntk'])}, minus YaRN {_text(vs['yarn'])}."))
 
     gap = max(float((d[:L] - b[:L]).abs().max()) for d, b in zip(losses["dynamic"], losses["none"], strict=True))
-    c = _claim("15.2.real-dynamic-inside", measured=gap, unit="largest |dynamic - unscaled| per-token loss at positions 0..L-1, nats",
-              tolerance=f"at most {DYNAMIC_TOLERANCE:g} (float32 rounding of passes of different lengths)")
+    c = _claim("15.2.real-dynamic-inside", measured=gap,
+               unit="largest |dynamic - unscaled| per-token loss at positions 0..L-1, nats",
+               tolerance=f"at most {DYNAMIC_TOLERANCE:g} (float32 rounding of passes of different lengths)")
     claims.append(c.judge(gap <= DYNAMIC_TOLERANCE, f"{where}. Dynamic NTK reads the first L tokens in one pass and "
                                                     f"the rest after a cache, as a generation does."))
 
     factor = paired(losses, "yarn", "yarn-no-factor", *past)
     c = _claim("15.2.real-yarn-factor", measured=round(factor[0], 4),
-              unit=f"YaRN minus YaRN without its attention factor at {past[0]}-{past[1]}, nats",
-              tolerance="the interval lies below 0 (the factor lowers the loss past L)")
+               unit=f"YaRN minus YaRN without its attention factor at {past[0]}-{past[1]}, nats",
+               tolerance="the interval lies below 0 (the factor lowers the loss past L)")
     detail = (f"{where}. With minus without the factor 0.1 ln s + 1 past L: {_text(factor)}; inside L "
               f"{_text(paired(losses, 'yarn', 'yarn-no-factor', *inside))}.")
     why = (" Why it may differ: Peng et al. (2023) fitted 0.1 ln s + 1 on LLaMA models, where it lowered perplexity; "
@@ -131,10 +133,10 @@ def _training_free(losses: dict, past: tuple[int, int], rise: tuple, where: str)
     best = max(share, key=lambda m: share[m])
     reach = [m for m, d in vs_ref.items() if d[1] <= 0]
     c = _claim("15.2.real-training-free", measured=round(share[best], 3),
-              unit=f"share of the unscaled rise over the reference at {past[0]}-{past[1]} that the best extension "
-                   f"({best}) removes, no fine-tuning",
-              tolerance="reproduced at 0.5 or more (recovered without fine-tuning); differs at 0 or less (no "
-                        "extension moves toward the reference); between: not measurable without fine-tuning")
+               unit=f"share of the unscaled rise over the reference at {past[0]}-{past[1]} that the best extension "
+                    f"({best}) removes, no fine-tuning",
+               tolerance="reproduced at 0.5 or more (recovered without fine-tuning); differs at 0 or less (no "
+                         "extension moves toward the reference); between: not measurable without fine-tuning")
     c.table = [{"method": m, "minus reference past L, nats": _text(d), "share of rise removed": round(share[m], 3)}
                for m, d in vs_ref.items()]
     detail = (f"{where}. Past L, each method minus the reference: "

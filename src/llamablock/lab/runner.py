@@ -21,8 +21,8 @@ from tqdm import tqdm
 from llamablock.lab.record import NOT_MEASURABLE, Claim
 from llamablock.util.files import atomic_write
 
-# (module, the sections its claims belong to, title) in the module's order. The last two train
-# small models, so they come last: the quick lab shows every exact claim within seconds.
+# (module, the sections its claims belong to, title) in the module's order. Those that train small
+# models or run a real one come last: the quick lab shows every exact claim within seconds.
 EXPERIMENTS = [
     ("llamablock.lab.exp_rope", ("15.1",), "Rotary position embedding"),
     ("llamablock.lab.exp_scaling", ("15.2",), "Stretching RoPE, and ALiBi"),

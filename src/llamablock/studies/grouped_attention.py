@@ -20,8 +20,8 @@ Decoder whose every block's attention is a `GroupedAttention` holding the origin
 It attends in blocks of `block` queries against the keys up to the block's end: memory holds
 (h, block, s) scores, never (h, t, t). Keys W or more behind a block's first query take one
 rotation for the whole block (Self-Extend's grouped one; for sinks, the sinks' and nothing else),
-so only the band of the last W + block keys is scored twice: a long pass costs little more than
-the plain model's (`split`; benchmark long_loss). Shapes: the package legend (llamablock/__init__.py).
+so only the band of the last W + block keys is scored twice, and every other key once (`split`;
+benchmark long_loss times a pass beside the plain model's). Shapes: the package legend (llamablock/__init__.py).
 """
 
 from __future__ import annotations
