@@ -27,6 +27,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from llamablock.fast import ggml_kernel
+from llamablock.fast.file_blocks import BlockEmbedding, BlockLinear
 from llamablock.fast.formats import GGUF_TYPES, TORCH_DTYPES
 from llamablock.fast.malloc import mapped_large_blocks, release_free_memory
 from llamablock.fast.quant import Int4Linear, Int8Embedding, Int8Linear
@@ -35,6 +37,12 @@ from llamablock.io.gguf import config_from_gguf, gguf_tensors, open_gguf, tensor
 from llamablock.io.source import ModelSource
 
 TRIM_EVERY = 16  # packed tensors between two malloc_trim calls (each walks the whole heap)
+
+
+def kept_types() -> frozenset[str]:
+    """The GGUF types whose blocks run as stored here (BlockLinear): Q4_0, Q4_1 and Q8_0 where the
+    block kernel builds (fast/ggml_kernel.py), else none, and those types are re-quantized."""
+    return frozenset(ggml_kernel.BLOCK_BYTES) if ggml_kernel.kernel() is not None else frozenset()
 
 
 def _linear_names(model) -> set[str]:
@@ -62,23 +70,35 @@ def _shared_head(name: str, rows) -> Int8Linear:
     return head
 
 
-def _read_weights(reader, cfg, model, dtype: torch.dtype):
+def _read_weights(reader, cfg, model, dtype: torch.dtype, kept: frozenset[str]):
     """Pack the file's weights into `model` as they are read; return (plain tensors by name, {format:
-    tensors}, the shared q8 head or None). Large blocks get their own mappings meanwhile, so the
-    temporaries of each tensor go back to the system instead of fragmenting the heap (fast/malloc.py)."""
+    tensors}, the shared head or None). A linear weight (or a tied embedding) of a type in `kept`
+    becomes a BlockLinear of the file's bytes. Large blocks get their own mappings meanwhile, so
+    the temporaries of each tensor go back to the system instead of fragmenting the heap
+    (fast/malloc.py)."""
     expected = {name: p.shape for name, p in model.state_dict(keep_vars=True).items()}
     linears = _linear_names(model)
     embed = next((t.tensor_type.name for t in reader.tensors if t.name == "token_embd.weight"), None)
-    shared = frozenset({"embed.weight"} if cfg.tie_embeddings and GGUF_TYPES.get(embed) in ("q8", "q4") else ())
+    tied = cfg.tie_embeddings and (GGUF_TYPES.get(embed) in ("q8", "q4") or embed in kept)
+    shared = frozenset({"embed.weight"} if tied else ())
+    def as_blocks(name: str, kind: str) -> bool:
+        return kind in kept and (name in linears or name in shared)
+
     plain, used, head = {}, Counter(), None
     with mapped_large_blocks():
-        for name, kind, w in gguf_tensors(reader, cfg, expected, dtype, chunked=shared):
+        for name, kind, w in gguf_tensors(reader, cfg, expected, dtype, chunked=shared, as_blocks=as_blocks):
             fmt = GGUF_TYPES[kind] if name in linears else "plain"
-            if name == "head.weight" and fmt == "q4":
-                fmt = "q8"  # the output head stays 8-bit, as in quantize_model
-            if name in shared:
+            if as_blocks(name, kind):
+                layer = BlockLinear(kind, w.rows, w.shape[1])
+                if name in shared:
+                    head = layer  # the embedding reads its rows too (BlockEmbedding)
+                else:
+                    _set_module(model, name.rsplit(".", 1)[0], layer)
+                fmt = f"{kind} blocks"
+            elif name in shared:
                 head, fmt = _shared_head(name, w), "q8"  # the embedding reads it too (Int8Embedding)
             elif fmt in ("q8", "q4"):
+                fmt = "q8" if name == "head.weight" else fmt  # the output head stays 8-bit, as in quantize_model
                 _set_module(model, name.rsplit(".", 1)[0], _packed(w, fmt))
                 if sum(used.values()) % TRIM_EVERY == 0:
                     release_free_memory()  # the small temporaries' holes, before they add up
@@ -99,14 +119,20 @@ def native_decoder(index, cfg) -> tuple[nn.Module, dict]:
     release_free_memory()  # the parse's freed objects back to the system before the weights come
     model = empty_decoder(cfg)
     types = {t.tensor_type.name for t in index.tensors if t.name.endswith(".weight") and len(t.shape) > 1}
-    dtype = torch.float32 if types <= {"F32"} else torch.bfloat16
-    plain, used, head = _read_weights(index, cfg, model, dtype)
+    kept = kept_types()
+    dtype = torch.float32 if types <= {"F32"} | kept else torch.bfloat16  # bfloat16: the packed kernels'
+    plain, used, head = _read_weights(index, cfg, model, dtype, kept)
     biases = {n: b for n, b in plain.items() if n.endswith(".bias")}
     model.assign_weights({n: t for n, t in plain.items() if n not in biases})
-    for name, b in biases.items():  # a packed layer keeps its bias in bfloat16
+    for name, b in biases.items():  # a packed layer keeps its bias in bfloat16, a block layer in float32
         module = model.get_submodule(name.rsplit(".", 1)[0])
-        module.bias = b.to(torch.bfloat16) if isinstance(module, (Int8Linear, Int4Linear)) else nn.Parameter(b)
-    if head is not None:
+        if isinstance(module, (Int8Linear, Int4Linear, BlockLinear)):
+            module.bias = b.to(torch.bfloat16 if not isinstance(module, BlockLinear) else torch.float32)
+        else:
+            module.bias = nn.Parameter(b)
+    if isinstance(head, BlockLinear):
+        model.head, model.embed = head, BlockEmbedding(head, dtype)
+    elif head is not None:
         model.head, model.embed = head, Int8Embedding(head)
     elif dtype == torch.bfloat16 and cfg.tie_embeddings:  # the tied head, q8 as quantize_model makes it
         model.head = Int8Linear(model.embed.weight, None)

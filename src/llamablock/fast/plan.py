@@ -25,9 +25,9 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from llamablock.fast import builds
+from llamablock.fast import builds, ggml_kernel
 from llamablock.fast.formats import CHOICES, PACKED, load_dtype
-from llamablock.fast.native import float_format, native_decoder, own_format
+from llamablock.fast.native import float_format, kept_types, native_decoder, own_format
 from llamablock.fast.quant import apply_dtype
 from llamablock.io.loading import load_decoder
 from llamablock.io.source import ModelSource
@@ -117,6 +117,9 @@ def load_in_format(source: ModelSource, fmt: str = "auto", device: str = "cpu") 
     if fmt == "auto" and source.kind == "gguf":
         model, used = native_decoder(source.index, source.cfg)
         what = ", ".join(f"{n} tensors {f}" for f, n in sorted(used.items()))
+        blocks = sorted(set(source.stored.values()) & set(ggml_kernel.BLOCK_BYTES))
+        if blocks and not kept_types():  # they ran re-quantized: say why
+            what += f" ({', '.join(blocks)} re-quantized: {ggml_kernel.why_not()})"
         return model, f"the file's own precision: {what}"
     fmt = own_format(source) if fmt == "auto" else fmt
     return apply_dtype(load_decoder(source, load_dtype(fmt)), fmt), fmt

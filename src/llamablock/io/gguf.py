@@ -42,10 +42,12 @@ from llamablock.io.empty import empty_decoder
 from llamablock.io.gguf_meta import REQUIRED, Metadata, number, read_metadata
 from llamablock.io.gguf_read import (  # noqa: F401 (public here)
     SUPPORTED_TYPES,
+    Blocks,
     RowChunks,
     TensorIndex,
     dequantize,
     dequantize_to,
+    read_blocks,
 )
 from llamablock.io.gguf_rope import rope_scaling_from_gguf
 from llamablock.io.tensor_names import (
@@ -220,10 +222,12 @@ def rope_scaling_of(reader, cfg: ModelConfig) -> dict | None:
 
 
 def gguf_tensors(reader, cfg: ModelConfig, expected: dict[str, torch.Size], dtype: torch.dtype = torch.float32,
-                 chunked: frozenset[str] = frozenset()):
+                 chunked: frozenset[str] = frozenset(), as_blocks=None):
     """The file's tensors one at a time, as (our name, GGUF type, tensor of `dtype` in `cfg.rope_layout`),
     each checked against `expected` (name -> shape): a loader holds one tensor in float at a time.
-    The names in `chunked` (not wq/wk, which are permuted whole) come as RowChunks, not read yet."""
+    The names in `chunked` (not wq/wk, which are permuted whole) come as RowChunks, not read yet;
+    those for which `as_blocks(our name, GGUF type)` is true come as the file's Blocks, undecoded
+    (their rows permuted like a float tensor's: a row of blocks is one output row)."""
     arch = reader.architecture if isinstance(reader, TensorIndex) else metadata(reader)["general.architecture"]
     file_interleaved = ARCHITECTURES[arch][1]
     if cfg.rope_layout not in ("half", "interleaved"):
@@ -235,10 +239,12 @@ def gguf_tensors(reader, cfg: ModelConfig, expected: dict[str, torch.Size], dtyp
         kind = name.split(".")[-2]
         if kind in ("wq", "wk"):  # a file in one pair order runs in the other only once permuted
             heads = cfg.n_heads if kind == "wq" else cfg.n_kv_heads
-            if file_interleaved and cfg.rope_layout == "half":
-                w = permute_qk(w, heads, cfg.head_dim, cfg.rotary_dim, to="half")
-            elif not file_interleaved and cfg.rope_layout == "interleaved":
-                w = permute_qk(w, heads, cfg.head_dim, cfg.rotary_dim, to="interleaved")
+            to = ("half" if file_interleaved and cfg.rope_layout == "half" else
+                  "interleaved" if not file_interleaved and cfg.rope_layout == "interleaved" else None)
+            if to and isinstance(w, Blocks):
+                w = Blocks(w.type_name, permute_qk(w.rows, heads, cfg.head_dim, cfg.rotary_dim, to=to), w.shape)
+            elif to:
+                w = permute_qk(w, heads, cfg.head_dim, cfg.rotary_dim, to=to)
         return w
 
     seen = set()
@@ -251,7 +257,8 @@ def gguf_tensors(reader, cfg: ModelConfig, expected: dict[str, torch.Size], dtyp
         else:
             name = our_name(t.name)
             chunk = name in chunked and name.split(".")[-2] not in ("wq", "wk")  # wq, wk are permuted whole
-            parts = [(name, RowChunks(t, dtype) if chunk else dequantize_to(t, dtype))]
+            blocks = as_blocks is not None and as_blocks(name, t.tensor_type.name)
+            parts = [(name, read_blocks(t) if blocks else RowChunks(t, dtype) if chunk else dequantize_to(t, dtype))]
         for name, w in parts:
             _check_expected(t.name, name, w, expected)
             seen.add(name)

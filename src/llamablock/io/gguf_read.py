@@ -8,6 +8,8 @@ to float32, so neither the file nor a whole tensor in float32 is ever resident a
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 
@@ -98,6 +100,27 @@ def dequantize_to(tensor, dtype: torch.dtype) -> torch.Tensor:
     for i, rows in chunks:
         out[i:i + len(rows)] = rows
     return out
+
+
+@dataclass(frozen=True)
+class Blocks:
+    """A quantized tensor's bytes exactly as the file stores them (fast/file_blocks.py computes with
+    them): `rows` (n, bytes per row) uint8, one row of blocks per output row; `shape` the weights'
+    (n, k), which loaders check against the model's."""
+
+    type_name: str
+    rows: torch.Tensor
+    shape: torch.Size
+
+
+def read_blocks(tensor) -> Blocks:
+    """One `ReaderTensor`'s bytes, read by read(2) as `_read` reads them (never through the mapping)."""
+    shape = torch.Size(int(n) for n in reversed(tensor.shape.tolist()))
+    rows = tensor.data.reshape(shape[0], -1)
+    data = _read(rows, lambda chunk: chunk, _mapping(rows))
+    if data is rows or not data.flags.writeable:  # not read from a file: a copy of our own
+        data = data.copy()
+    return Blocks(tensor.tensor_type.name, torch.from_numpy(data), shape)
 
 
 class TensorIndex:

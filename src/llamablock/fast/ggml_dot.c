@@ -1,0 +1,195 @@
+/* Matrix-vector products over GGML's own weight blocks (Q4_0, Q4_1, Q8_0), for decoding.
+
+   Why a kernel of our own: PyTorch's packed CPU matmuls (aten._weight_int4pack_mm_for_cpu,
+   _weight_int8pack_mm) take their scales in the activations' dtype, and are fast only in
+   bfloat16, so a file's float16 scales cannot run there unrounded; and with AVX2 alone they are
+   several times slower than llama.cpp (`llamablock bench file_blocks` measures both). The scheme
+   is llama.cpp's (ggml_vec_dot_q4_1_q8_1 and its kin, ggml-cpu quants.c): each row of x is
+   quantized in blocks of 32 with a float32 scale, and each weight block meets its activation
+   block in an integer dot product. Where llama.cpp quantizes x to 8 bits (maddubs: 32 products
+   per instruction), x here takes 16 bits (madd_epi16, 16 per instruction): a decode step is
+   bound by reading the weights, and the two ran at the same speed here, while 8 bits put a
+   relative error of about 1/250 of each block's largest value on every product and 16 bits
+   about 1/65,000 (`llamablock perplexity --compare float32` measures the model's KL).
+
+   Blocks, as GGUF stores them (ggml-common.h), 32 weights each, d and m float16:
+     Q4_0  18 bytes: d, qs[16]       w[j] = d * ((qs[j] & 15) - 8),  w[j + 16] = d * ((qs[j] >> 4) - 8)
+     Q4_1  20 bytes: d, m, qs[16]    w[j] = d * (qs[j] & 15) + m,    w[j + 16] = d * (qs[j] >> 4) + m
+     Q8_0  34 bytes: d, qs[32] int8  w[j] = d * qs[j]
+   With activation block (e, p[32]) and P = sum p, a block's dot product is
+     Q4_0: d e sum (q - 8) p       Q4_1: d e sum q p + m e P     Q8_0: d e sum q p
+   where q are the stored integers; the integer sums are exact. */
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+enum { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8 }; /* GGML's type ids */
+
+static float half_to_float(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+#if defined(__F16C__)
+    return _cvtsh_ss(h);
+#else
+    uint32_t exp = (h >> 10) & 31, man = h & 1023, bits;
+    float f;
+    if (exp == 0) {
+        f = ldexpf((float)man, -24); /* zero or subnormal: man * 2^-24, exact */
+    } else {
+        bits = (exp == 31 ? 0x7f800000u : (exp + 112) << 23) | (man << 13);
+        memcpy(&f, &bits, 4);
+    }
+    return (h & 0x8000) ? -f : f;
+#endif
+}
+
+int lb_block_bytes(int type) {
+    return type == Q4_0 ? 18 : type == Q4_1 ? 20 : type == Q8_0 ? 34 : 0;
+}
+
+int lb_has_avx2(void) {
+#if defined(__AVX2__)
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+/* x (m, k) float32 -> xq (m, k) int16 and es (m, k/32, 2) float32: per block of 32, its scale e
+   (amax / 32767) and e P, P the sum of its 32 integers (for Q4_1's m term). */
+static void quantize_rows(const float *x, int64_t m, int64_t k, int16_t *xq, float *es) {
+    int64_t nb = k / 32;
+    for (int64_t b = 0; b < m * nb; b++) {
+        const float *v = x + b * 32;
+        float amax = 0.0f;
+        for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(v[i]));
+        float e = amax / 32767.0f, inv = e > 0.0f ? 1.0f / e : 0.0f;
+        int32_t sum = 0;
+        for (int i = 0; i < 32; i++) {
+            int q = (int)lrintf(v[i] * inv);
+            q = q > 32767 ? 32767 : q < -32767 ? -32767 : q;
+            xq[b * 32 + i] = (int16_t)q;
+            sum += q;
+        }
+        es[2 * b] = e;
+        es[2 * b + 1] = e * (float)sum;
+    }
+}
+
+#if defined(__AVX2__)
+/* One block's sum q p as 8 partial int32 sums, converted to float. Each pair's product sum is exact
+   in int32 (|q| <= 128, |p| <= 32767), so is the block's (< 2^31); the float conversion rounds
+   only past 2^24. */
+static inline __m256 block_sums(int type, const uint8_t *qs, const int16_t *p) {
+    __m256i lo, hi;
+    if (type == Q8_0) {
+        lo = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)qs));
+        hi = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(qs + 16)));
+    } else { /* low nibbles are weights 0..15, high nibbles 16..31 */
+        __m128i raw = _mm_loadu_si128((const __m128i *)qs), low = _mm_set1_epi8(15);
+        lo = _mm256_cvtepu8_epi16(_mm_and_si128(raw, low));
+        hi = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), low));
+        if (type == Q4_0) {
+            lo = _mm256_sub_epi16(lo, _mm256_set1_epi16(8));
+            hi = _mm256_sub_epi16(hi, _mm256_set1_epi16(8));
+        }
+    }
+    __m256i a = _mm256_madd_epi16(lo, _mm256_loadu_si256((const __m256i *)p));
+    __m256i b = _mm256_madd_epi16(hi, _mm256_loadu_si256((const __m256i *)(p + 16)));
+    return _mm256_cvtepi32_ps(_mm256_add_epi32(a, b));
+}
+
+/* (d e, m e P) of one block in the low lanes: its float16 d (and m) converted together. */
+static inline __m128 block_scales(int type, const uint8_t *blk, const float *es) {
+    int32_t dm;
+    memcpy(&dm, blk, 4); /* d, then m (Q4_1) or the first quants (their lane is not used) */
+    __m128 halves = _mm_cvtph_ps(_mm_cvtsi32_si128(dm));
+    return _mm_mul_ps(halves, _mm_castpd_ps(_mm_load_sd((const double *)es))); /* (d e, m e P, 0, 0) */
+}
+#endif
+
+/* One weight row (nb blocks) against one quantized activation row. Two accumulators take turns,
+   so consecutive blocks do not wait on one another's additions (one chain is bound by the add's
+   latency rather than by memory). */
+static float dot_row(int type, const uint8_t *w, const int16_t *xq, const float *es, int64_t nb) {
+    const int bytes = lb_block_bytes(type), skip = type == Q4_1 ? 4 : 2;
+#if defined(__AVX2__)
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    __m128 terms = _mm_setzero_ps(); /* lane 1 sums Q4_1's m e P */
+    int64_t b = 0;
+    for (; b + 1 < nb; b += 2) {
+        const uint8_t *blk0 = w + b * bytes, *blk1 = blk0 + bytes;
+        __m128 s0 = block_scales(type, blk0, es + 2 * b), s1 = block_scales(type, blk1, es + 2 * b + 2);
+        terms = _mm_add_ps(terms, _mm_add_ps(s0, s1));
+        acc0 = _mm256_fmadd_ps(_mm256_broadcastss_ps(s0), block_sums(type, blk0 + skip, xq + b * 32), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_broadcastss_ps(s1), block_sums(type, blk1 + skip, xq + b * 32 + 32), acc1);
+    }
+    if (b < nb) {
+        const uint8_t *blk = w + b * bytes;
+        __m128 s = block_scales(type, blk, es + 2 * b);
+        terms = _mm_add_ps(terms, s);
+        acc0 = _mm256_fmadd_ps(_mm256_broadcastss_ps(s), block_sums(type, blk + skip, xq + b * 32), acc0);
+    }
+    __m256 a = _mm256_add_ps(acc0, acc1);
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_movehdup_ps(h));
+    float total = _mm_cvtss_f32(h);
+    return type == Q4_1 ? total + _mm_cvtss_f32(_mm_shuffle_ps(terms, terms, 1)) : total;
+#else
+    float total = 0.0f;
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = w + b * bytes;
+        const int16_t *p = xq + b * 32;
+        int32_t s = 0;
+        if (type == Q8_0) {
+            for (int i = 0; i < 32; i++) s += (int32_t)(int8_t)blk[skip + i] * p[i];
+        } else {
+            const int off = type == Q4_0 ? 8 : 0;
+            for (int i = 0; i < 16; i++) s += ((blk[skip + i] & 15) - off) * p[i] + ((blk[skip + i] >> 4) - off) * p[i + 16];
+        }
+        total += half_to_float(blk) * es[2 * b] * (float)s;
+        if (type == Q4_1) total += half_to_float(blk + 2) * es[2 * b + 1];
+    }
+    return total;
+#endif
+}
+
+/* y (m, n) = x W^T for W (n, k) in blocks of `type` (rows of k/32 blocks), x given quantized by
+   quantize_rows. x is taken TILE rows at a time, and within a tile the weight rows are the outer
+   loop: a weight row is read from memory once per tile and stays in the L1 cache for the tile's
+   rows, whose 16-bit copy (TILE k 2 bytes) stays in L2. `threads` > 1 splits the weight rows
+   (OpenMP). */
+#define TILE 32
+static void matmul(int type, const uint8_t *w, int64_t n, int64_t k, const int16_t *xq, const float *es, int64_t m,
+                   float *y, int threads) {
+    const int64_t nb = k / 32, row = nb * lb_block_bytes(type);
+    for (int64_t r0 = 0; r0 < m; r0 += TILE) {
+        const int64_t r1 = r0 + TILE < m ? r0 + TILE : m;
+#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
+        for (int64_t i = 0; i < n; i++) {
+            for (int64_t r = r0; r < r1; r++) {
+                y[r * n + i] = dot_row(type, w + i * row, xq + r * k, es + r * 2 * nb, nb);
+            }
+        }
+    }
+}
+
+/* y (m, n) = x (m, k) W^T: quantize x, then multiply. One call per layer from Python (ctypes). Returns
+   0, or -1 where the scratch for x could not be allocated (y is then not written). */
+int lb_linear(int type, const uint8_t *w, int64_t n, int64_t k, const float *x, int64_t m, float *y, int threads) {
+    int16_t *xq = malloc((size_t)(m * k) * sizeof(int16_t));
+    float *es = malloc((size_t)(m * (k / 32) * 2) * sizeof(float));
+    if (xq && es) {
+        quantize_rows(x, m, k, xq, es);
+        matmul(type, w, n, k, xq, es, m, y, threads);
+    }
+    free(xq);
+    free(es);
+    return xq && es ? 0 : -1;
+}

@@ -1,0 +1,99 @@
+"""Build ggml_dot.c once per machine and call it: the decode kernel over a GGUF's own blocks.
+
+The C file is compiled on first use with the system's C compiler (the one torch.compile uses
+too), for the vector extensions this CPU has: AVX2 with FMA and F16C where cpuinfo reports all
+three, else portable C that the compiler vectorizes as it can (Arm, older x86). The shared
+library is kept in the user's cache, named by a hash of the source and the flags, so an edited
+kernel or another CPU kind builds its own; a build is one compiler call on one C file. Where no
+compiler works, `kernel()` is None with the reason (`why_not()`), and the loader re-quantizes
+the blocks into PyTorch's packed formats instead, saying why (fast/plan.py load_in_format).
+
+Called through ctypes: one call per layer, with the GIL released; the data pointers are torch
+tensors' own, so no weight is copied. `LLAMABLOCK_NO_KERNEL=1` turns the kernel off (the tests
+use it to exercise the fallback; `llamablock bench file_blocks` compares both).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import torch
+
+from llamablock.util.files import atomic_write, user_cache_dir
+
+SOURCE = Path(__file__).with_name("ggml_dot.c")
+TYPE_IDS = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 8}  # GGML's type ids, as ggml_dot.c's enum
+BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}  # 32 weights each (ggml-common.h)
+_why_not: list[str] = []
+
+
+def flags(vector: bool | None = None) -> list[str]:
+    """Compiler flags: AVX2's instructions where this CPU has them (`vector` None), or as `vector` says."""
+    if vector is None:
+        try:
+            caps = torch.cpu.get_capabilities()  # cpuinfo's table, as util/cpu.py reads it
+        except (AttributeError, RuntimeError):
+            caps = {}
+        vector = all(caps.get(f) for f in ("avx2", "fma3", "f16c"))
+    return ["-O3", "-shared", "-fPIC", "-fopenmp", *(["-mavx2", "-mfma", "-mf16c"] if vector else [])]
+
+
+def load(directory: Path, vector: bool | None = None) -> ctypes.CDLL:
+    """The library built with flags(vector), kept in `directory` under a name that hashes the source
+    and the flags; built first if absent. RuntimeError (the compiler's last line) or OSError."""
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        raise RuntimeError("no C compiler (cc) on the PATH")
+    options = flags(vector)
+    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(options).encode()).hexdigest()[:16]
+    path = directory / f"ggml_dot-{key}.so"
+    if not path.exists():
+        def write(tmp: Path) -> None:
+            done = subprocess.run([compiler, *options, str(SOURCE), "-o", str(tmp), "-lm"], capture_output=True,
+                                  text=True)
+            if done.returncode:
+                raise RuntimeError(done.stderr.strip().splitlines()[-1] if done.stderr.strip() else "no output")
+
+        directory.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, write)
+    lib = ctypes.CDLL(str(path))
+    lib.lb_linear.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
+                              ctypes.c_int64, ctypes.c_void_p, ctypes.c_int]
+    return lib
+
+
+@functools.cache
+def kernel() -> ctypes.CDLL | None:
+    """The library for this CPU, built if this machine has none yet; None (see why_not) where it cannot be."""
+    if os.environ.get("LLAMABLOCK_NO_KERNEL") == "1":
+        _why_not.append("LLAMABLOCK_NO_KERNEL=1")
+        return None
+    try:
+        return load(user_cache_dir() / "kernels")
+    except (OSError, RuntimeError) as e:
+        _why_not.append(f"the block kernel did not build ({e})")
+        return None
+
+
+def why_not() -> str:
+    """Why kernel() is None, in a few words ('' when it is not)."""
+    kernel()
+    return _why_not[-1] if _why_not else ""
+
+
+def matmul(type_name: str, blocks: torch.Tensor, x: torch.Tensor, threads: int | None = None,
+           lib: ctypes.CDLL | None = None) -> torch.Tensor:
+    """y (m, n) float32 = x (m, k) W^T, W the (n, k / 32 * block bytes) uint8 `blocks` of `type_name`,
+    x quantized to 16 bits per block of 32 first (ggml_dot.c says how); `lib` another build than kernel()."""
+    x = x.contiguous().float()
+    y = torch.empty(x.shape[0], blocks.shape[0])
+    if (lib or kernel()).lb_linear(TYPE_IDS[type_name], blocks.data_ptr(), blocks.shape[0], x.shape[1], x.data_ptr(),
+                          x.shape[0], y.data_ptr(), threads or torch.get_num_threads()):
+        raise MemoryError(f"no memory for the block kernel's copy of x ({tuple(x.shape)})")
+    return y

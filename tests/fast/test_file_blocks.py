@@ -1,0 +1,164 @@
+"""A GGUF's own Q4_0 / Q4_1 / Q8_0 blocks, kept (fast/file_blocks.py, fast/ggml_dot.c).
+
+References, all independent of the code under test:
+  * the `gguf` package's numpy dequantization (gguf.quants.dequantize): the blocks' exact weights,
+    which `dequantize_blocks` and every loaded layer must reproduce bit for bit;
+  * float64 products with those weights, against which the kernel must stay within the bound its
+    16-bit activations imply (derived at `_bound`);
+  * the float32 loader (`load_pretrained`, the file dequantized by the gguf package), whose weights
+    the loaded model's must equal bit for bit, and whose logits its must follow closely.
+"""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from gguf_tiny import write_tiny_gguf
+from hf_reference import tiny_hf_model
+from torch import nn
+
+import llamablock
+from llamablock.fast import ggml_kernel
+from llamablock.fast.file_blocks import BlockEmbedding, BlockLinear, dequantize_blocks
+from llamablock.fast.native import load_gguf_native
+
+TYPES = ("Q4_0", "Q4_1", "Q8_0")
+HAS_AVX2 = "-mavx2" in ggml_kernel.flags()
+
+
+def _random_blocks(type_name: str, n: int, k: int, seed: int = 0) -> np.ndarray:
+    """Random bytes in every block, with finite float16 scales of every size, subnormals included:
+    corners that weights quantized from normal values would not reach."""
+    rng = np.random.default_rng(seed)
+    bb = ggml_kernel.BLOCK_BYTES[type_name]
+    b = rng.integers(0, 256, size=(n, k // 32, bb), dtype=np.uint8)
+    halves = 2 if type_name == "Q4_1" else 1
+    scales = rng.normal(size=(n, k // 32, halves)) * 10.0 ** rng.integers(-7, 3, size=(n, k // 32, halves))
+    b[..., : 2 * halves] = scales.astype(np.float16).view(np.uint8).reshape(n, k // 32, 2 * halves)
+    return b.reshape(n, k // 32 * bb)
+
+
+@pytest.mark.parametrize("type_name", TYPES)
+@pytest.mark.parametrize("source", ["quantized", "random bytes"])
+def test_dequantize_equals_the_gguf_package_bit_for_bit(type_name, source):
+    qtype = gguf.GGMLQuantizationType[type_name]
+    if source == "quantized":  # rows of very different sizes, and a row of zeros
+        w = np.random.default_rng(1).normal(size=(12, 96)) * np.logspace(-4, 3, 12)[:, None]
+        w[3] = 0
+        raw = gguf.quants.quantize(w.astype(np.float32), qtype)
+    else:
+        raw = _random_blocks(type_name, 12, 96)
+    want = torch.from_numpy(gguf.quants.dequantize(raw, qtype).reshape(12, 96))
+    got = dequantize_blocks(type_name, torch.from_numpy(raw.copy()))
+    assert got.dtype == torch.float32 and torch.equal(got, want)
+
+
+def _bound(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """|kernel - x W^T| per output, for W (n, k) exact and x (m, k). The kernel multiplies W by x
+    rounded to e * p, p an integer of 16 bits and e = (block max |x|) / 32767 per block of 32: each
+    rounding moves x by at most e / 2, so the product by at most sum_blocks e / 2 * sum |w| over
+    the block (1.01: e and 1/e are themselves rounded). The float32 arithmetic after the exact
+    integer sums (a scale product, a fused multiply-add per block into one of two accumulators, the
+    final sums) adds at most (blocks + 16) units of 2^-24 of sum |w| |x|."""
+    m, k = x.shape
+    e = x.abs().reshape(m, k // 32, 32).amax(-1).double() / 32767  # (m, blocks)
+    w_blocks = w.abs().double().reshape(w.shape[0], k // 32, 32).sum(-1)  # (n, blocks)
+    quantization = 1.01 * (e / 2) @ w_blocks.T  # (m, n)
+    arithmetic = (k // 32 + 16) * 2.0**-24 * (x.abs().double() @ w.abs().double().T)
+    return quantization + arithmetic
+
+
+@pytest.mark.parametrize("type_name", TYPES)
+@pytest.mark.parametrize("vector", [True, False], ids=["avx2", "portable"])
+def test_the_kernel_is_within_its_16_bit_activation_bound(type_name, vector, tmp_path):
+    if vector and not HAS_AVX2:
+        pytest.skip("this CPU has no AVX2: only the portable build runs here")
+    lib = ggml_kernel.load(tmp_path, vector)
+    raw = torch.from_numpy(_random_blocks(type_name, 40, 160, seed=2))
+    w = dequantize_blocks(type_name, raw)
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(3, 160, generator=g) * torch.logspace(-3, 2, 160)  # blocks of very different sizes
+    x[1, 32:64] = 0  # a block of zeros: its scale is 0
+    x[2, 70] = 1e4  # one outlier dominates its block's scale
+    for rows in (x[:1], x):  # a decode step, and several rows
+        got = ggml_kernel.matmul(type_name, raw, rows, lib=lib).double()
+        want = rows.double() @ w.double().T
+        assert ((got - want).abs() <= _bound(w, rows)).all(), ((got - want).abs() / _bound(w, rows)).max()
+
+
+def test_two_threads_compute_what_one_does():
+    raw = torch.from_numpy(_random_blocks("Q4_1", 64, 128))
+    x = torch.randn(2, 128)
+    assert torch.equal(ggml_kernel.matmul("Q4_1", raw, x, threads=1), ggml_kernel.matmul("Q4_1", raw, x, threads=2))
+
+
+def _tiny(tmp_path, qtype, tied):
+    f = tmp_path / f"{qtype}{'-tied' if tied else ''}.gguf"
+    hf = tiny_hf_model("llama", n_heads=4, n_kv=2, hidden_size=64, intermediate_size=128, head_dim=16, tied=tied)
+    write_tiny_gguf(f, hf, qtype=qtype)
+    return f
+
+
+@pytest.mark.parametrize("tied", [False, True])
+@pytest.mark.parametrize("qtype", TYPES)
+def test_a_file_loads_into_its_own_blocks_bit_for_bit(tmp_path, qtype, tied):
+    """Every layer matrix (q and k rows permuted from llama.cpp's order included) and the embedding
+    are the file's exact weights, and the logits lie close to the float32 loader's."""
+    f = _tiny(tmp_path, qtype, tied)
+    native, used = load_gguf_native(f)
+    exact = llamablock.load_pretrained(f, torch.float32)
+    linears = {n: m for n, m in exact.named_modules() if isinstance(m, nn.Linear)}
+    assert used[f"{qtype} blocks"] == len(linears)  # the head's blocks are the embedding's when tied
+    for name, linear in linears.items():
+        layer = native.get_submodule(name)
+        assert isinstance(layer, BlockLinear) and layer.type_name == qtype, name
+        assert torch.equal(layer.dequantized(), linear.weight), name
+    assert isinstance(native.embed, BlockEmbedding) == tied
+    vocab = exact.embed.weight.shape[0]
+    assert torch.equal(native.embed(torch.arange(vocab)), exact.embed.weight)
+    ids = torch.randint(0, vocab, (1, 40), generator=torch.Generator().manual_seed(0))  # more than a tile of 32
+    with torch.no_grad():
+        got, want = native(ids), exact(ids)
+    # 16-bit activations put a relative error of about 2^-16 on each product; 1e-3 of the largest
+    # logit leaves room for its growth through the layers and catches 8 bits (about 2^-8)
+    assert (got - want).abs().max() <= 1e-3 * want.abs().max()
+
+
+def test_without_the_kernel_the_blocks_are_re_quantized(tmp_path, monkeypatch):
+    """No compiler (or LLAMABLOCK_NO_KERNEL=1): PyTorch's packed layers, and the summary says why."""
+    from llamablock.fast.plan import load_in_format
+    from llamablock.fast.quant import Int4Linear
+    from llamablock.io.source import open_source
+
+    monkeypatch.setattr(ggml_kernel, "kernel", lambda: None)
+    monkeypatch.setattr(ggml_kernel, "_why_not", ["no C compiler (cc) on the PATH"])
+    model, what = load_in_format(open_source(_tiny(tmp_path, "Q4_1", False)), "auto")
+    assert isinstance(model.layers[0].attn.wq, Int4Linear)
+    assert what.endswith("(Q4_1 re-quantized: no C compiler (cc) on the PATH)"), what
+
+
+def test_a_broken_compiler_is_one_reason_not_a_traceback(tmp_path, monkeypatch):
+    monkeypatch.setenv("CC", "false")  # a compiler that fails
+    with pytest.raises(RuntimeError, match="no output"):
+        ggml_kernel.load(tmp_path / "k")
+    assert not list((tmp_path / "k").glob("*.so"))  # nothing half written
+
+
+@pytest.mark.slow
+def test_smollm2_runs_its_own_q4_1_blocks():
+    """The embedded model: 210 Q4_1 matrices and the Q8_0 tied embedding kept; its logits follow the
+    float32 model's, which puts the same token first at every position of a real text."""
+    from llamablock.fast.plan import load_in_format
+    from llamablock.io.source import open_source
+
+    source = open_source(None)
+    (model, what), tok = load_in_format(source, "auto"), source.tokenizer
+    assert what == "the file's own precision: 210 tensors Q4_1 blocks, 1 tensors Q8_0 blocks, 61 tensors float32"
+    exact = llamablock.load_pretrained(None, torch.float32)
+    ids = torch.tensor([tok.encode(" ".join(["The capital of France is Paris."] * 6))])
+    with torch.no_grad():
+        got, want = model(ids), exact(ids)
+    assert torch.equal(got.argmax(-1), want.argmax(-1))
+    assert (got - want).abs().max() <= 1e-3 * want.abs().max()
