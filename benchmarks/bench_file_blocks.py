@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from benchmarks.common import Section
+from benchmarks.common import Section, verdict
 
 NAME = "file_blocks"
 CLAIM = ("the file's own Q4_1 blocks decode at least as fast as re-quantizing them for PyTorch's packed kernels, "
@@ -108,6 +108,9 @@ def _decode_table(models, repeats: int) -> Section:
                          f"{100 / s / ceiling:.0f}%"])
     sec.notes.append(f"Copy bandwidth {bw / 1e9:.1f} GB/s (read + write of a 256 MiB copy). The eager step "
                      "includes every other op of the model (norms, attention, the cache), run op by op.")
+    (blocks, _), (packed, _) = models
+    sec.notes.append(verdict("the file's blocks' step against the re-quantized one's (speed)",
+                             t[packed]["median"] / t[blocks]["median"], 1.0))
     return sec
 
 
@@ -123,10 +126,17 @@ def _fidelity_table(source, models, tokens: int) -> Section:
     sec = Section(f"Against the file's exact weights in float32: the first {tokens} tokens of Macbeth, windows of "
                   f"{context} advancing by {context // 2}",
                   ["weights", "perplexity", "float32 perplexity", "ratio", "mean KL (nats)", "top-1 agreement"])
+    kl = []
     for label, model in models:
         r = compare_to_reference(model, exact, ids, context, context // 2)
         sec.rows.append([label, f"{r['perplexity']:.4f}", f"{r['reference_perplexity']:.4f}",
                          f"{r['perplexity_ratio']:.6f}", f"{r['mean_kl']:.2e}", f"{100 * r['top1_agreement']:.2f}%"])
+        kl.append(r["mean_kl"])
+        if label == models[0][0]:
+            sec.notes.append(verdict("the file's blocks' perplexity within 0.1% of float32's (|ratio - 1|)",
+                                     100 * abs(r["perplexity_ratio"] - 1), 0.1, higher_is_better=False, unit="%"))
+    sec.notes.append(verdict("the file's blocks' mean KL below the re-quantized one's", kl[0] / kl[1], 1.0,
+                             higher_is_better=False))
     return sec
 
 

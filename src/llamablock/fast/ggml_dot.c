@@ -7,10 +7,10 @@
    is llama.cpp's (ggml_vec_dot_q4_1_q8_1 and its kin, ggml-cpu quants.c): each row of x is
    quantized in blocks of 32 with a float32 scale, and each weight block meets its activation
    block in an integer dot product. Where llama.cpp quantizes x to 8 bits (maddubs: 32 products
-   per instruction), x here takes 16 bits (madd_epi16, 16 per instruction): a decode step is
-   bound by reading the weights, and the two ran at the same speed here, while 8 bits put a
-   relative error of about 1/250 of each block's largest value on every product and 16 bits
-   about 1/65,000 (`llamablock perplexity --compare float32` measures the model's KL).
+   per instruction), x here takes 16 bits (madd_epi16, 16 per instruction): 8 bits put an error
+   of up to 1/254 of each block's largest value on every activation, 16 bits 1/65,534, and a call
+   is bound by reading the weights rather than by the multiplications (the commit that chose 16
+   bits compared both; `llamablock perplexity --compare float32` measures the model's KL).
 
    Blocks, as GGUF stores them (ggml-common.h), 32 weights each, d and m float16:
      Q4_0  18 bytes: d, qs[16]       w[j] = d * ((qs[j] & 15) - 8),  w[j + 16] = d * ((qs[j] >> 4) - 8)
