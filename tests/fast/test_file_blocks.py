@@ -139,6 +139,21 @@ def test_without_the_kernel_the_blocks_are_re_quantized(tmp_path, monkeypatch):
     assert what.endswith("(Q4_1 re-quantized: no C compiler (cc) on the PATH)"), what
 
 
+def test_a_compiler_without_openmp_builds_the_one_thread_kernel(tmp_path, monkeypatch):
+    """Apple's clang has no -fopenmp: the kernel is built without it, and computes the same."""
+    import shutil
+
+    fake = tmp_path / "cc-without-openmp"
+    fake.write_text(f'#!/bin/sh\nfor a in "$@"; do [ "$a" = -fopenmp ] && exit 1; done\nexec {shutil.which("cc")} "$@"\n')
+    fake.chmod(0o755)
+    monkeypatch.setenv("CC", str(fake))
+    lib = ggml_kernel.load(tmp_path / "k")
+    assert len(list((tmp_path / "k").glob("*.so"))) == 1
+    raw = torch.from_numpy(_random_blocks("Q8_0", 16, 64))
+    x = torch.randn(2, 64)
+    assert torch.equal(ggml_kernel.matmul("Q8_0", raw, x, lib=lib), ggml_kernel.matmul("Q8_0", raw, x))
+
+
 def test_a_broken_compiler_is_one_reason_not_a_traceback(tmp_path, monkeypatch):
     monkeypatch.setenv("CC", "false")  # a compiler that fails
     with pytest.raises(RuntimeError, match="no output"):

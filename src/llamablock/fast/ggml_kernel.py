@@ -2,7 +2,8 @@
 
 The C file is compiled on first use with the system's C compiler (the one torch.compile uses
 too), for the vector extensions this CPU has: AVX2 with FMA and F16C where cpuinfo reports all
-three, else portable C that the compiler vectorizes as it can (Arm, older x86). The shared
+three, else portable C that the compiler vectorizes as it can (Arm, older x86); with OpenMP for
+`--threads`, or on one thread where the compiler has none (Apple's clang). The shared
 library is kept in the user's cache, named by a hash of the source and the flags, so an edited
 kernel or another CPU kind builds its own; a build is one compiler call on one C file. Where no
 compiler works, `kernel()` is None with the reason (`why_not()`), and the loader re-quantizes
@@ -33,24 +34,21 @@ BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}  # 32 weights each (ggml-comm
 _why_not: list[str] = []
 
 
-def flags(vector: bool | None = None) -> list[str]:
-    """Compiler flags: AVX2's instructions where this CPU has them (`vector` None), or as `vector` says."""
+def flags(vector: bool | None = None, threads: bool = True) -> list[str]:
+    """Compiler flags: AVX2's instructions where this CPU has them (`vector` None), or as `vector` says;
+    OpenMP for `threads`."""
     if vector is None:
         try:
             caps = torch.cpu.get_capabilities()  # cpuinfo's table, as util/cpu.py reads it
         except (AttributeError, RuntimeError):
             caps = {}
         vector = all(caps.get(f) for f in ("avx2", "fma3", "f16c"))
-    return ["-O3", "-shared", "-fPIC", "-fopenmp", *(["-mavx2", "-mfma", "-mf16c"] if vector else [])]
+    return ["-O3", "-shared", "-fPIC", *(["-fopenmp"] if threads else []),
+            *(["-mavx2", "-mfma", "-mf16c"] if vector else [])]
 
 
-def load(directory: Path, vector: bool | None = None) -> ctypes.CDLL:
-    """The library built with flags(vector), kept in `directory` under a name that hashes the source
-    and the flags; built first if absent. RuntimeError (the compiler's last line) or OSError."""
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        raise RuntimeError("no C compiler (cc) on the PATH")
-    options = flags(vector)
+def _built(directory: Path, compiler: str, options: list[str]) -> Path:
+    """The library built with `options`, named by a hash of the source and the options (built if absent)."""
     key = hashlib.sha256(SOURCE.read_bytes() + " ".join(options).encode()).hexdigest()[:16]
     path = directory / f"ggml_dot-{key}.so"
     if not path.exists():
@@ -62,6 +60,20 @@ def load(directory: Path, vector: bool | None = None) -> ctypes.CDLL:
 
         directory.mkdir(parents=True, exist_ok=True)
         atomic_write(path, write)
+    return path
+
+
+def load(directory: Path, vector: bool | None = None) -> ctypes.CDLL:
+    """The library for flags(vector), kept in `directory`, built first if absent; without OpenMP (one
+    thread) where the compiler has none, as Apple's clang. RuntimeError (the compiler's last line) or
+    OSError."""
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        raise RuntimeError("no C compiler (cc) on the PATH")
+    try:
+        path = _built(directory, compiler, flags(vector))
+    except RuntimeError:
+        path = _built(directory, compiler, flags(vector, threads=False))
     lib = ctypes.CDLL(str(path))
     lib.lb_linear.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
                               ctypes.c_int64, ctypes.c_void_p, ctypes.c_int]
