@@ -126,6 +126,17 @@ def test_a_file_loads_into_its_own_blocks_bit_for_bit(tmp_path, qtype, tied):
     assert (got - want).abs().max() <= 1e-3 * want.abs().max()
 
 
+def test_a_16_bit_embedding_beside_blocks_keeps_float32_activations(tmp_path):
+    """A common conversion: layers Q4_0, the (untied) embedding F16. Only packed layers need bfloat16."""
+    hf = tiny_hf_model("llama", n_heads=4, n_kv=2, hidden_size=64, intermediate_size=128, head_dim=16)
+    table = hf.state_dict()["model.embed_tokens.weight"].float().numpy().astype(np.float16)
+    f = tmp_path / "f16-embedding.gguf"
+    write_tiny_gguf(f, hf, qtype="Q4_0", raw_blocks={"token_embd.weight": (table, "F16")})
+    native, _ = load_gguf_native(f)
+    assert native.embed.weight.dtype == torch.float32 and isinstance(native.layers[0].attn.wq, BlockLinear)
+    assert torch.equal(native.embed.weight, torch.from_numpy(table).float())
+
+
 def test_without_the_kernel_the_blocks_are_re_quantized(tmp_path, monkeypatch):
     """No compiler (or LLAMABLOCK_NO_KERNEL=1): PyTorch's packed layers, and the summary says why."""
     from llamablock.fast.plan import load_in_format

@@ -120,7 +120,10 @@ def native_decoder(index, cfg) -> tuple[nn.Module, dict]:
     model = empty_decoder(cfg)
     types = {t.tensor_type.name for t in index.tensors if t.name.endswith(".weight") and len(t.shape) > 1}
     kept = kept_types()
-    dtype = torch.float32 if types <= {"F32"} | kept else torch.bfloat16  # bfloat16: the packed kernels'
+    # bfloat16 activations where a weight runs in a packed layer (their kernels take bfloat16) or the
+    # file is 16-bit; float32 for an all-F32 file, and where the quantized weights are all kept blocks
+    packed = types - kept - {"F32", "F16", "BF16"}
+    dtype = torch.float32 if types <= {"F32"} or (types & kept and not packed) else torch.bfloat16
     plain, used, head = _read_weights(index, cfg, model, dtype, kept)
     biases = {n: b for n, b in plain.items() if n.endswith(".bias")}
     model.assign_weights({n: t for n, t in plain.items() if n not in biases})
