@@ -88,6 +88,17 @@ def test_the_kernel_is_within_its_16_bit_activation_bound(type_name, vector, tmp
         assert ((got - want).abs() <= _bound(w, rows)).all(), ((got - want).abs() / _bound(w, rows)).max()
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_a_non_finite_activation_gives_nan_not_a_finite_number(bad):
+    """fmaxf drops NaN and the integer rounding of NaN or infinity is undefined: without its check
+    the kernel returned finite garbage for such a row, hiding the fault from the checks downstream."""
+    raw = torch.from_numpy(_random_blocks("Q4_1", 8, 64))
+    x = torch.randn(2, 64)
+    x[1, 40] = bad
+    y = ggml_kernel.matmul("Q4_1", raw, x)
+    assert torch.isfinite(y[0]).all() and torch.isnan(y[1]).all()
+
+
 def test_two_threads_compute_what_one_does():
     raw = torch.from_numpy(_random_blocks("Q4_1", 64, 128))
     x = torch.randn(2, 128)

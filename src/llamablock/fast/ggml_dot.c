@@ -1,15 +1,16 @@
-/* Matrix-vector products over GGML's own weight blocks (Q4_0, Q4_1, Q8_0), for decoding.
+/* Matrix products over GGML's own weight blocks (Q4_0, Q4_1, Q8_0), for decode and prefill.
 
    Why a kernel of our own: PyTorch's packed CPU matmuls (aten._weight_int4pack_mm_for_cpu,
    _weight_int8pack_mm) take their scales in the activations' dtype, and are fast only in
-   bfloat16, so a file's float16 scales cannot run there unrounded; and with AVX2 alone they are
-   several times slower than llama.cpp (`llamablock bench file_blocks` measures both). The scheme
+   bfloat16, so a file's float16 scales cannot run there unrounded; and with AVX2 alone they run
+   several times slower per call than with AVX-512 (`llamablock bench file_blocks` times them beside
+   this kernel on each). The scheme
    is llama.cpp's (ggml_vec_dot_q4_1_q8_1 and its kin, ggml-cpu quants.c): each row of x is
    quantized in blocks of 32 with a float32 scale, and each weight block meets its activation
    block in an integer dot product. Where llama.cpp quantizes x to 8 bits (maddubs: 32 products
    per instruction), x here takes 16 bits (madd_epi16, 16 per instruction): 8 bits put an error
-   of up to 1/254 of each block's largest value on every activation, 16 bits 1/65,534, and a call
-   is bound by reading the weights rather than by the multiplications (the commit that chose 16
+   of up to 1/254 of each block's largest value on every activation, 16 bits 1/65,534, and a decode
+   call is bound by reading the weights rather than by the multiplications (the commit that chose 16
    bits compared both; `llamablock perplexity --compare float32` measures the model's KL).
 
    Blocks, as GGUF stores them (ggml-common.h), 32 weights each, d and m float16:
@@ -52,23 +53,19 @@ int lb_block_bytes(int type) {
     return type == Q4_0 ? 18 : type == Q4_1 ? 20 : type == Q8_0 ? 34 : 0;
 }
 
-int lb_has_avx2(void) {
-#if defined(__AVX2__)
-    return 1;
-#else
-    return 0;
-#endif
-}
-
 /* x (m, k) float32 -> xq (m, k) int16 and es (m, k/32, 2) float32: per block of 32, its scale e
    (amax / 32767) and e P, P the sum of its 32 integers (for Q4_1's m term). */
 static void quantize_rows(const float *x, int64_t m, int64_t k, int16_t *xq, float *es) {
     int64_t nb = k / 32;
     for (int64_t b = 0; b < m * nb; b++) {
         const float *v = x + b * 32;
-        float amax = 0.0f;
-        for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(v[i]));
+        float amax = 0.0f, finite = 0.0f;
+        for (int i = 0; i < 32; i++) {
+            amax = fmaxf(amax, fabsf(v[i]));
+            finite += v[i] - v[i]; /* 0, or NaN where a value is NaN or infinite */
+        }
         float e = amax / 32767.0f, inv = e > 0.0f ? 1.0f / e : 0.0f;
+        if (finite != 0.0f) e = NAN; /* the block's products are NaN, as a float matmul's would be */
         int32_t sum = 0;
         for (int i = 0; i < 32; i++) {
             int q = (int)lrintf(v[i] * inv);
