@@ -15,7 +15,10 @@ batch engine (llamablock.fast.batch_compiled) prefills eagerly and fills the row
 `fmt` is "float32", "bfloat16" (the model's own dtype, checked) or "q8"/"q4": the fused weights
 of the static layout are quantized (llamablock.fast.quant) after fusing, so q, k and v share one
 int8 or int4 matrix. The float model is kept: a request longer than the cache rebuilds the static
-layout at the next power-of-two length (static_decode.cache_length) from it.
+layout at the next power-of-two length (static_decode.cache_length) from it. "blocks" takes the
+model as fast/native.py loads a GGUF of Q4_0/Q4_1/Q8_0 blocks: its BlockLinear layers are fused
+as rows of blocks, never quantized again, and the programs call the block kernel as an operator
+(fast/block_op.py), so the compiled and the eager model compute with the same bytes.
 
 Compilation uses inductor with freezing (weights become constants, prepacked for the CPU's GEMMs)
 and, with `autotune`, max-autotune restricted to its C++ GEMM templates, which fuse the int8 and
@@ -35,6 +38,7 @@ import time
 
 import torch
 
+from llamablock.fast import block_op
 from llamablock.fast.build_options import attempts
 from llamablock.fast.formats import FORMATS, PACKED, load_dtype
 from llamablock.fast.quant import PREFILL_ROWS, quantize_model
@@ -68,8 +72,12 @@ class StaticEngine:
             raise ValueError(f"format {fmt} needs the model loaded in {want}, not {dtype}")
         if model.embed.weight.device.type != "cpu":
             raise ValueError(f"the compiled engine runs on the CPU; the model is on {model.embed.weight.device}")
-        if any(not isinstance(getattr(layer.attn, "wq", None), torch.nn.Linear) for layer in model.layers):
-            raise ValueError("give the float model: the compiled decoder fuses q/k/v before quantizing them")
+        from llamablock.fast.file_blocks import BlockLinear
+
+        kind = BlockLinear if fmt == "blocks" else torch.nn.Linear
+        if any(not isinstance(getattr(layer.attn, "wq", None), kind) for layer in model.layers):
+            raise ValueError("give the float model (the file's blocks for format blocks): the compiled decoder "
+                             "fuses q/k/v before quantizing them")
         if batch <= 0:
             raise ValueError(f"batch must be a positive integer, got {batch!r}")
         self.model, self.cfg, self.fmt, self.batch = model, model.cfg, fmt, batch
@@ -209,6 +217,8 @@ class AOTIEngine(StaticEngine):
         self._step_program = self._prefill_program = None
         self._digest: str | None = None
         self.running: dict[str, str] = {}  # method (or "step x<rows>") -> the attempt's name that runs it, or "eager"
+        if self.fmt == "blocks" and not block_op.load():  # programs call it by name: registered before any loads
+            self.notify(f"the block operator did not build ({block_op.why_not()}): the programs cannot call the blocks")
 
     def _built(self) -> None:
         self._step_program = self._prefill_program = self._digest = None

@@ -20,8 +20,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from llamablock.fast import ggml_kernel
-from llamablock.fast.ggml_kernel import BLOCK_BYTES
+from llamablock.fast import block_op, ggml_kernel
+from llamablock.fast.ggml_kernel import BLOCK_BYTES, TYPE_IDS
 
 
 def dequantize_blocks(type_name: str, blocks: torch.Tensor) -> torch.Tensor:
@@ -59,7 +59,10 @@ class BlockLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
-        y = ggml_kernel.matmul(self.type_name, self.blocks, x.reshape(-1, shape[-1]))  # (m, n) float32
+        if block_op.LOADED:  # the operator a compiled program can trace; the same C function
+            y = torch.ops.llamablock.block_linear(x.reshape(-1, shape[-1]), self.blocks, TYPE_IDS[self.type_name])
+        else:
+            y = ggml_kernel.matmul(self.type_name, self.blocks, x.reshape(-1, shape[-1]))  # (m, n) float32
         if self.bias is not None:
             y = y + self.bias
         return y.reshape(*shape[:-1], self.out_features).to(x.dtype)

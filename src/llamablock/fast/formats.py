@@ -7,6 +7,8 @@ one, or `auto`):
     q8, q4              packed int8 rows / int4 groups of 32 (fast/quant.py), with bfloat16
                         activations, the dtype the packed CPU kernels take; loaded in bfloat16,
                         then quantized
+    blocks              a GGUF's own Q4_0 / Q4_1 / Q8_0 blocks as stored (fast/file_blocks.py),
+                        float32 activations; what `auto` runs such a file in
 `auto` is each tensor in the format its stored type maps to (GGUF_TYPES; fast/native.py), or a
 transformers directory's torch_dtype (TORCH_DTYPES). Why 5- and 6-bit blocks go to q8 rather
 than q4: the file's precision is kept at some memory cost.
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-FORMATS = ("float32", "bfloat16", "q8", "q4")
+FORMATS = ("float32", "bfloat16", "q8", "q4", "blocks")
 PACKED = ("q8", "q4")  # quantized by fast/quant.py after loading in bfloat16
 CHOICES = ("auto", *FORMATS)  # what a command's --dtype takes
 
@@ -28,7 +30,8 @@ TORCH_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "bfloat
 
 
 def load_dtype(fmt: str) -> torch.dtype:
-    """The torch dtype the weights are loaded in for `fmt` (the packed ones: bfloat16, then quantized)."""
+    """The torch dtype the weights are loaded in for `fmt` (the packed ones: bfloat16, then quantized;
+    blocks: float32, the activations beside the file's blocks)."""
     if fmt not in FORMATS:
         raise ValueError(f"--dtype must be one of {', '.join(FORMATS)}, got {fmt!r}")
-    return torch.float32 if fmt == "float32" else torch.bfloat16
+    return torch.float32 if fmt in ("float32", "blocks") else torch.bfloat16

@@ -168,10 +168,14 @@ def float_format(source: ModelSource) -> str:
 
 
 def own_format(source: ModelSource) -> str:
-    """The one format a compiled engine runs `source` in under `auto` (it quantizes its fused
-    weights itself): the format most of a GGUF's layer matrices map to, or a directory's dtype."""
+    """The one format a compiled engine runs `source` in under `auto`: "blocks" for a GGUF whose layer
+    matrices are all kept blocks (kept_types), else the format most of them map to (the engine
+    quantizes its fused weights itself), or a directory's dtype."""
     if source.kind != "gguf":
         return dir_format(source.stored["*"], source.where)
+    stored = {kind for name, kind in source.stored.items() if name.startswith("blk.") and name.endswith(".weight")}
+    if stored and stored <= kept_types():
+        return "blocks"  # the file's own blocks, which the compiled engine fuses as they are
     layers = Counter(GGUF_TYPES.get(kind, "float32") for name, kind in source.stored.items()
                      if name.startswith("blk.") and name.endswith(".weight"))
     return layers.most_common(1)[0][0] if layers else "float32"

@@ -88,7 +88,7 @@ def build(source: ModelSource, plan: Plan, notify=None) -> Built:
         return Built(model, EagerEngine(model, what))
     from llamablock.fast.compiled_decode import AOTIEngine
 
-    model = load_decoder(source, load_dtype(plan.fmt))
+    model = load_in_format(source, "blocks")[0] if plan.fmt == "blocks" else load_decoder(source, load_dtype(plan.fmt))
     return Built(model, AOTIEngine(model, plan.fmt, autotune=plan.autotune, notify=notify, batch=plan.batch))
 
 
@@ -114,6 +114,8 @@ def load_in_format(source: ModelSource, fmt: str = "auto", device: str = "cpu") 
                              f"use --device cpu, or bfloat16 on {device}")
         fmt = float_format(source) if fmt == "auto" else fmt
         return load_decoder(source, load_dtype(fmt)).to(device), f"{fmt} on {device}"
+    if fmt == "blocks":
+        return _file_blocks(source), "blocks"
     if fmt == "auto" and source.kind == "gguf":
         model, used = native_decoder(source.index, source.cfg)
         what = ", ".join(f"{n} tensors {f}" for f, n in sorted(used.items()))
@@ -123,6 +125,18 @@ def load_in_format(source: ModelSource, fmt: str = "auto", device: str = "cpu") 
         return model, f"the file's own precision: {what}"
     fmt = own_format(source) if fmt == "auto" else fmt
     return apply_dtype(load_decoder(source, load_dtype(fmt)), fmt), fmt
+
+
+def _file_blocks(source: ModelSource) -> nn.Module:
+    """The native model of a GGUF whose every layer matrix is a kept block type (`--dtype blocks`)."""
+    layers = {kind for name, kind in source.stored.items() if name.startswith("blk.") and name.endswith(".weight")}
+    if source.kind != "gguf" or not layers or not layers <= kept_types():
+        why = (f"{source.where} is not a GGUF file" if source.kind != "gguf" else
+               f"the block kernel is not available here ({ggml_kernel.why_not()})" if not kept_types() else
+               f"its layer matrices are {', '.join(sorted(layers))}")
+        raise ValueError(f"--dtype blocks runs a GGUF whose layer matrices are all Q4_0, Q4_1 or Q8_0, and {why}; "
+                         "use --dtype auto")
+    return native_decoder(source.index, source.cfg)[0]
 
 
 def prepare(engine, source: ModelSource, total_tokens: int) -> float:

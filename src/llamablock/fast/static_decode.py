@@ -73,8 +73,27 @@ def unsupported_reason(cfg) -> str | None:
     return None
 
 
-def fuse_linears(parts: list[nn.Linear]) -> nn.Linear:
-    """One Linear whose output rows are `parts`' rows, in order (new tensors, no gradient)."""
+class Concatenated(nn.Module):
+    """Layers that cannot share one matrix (a file's blocks of different types), outputs side by side."""
+
+    def __init__(self, parts: list[nn.Module]):
+        super().__init__()
+        self.parts = nn.ModuleList(parts)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([p(x) for p in self.parts], dim=-1)
+
+
+def fuse_linears(parts: list[nn.Module]) -> nn.Module:
+    """One layer whose output rows are `parts`' rows, in order (new tensors, no gradient): a Linear,
+    or a BlockLinear of the file's blocks, whose rows are whole rows of blocks, when they share a type."""
+    from llamablock.fast.file_blocks import BlockLinear
+
+    if any(isinstance(p, BlockLinear) for p in parts):
+        if len({getattr(p, "type_name", None) for p in parts}) > 1:
+            return Concatenated(parts)
+        bias = None if parts[0].bias is None else torch.cat([p.bias for p in parts])
+        return BlockLinear(parts[0].type_name, torch.cat([p.blocks for p in parts]), parts[0].in_features, bias)
     weight = torch.cat([p.weight.detach() for p in parts])  # (sum of outs, in)
     fused = nn.Linear(weight.shape[1], weight.shape[0], bias=parts[0].bias is not None,
                       device=weight.device, dtype=weight.dtype)
