@@ -22,7 +22,8 @@ def add_arguments(p) -> None:
                    help="a .gguf file, a transformers directory or a name from `llamablock models` "
                         "(default: smollm2-135m-instruct)")
     p.add_argument("--dtype", choices=CHOICES, default="auto",
-                   help="the format to compile for; auto: the file's own (its majority format) (default: %(default)s)")
+                   help="the format to compile for; auto: the file's own (blocks where every layer matrix is Q4_0, "
+                        "Q4_1 or Q8_0, else its majority format) (default: %(default)s)")
     p.add_argument("--tokens", type=int, default=512,
                    help="prompt + new tokens the engine holds; rounded up to a power of two (default: %(default)s)")
     p.add_argument("--batch", type=int, default=1, metavar="B",
