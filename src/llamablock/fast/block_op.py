@@ -66,13 +66,19 @@ def load() -> bool:
     if cc is None or cxx is None:
         _why_not.append("no C and C++ compilers (cc, c++) on the PATH")
         return False
-    options = flags()
-    key = hashlib.sha256(SOURCE.read_bytes() + OP_SOURCE.read_bytes() + " ".join(options).encode()
-                         + torch.__version__.encode()).hexdigest()[:16]
-    path = user_cache_dir() / "kernels" / f"block_op-{key}.so"
-    try:
+    def built(options: list[str]) -> Path:
+        key = hashlib.sha256(SOURCE.read_bytes() + OP_SOURCE.read_bytes() + " ".join(options).encode()
+                             + torch.__version__.encode()).hexdigest()[:16]
+        path = user_cache_dir() / "kernels" / f"block_op-{key}.so"
         if not path.exists():
             _build(path, cc, cxx, options)
+        return path
+
+    try:
+        try:
+            path = built(flags())
+        except RuntimeError:  # a compiler without OpenMP, as for the ctypes library (fast/ggml_kernel.py)
+            path = built(flags(threads=False))
         torch.ops.load_library(str(path))
     except (OSError, RuntimeError) as e:
         _why_not.append(f"the block operator did not build ({e})")
