@@ -99,6 +99,21 @@ def test_a_non_finite_activation_gives_nan_not_a_finite_number(bad):
     assert torch.isfinite(y[0]).all() and torch.isnan(y[1]).all()
 
 
+@pytest.mark.parametrize("vector", [True, False], ids=["avx2", "portable"])
+def test_a_row_is_the_same_alone_and_among_others(vector, tmp_path):
+    """Prefill takes rows four at a time and decode one: a token's result must not depend on which
+    (a prompt's logits then do not depend on how it was split into steps), bit for bit."""
+    if vector and not HAS_AVX2:
+        pytest.skip("this CPU has no AVX2: only the portable build runs here")
+    lib = ggml_kernel.load(tmp_path, vector)
+    for type_name in TYPES:
+        raw = torch.from_numpy(_random_blocks(type_name, 24, 96, seed=4))
+        x = torch.randn(37, 96)  # a tile of 32 (eight groups of four) and five more, four and one alone
+        together = ggml_kernel.matmul(type_name, raw, x, lib=lib)
+        alone = torch.cat([ggml_kernel.matmul(type_name, raw, x[i:i + 1], lib=lib) for i in range(len(x))])
+        assert torch.equal(together, alone), type_name
+
+
 def test_two_threads_compute_what_one_does():
     raw = torch.from_numpy(_random_blocks("Q4_1", 64, 128))
     x = torch.randn(2, 128)

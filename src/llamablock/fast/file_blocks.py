@@ -6,8 +6,9 @@ scales drop bits of the file's float16 ones. These layers hold the file's bytes 
 (out, in / 32 * block bytes) rows, and compute with them directly through ggml_dot.c
 (fast/ggml_kernel.py), x quantized to 16 bits per block of 32: `llamablock perplexity --compare
 float32` measures what that costs against the exact weights in float32.
-Prefill runs the same kernel as decode, so a prompt's logits do not depend on how it was split
-into steps. Dequantizing a layer and calling the float32 GEMM would be faster for long prompts
+Prefill runs the same kernel as decode, and a row's products are the same bits whichever rows
+are computed beside it, so a layer's output for a token does not depend on how the prompt was split
+into steps (attention around it, as in any model, may round differently). Dequantizing a layer and calling the float32 GEMM would be faster for long prompts
 only if the dequantization were cheap, and it costs more than the kernel's whole prefill at these
 sizes in torch (`llamablock bench file_blocks` times both).
 `dequantized()` is the file's exact dequantization, equal bit for bit to the gguf package's

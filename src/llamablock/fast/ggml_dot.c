@@ -31,23 +31,6 @@
 
 enum { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8 }; /* GGML's type ids */
 
-static float half_to_float(const uint8_t *p) {
-    uint16_t h;
-    memcpy(&h, p, 2);
-#if defined(__F16C__)
-    return _cvtsh_ss(h);
-#else
-    uint32_t exp = (h >> 10) & 31, man = h & 1023, bits;
-    float f;
-    if (exp == 0) {
-        f = ldexpf((float)man, -24); /* zero or subnormal: man * 2^-24, exact */
-    } else {
-        bits = (exp == 31 ? 0x7f800000u : (exp + 112) << 23) | (man << 13);
-        memcpy(&f, &bits, 4);
-    }
-    return (h & 0x8000) ? -f : f;
-#endif
-}
 
 int lb_block_bytes(int type) {
     return type == Q4_0 ? 18 : type == Q4_1 ? 20 : type == Q8_0 ? 34 : 0;
@@ -105,12 +88,6 @@ static inline __m256 sums(__m256i lo, __m256i hi, const int16_t *p) {
     return _mm256_cvtepi32_ps(_mm256_add_epi32(a, b));
 }
 
-static inline __m256 block_sums(int type, const uint8_t *qs, const int16_t *p) {
-    __m256i lo, hi;
-    unpack(type, qs, &lo, &hi);
-    return sums(lo, hi, p);
-}
-
 /* (d, m) of one block as floats in the low lanes: its float16 d (and m) converted together. */
 static inline __m128 halves(const uint8_t *blk) {
     int32_t dm;
@@ -125,9 +102,13 @@ static inline float hsum(__m256 a) {
     return _mm_cvtss_f32(h);
 }
 
-/* One weight row against four activation rows (prefill): each block is unpacked once for all four. */
-static void dot_rows4(int type, const uint8_t *w, const int16_t *xq, const float *es, int64_t k, int64_t nb,
-                      float *out, int64_t out_stride) {
+/* One weight row against R activation rows (R = 1 for decode, 4 in prefill): each block is unpacked
+   once for all R, and every row's sums are made in the same order whatever R is, so a row's result
+   does not depend on the rows computed beside it (tests/fast/test_file_blocks.py checks it bit for
+   bit). R is a constant at each call, so the compiler unrolls the row loops and keeps acc and terms
+   in registers. */
+static inline void dot_rows(const int R, int type, const uint8_t *w, const int16_t *xq, const float *es, int64_t k,
+                            int64_t nb, float *out, int64_t out_stride) {
     const int bytes = lb_block_bytes(type), skip = type == Q4_1 ? 4 : 2;
     __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
     __m128 terms[4] = {_mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps()};
@@ -136,51 +117,39 @@ static void dot_rows4(int type, const uint8_t *w, const int16_t *xq, const float
         __m256i lo, hi;
         unpack(type, blk + skip, &lo, &hi);
         const __m128 dm = halves(blk);
-        for (int r = 0; r < 4; r++) { /* unrolled by the compiler: acc and terms stay in registers */
+        for (int r = 0; r < R; r++) {
             const float *e = es + r * 2 * nb + 2 * b;
             __m128 s = _mm_mul_ps(dm, _mm_castpd_ps(_mm_load_sd((const double *)e))); /* (d e, m e P) */
-            terms[r] = _mm_add_ps(terms[r], s);
+            terms[r] = _mm_add_ps(terms[r], s); /* lane 1 sums Q4_1's m e P */
             acc[r] = _mm256_fmadd_ps(_mm256_broadcastss_ps(s), sums(lo, hi, xq + r * k + b * 32), acc[r]);
         }
     }
-    for (int r = 0; r < 4; r++) {
+    for (int r = 0; r < R; r++) {
         float total = hsum(acc[r]);
         out[r * out_stride] = type == Q4_1 ? total + _mm_cvtss_f32(_mm_shuffle_ps(terms[r], terms[r], 1)) : total;
     }
 }
 
-/* (d e, m e P) of one block in the low lanes. */
-static inline __m128 block_scales(int type, const uint8_t *blk, const float *es) {
-    (void)type;
-    return _mm_mul_ps(halves(blk), _mm_castpd_ps(_mm_load_sd((const double *)es)));
-}
 #endif
 
-/* One weight row (nb blocks) against one quantized activation row. Two accumulators take turns,
-   so consecutive blocks do not wait on one another's additions (one chain is bound by the add's
-   latency rather than by memory). */
+#if !defined(__AVX2__)
+static float half_to_float(const uint8_t *p) { /* exact: every float16 is a float32 */
+    uint16_t h;
+    memcpy(&h, p, 2);
+    uint32_t exp = (h >> 10) & 31, man = h & 1023, bits;
+    float f;
+    if (exp == 0) {
+        f = ldexpf((float)man, -24); /* zero or subnormal: man * 2^-24, exact */
+    } else {
+        bits = (exp == 31 ? 0x7f800000u : (exp + 112) << 23) | (man << 13);
+        memcpy(&f, &bits, 4);
+    }
+    return (h & 0x8000) ? -f : f;
+}
+
+/* One weight row (nb blocks) against one quantized activation row, in portable C. */
 static float dot_row(int type, const uint8_t *w, const int16_t *xq, const float *es, int64_t nb) {
     const int bytes = lb_block_bytes(type), skip = type == Q4_1 ? 4 : 2;
-#if defined(__AVX2__)
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-    __m128 terms = _mm_setzero_ps(); /* lane 1 sums Q4_1's m e P */
-    int64_t b = 0;
-    for (; b + 1 < nb; b += 2) {
-        const uint8_t *blk0 = w + b * bytes, *blk1 = blk0 + bytes;
-        __m128 s0 = block_scales(type, blk0, es + 2 * b), s1 = block_scales(type, blk1, es + 2 * b + 2);
-        terms = _mm_add_ps(terms, _mm_add_ps(s0, s1));
-        acc0 = _mm256_fmadd_ps(_mm256_broadcastss_ps(s0), block_sums(type, blk0 + skip, xq + b * 32), acc0);
-        acc1 = _mm256_fmadd_ps(_mm256_broadcastss_ps(s1), block_sums(type, blk1 + skip, xq + b * 32 + 32), acc1);
-    }
-    if (b < nb) {
-        const uint8_t *blk = w + b * bytes;
-        __m128 s = block_scales(type, blk, es + 2 * b);
-        terms = _mm_add_ps(terms, s);
-        acc0 = _mm256_fmadd_ps(_mm256_broadcastss_ps(s), block_sums(type, blk + skip, xq + b * 32), acc0);
-    }
-    float total = hsum(_mm256_add_ps(acc0, acc1));
-    return type == Q4_1 ? total + _mm_cvtss_f32(_mm_shuffle_ps(terms, terms, 1)) : total;
-#else
     float total = 0.0f;
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *blk = w + b * bytes;
@@ -196,8 +165,8 @@ static float dot_row(int type, const uint8_t *w, const int16_t *xq, const float 
         if (type == Q4_1) total += half_to_float(blk + 2) * es[2 * b + 1];
     }
     return total;
-#endif
 }
+#endif
 
 /* y (m, n) = x W^T for W (n, k) in blocks of `type` (rows of k/32 blocks), x given quantized by
    quantize_rows. x is taken TILE rows at a time, and within a tile the weight rows are the outer
@@ -214,9 +183,11 @@ static void matmul(int type, const uint8_t *w, int64_t n, int64_t k, const int16
         for (int64_t i = 0; i < n; i++) {
             int64_t r = r0;
 #if defined(__AVX2__)
-            for (; r + 4 <= r1; r += 4) dot_rows4(type, w + i * row, xq + r * k, es + r * 2 * nb, k, nb, y + r * n + i, n);
-#endif
+            for (; r + 4 <= r1; r += 4) dot_rows(4, type, w + i * row, xq + r * k, es + r * 2 * nb, k, nb, y + r * n + i, n);
+            for (; r < r1; r++) dot_rows(1, type, w + i * row, xq + r * k, es + r * 2 * nb, k, nb, y + r * n + i, n);
+#else
             for (; r < r1; r++) y[r * n + i] = dot_row(type, w + i * row, xq + r * k, es + r * 2 * nb, nb);
+#endif
         }
     }
 }
