@@ -3,15 +3,14 @@
    Why a kernel of our own: PyTorch's packed CPU matmuls (aten._weight_int4pack_mm_for_cpu,
    _weight_int8pack_mm) take their scales in the activations' dtype, and are fast only in
    bfloat16, so a file's float16 scales cannot run there unrounded; and with AVX2 alone they run
-   several times slower per call than with AVX-512 (`llamablock bench file_blocks` times them beside
-   this kernel on each). The scheme
-   is llama.cpp's (ggml_vec_dot_q4_1_q8_1 and its kin, ggml-cpu quants.c): each row of x is
-   quantized in blocks of 32 with a float32 scale, and each weight block meets its activation
-   block in an integer dot product. Where llama.cpp quantizes x to 8 bits (maddubs: 32 products
-   per instruction), x here takes 16 bits (madd_epi16, 16 per instruction): 8 bits put an error
-   of up to 1/254 of each block's largest value on every activation, 16 bits 1/65,534, and a decode
-   call is bound by reading the weights rather than by the multiplications (the commit that chose 16
-   bits compared both; `llamablock perplexity --compare float32` measures the model's KL).
+   several times slower per call than with AVX-512 (`llamablock bench file_blocks` times them
+   beside this kernel on each). The scheme is llama.cpp's (ggml_vec_dot_q4_1_q8_1 and its kin,
+   ggml-cpu quants.c): each row of x is quantized in blocks of 32 with a float32 scale, and each
+   weight block meets its activation block in an integer dot product. Where llama.cpp quantizes x
+   to 8 bits (maddubs: 32 products per instruction), x here takes 16 bits (madd_epi16, 16 per
+   instruction): 8 bits put an error of up to 1/254 of each block's largest value on every
+   activation, 16 bits 1/65,534, and a decode call ran no slower (the commit that chose 16 bits
+   compared both; `llamablock perplexity --compare float32` measures the model's KL).
 
    Blocks, as GGUF stores them (ggml-common.h), 32 weights each, d and m float16:
      Q4_0  18 bytes: d, qs[16]       w[j] = d * ((qs[j] & 15) - 8),  w[j + 16] = d * ((qs[j] >> 4) - 8)
@@ -30,7 +29,6 @@
 #endif
 
 enum { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8 }; /* GGML's type ids */
-
 
 int lb_block_bytes(int type) {
     return type == Q4_0 ? 18 : type == Q4_1 ? 20 : type == Q8_0 ? 34 : 0;
