@@ -1,0 +1,61 @@
+"""io/gguf.py's reader: the fields of gguf.GGUFReader, parsed a faster way (`_plain_reader_class`).
+
+Reference: the `gguf` package's own GGUFReader, unchanged, on the same files. Every field's
+contents and types must be equal, and a file cut inside an array must be refused, not read short.
+"""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+
+from llamablock.io.gguf import open_gguf
+from llamablock.io.resolve import resolve_model
+
+
+def _same_fields(path) -> None:
+    ours, theirs = open_gguf(path), gguf.GGUFReader(path)
+    assert list(ours.fields) == list(theirs.fields)
+    for key, field in theirs.fields.items():
+        got, want = ours.fields[key].contents(), field.contents()
+        assert type(got) is type(want) and got == want, key
+        assert ours.fields[key].types == field.types, key
+    assert [(t.name, t.data_offset, t.n_bytes) for t in ours.tensors] == \
+        [(t.name, t.data_offset, t.n_bytes) for t in theirs.tensors]
+
+
+def test_the_embedded_model_reads_as_the_gguf_package_reads_it():
+    """49,152 tokens, 48,900 merges, token types: the arrays the fast path parses."""
+    _same_fields(str(resolve_model(None)))
+
+
+def _arrays_file(path) -> None:
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_array("t.strings", ["a", "", "ünï", "x" * 300])
+    w.add_array("t.ints", [1, -2, 3])
+    w.add_array("t.floats", [0.5, -1.25])
+    w.add_array("t.bools", [True, False])
+    w.add_array("t.empty", [])
+    w.add_array("t.nested", [[1, 2], [3]])  # arrays of arrays: the package's own walk
+    w.add_string("t.text", "ok")
+    w.add_tensor("x", np.arange(8, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def test_every_kind_of_array_reads_as_the_gguf_package_reads_it(tmp_path):
+    f = tmp_path / "arrays.gguf"
+    _arrays_file(f)
+    _same_fields(str(f))
+
+
+def test_a_file_cut_inside_a_string_array_is_refused(tmp_path):
+    f = tmp_path / "cut.gguf"
+    _arrays_file(f)
+    data = f.read_bytes()
+    f.write_bytes(data[:data.index(b"x" * 300) + 100])  # inside the last string of t.strings
+    with pytest.raises(ValueError, match="not a readable GGUF file"):
+        open_gguf(f)
