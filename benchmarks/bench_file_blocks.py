@@ -36,9 +36,8 @@ def _layer_table(repeats: int) -> Section:
     from llamablock.fast import ggml_kernel
     from llamablock.fast.file_blocks import dequantize_blocks
     from llamablock.fast.quant import Int4Linear
-    from llamablock.util.timing import time_calls
-
     from llamablock.util.files import user_cache_dir
+    from llamablock.util.timing import time_calls
 
     rows, isa = (1, 64, 256), ggml_kernel.best_isa()
     sides = ["blocks", "packed", "gemm"] + (["blocks avx2"] if isa != "avx2" else [])
