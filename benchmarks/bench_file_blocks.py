@@ -178,6 +178,7 @@ def _fidelity_table(source, models, tokens: int) -> Section:
 
 
 def run(quick: bool = False) -> list[Section]:
+    from llamablock.fast import ggml_kernel
     from llamablock.util.cpu import this_cpu
 
     threads = torch.get_num_threads()
@@ -191,7 +192,7 @@ def run(quick: bool = False) -> list[Section]:
     finally:
         torch.set_num_threads(threads)
     layers.notes.append(f"CPU kind {this_cpu().kind}: PyTorch's kernels dispatch to {this_cpu().isa}; the block "
-                        "kernel is its AVX2 build on every x86 CPU with AVX2.")
+                        f"kernel runs its {ggml_kernel.best_isa()} build (fast/ggml_kernel.py best_isa).")
     if compiled is None:
         decode.notes.append("The compiled engines' table: full run only (each compiles for minutes on first use).")
     return [layers, decode, *([compiled] if compiled else []), fidelity]

@@ -2,8 +2,9 @@
 
 The targets are about the command, not the engine inside it: after `llamablock compile`,
 the plain `llamablock generate --prompt P` (engine and format left to their defaults) should
-decode at least 3x transformers' bfloat16 speed and 1.5x llama.cpp on the same file, and print
-its first token within 5 s of the process starting. Each side runs as a fresh process, as a user
+decode at least 3x transformers' bfloat16 speed and 1.5x llama.cpp on the same file (1.2x on a CPU
+without AVX-512: llama_cpp_target), and print its first token within 5 s of the process starting
+and within 3x llama.cpp's. Each side runs as a fresh process, as a user
 would start it, on the embedded SmolLM2-135M-Instruct Q4_1 file, greedy, the same prompt:
     llamablock    `python -m llamablock generate --prompt P --greedy --max-new-tokens 64 --threads T`,
                   with its own, fresh cache directory (XDG_CACHE_HOME) built by `llamablock compile`;
@@ -32,10 +33,12 @@ from importlib.util import find_spec
 import torch
 
 from benchmarks.common import Section, verdict
+from llamablock.util.cpu import this_cpu
 
 NAME = "generate_command"
 CLAIM = ("after one build, the plain `llamablock generate --prompt ...` decodes >= 3x transformers' bfloat16 and "
-         ">= 1.5x llama.cpp on the same file, its first token within 5 s of the process starting")
+         ">= 1.5x llama.cpp on the same file (1.2x without AVX-512), its first token within 5 s of the process "
+         "starting and within 3x llama.cpp's")
 PROMPT = "The history of the city of Paris begins"
 
 _TRANSFORMERS = r"""
@@ -76,7 +79,10 @@ while steps < new - 1 and tok != llm.token_eos():
     llm.eval([tok])
     tok = llm.sample(temp=0.0)
     steps += 1
-print(json.dumps({"first": first - t_start, "decode": steps / (time.perf_counter() - first), "tokens": steps + 1}))
+rate = steps / (time.perf_counter() - first)
+import llama_cpp
+build = llama_cpp.llama_print_system_info().decode().strip()
+print(json.dumps({"first": first - t_start, "decode": rate, "tokens": steps + 1, "build": build}))
 """
 
 
@@ -155,8 +161,22 @@ def run(quick: bool = False) -> list[Section]:
     tf = next(m for n, m in med.items() if n.startswith("transformers"))
     sec.notes.append(verdict("plain command's decode vs transformers bfloat16", ours["decode"] / tf["decode"], 3.0))
     cpp = next((m for n, m in med.items() if n.startswith("llama.cpp")), None)
+    cpp_runs = next((rs for n, rs in results.items() if n.startswith("llama.cpp")), None)
+    if cpp_runs:
+        sec.notes.append(f"llama.cpp's build, as its llama_print_system_info reports it: {cpp_runs[-1]['build']}")
+    target = llama_cpp_target()
     if cpp is None:
-        sec.notes.append("llama.cpp: llama-cpp-python is not installed, so the 1.5x target is not measured in this run.")
+        sec.notes.append(f"llama.cpp: llama-cpp-python is not installed, so the {target:g}x target is not measured in "
+                         "this run.")
     else:
-        sec.notes.append(verdict("plain command's decode vs llama.cpp on the same file", ours["decode"] / cpp["decode"], 1.5))
+        sec.notes.append(verdict(f"plain command's decode vs llama.cpp on the same file ({this_cpu().kind})",
+                                 ours["decode"] / cpp["decode"], target))
+        sec.notes.append(verdict("first token from process start vs llama.cpp's", ours["first"] / cpp["first"], 3.0,
+                                 higher_is_better=False))
     return [sec]
+
+
+def llama_cpp_target() -> float:
+    """Issue 32's decode target against llama.cpp: 1.5x where ATen runs AVX-512 (or AMX) kernels, 1.2x
+    on the CPUs most people have (AVX2, NEON), where neither side has the wide vector units."""
+    return 1.5 if this_cpu().kind in ("AVX-512", "AMX") else 1.2

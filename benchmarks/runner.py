@@ -31,6 +31,7 @@ BENCHMARKS = {
     "long_loss": "benchmarks.bench_long_loss",
     "prefill_crossover": "benchmarks.bench_prefill_crossover",
     "file_blocks": "benchmarks.bench_file_blocks",
+    "kquants": "benchmarks.bench_kquants",
     "compile_cache": "benchmarks.bench_compile_cache",
     "build": "benchmarks.bench_build",
     "huge_pages": "benchmarks.bench_huge_pages",
@@ -83,7 +84,10 @@ def run_benchmarks(names: list[str], quick: bool = False, output: Path | None = 
                    echo=print) -> str:
     """Run `names` (all when empty); return the markdown report; write it to `output` if given."""
     names = check_names(list(names))
-    cmd = "llamablock bench" + (" --quick" if quick else "") + f" --threads {torch.get_num_threads()}"
+    # settings that change which kernels run go in front of the command, so that the run can be repeated
+    env = " ".join(f"{k}={os.environ[k]}" for k in ("ATEN_CPU_CAPABILITY", "LLAMABLOCK_NO_KERNEL") if k in os.environ)
+    cmd = (env + " " if env else "") + "llamablock bench" + (" --quick" if quick else "") + \
+        f" --threads {torch.get_num_threads()}"
     cmd += " " + " ".join(names) if names != list(BENCHMARKS) else ""
     lines = ["# Benchmarks", "", *machine(), f"- Command: `{cmd}`", ""]
     lines += ["Absolute times move with the machine's load (see the load average above; a machine shared with "

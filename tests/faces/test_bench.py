@@ -18,7 +18,7 @@ def test_bench_quick_prints_and_writes_every_table(tmp_path, capfd):
         torch.set_num_threads(threads)
     printed = capfd.readouterr().out
     report = out.read_text()
-    for name in ("attention", "norm", "rope", "swiglu", "train_step", "malloc", "decode", "long_prefill", "long_loss", "file_blocks",
+    for name in ("attention", "norm", "rope", "swiglu", "train_step", "malloc", "decode", "long_prefill", "long_loss", "file_blocks", "kquants",
                  "compile_cache", "huge_pages", "memory", "generate_command"):
         assert f"## {name}" in report and f"## {name}" in printed
     assert "torch " + torch.__version__ in report and "Load average" in report
