@@ -1,8 +1,8 @@
 """Run a checkpoint in its own precision (`--dtype auto`), loading a GGUF straight into packed layers.
 
 The format of each weight follows the file (fast/formats.py GGUF_TYPES: F32 float32, F16 and
-BF16 bfloat16, Q8_0 / Q5_* / Q6_K q8, Q4_* q4; a file of only F32 tensors runs in float32); a
-transformers directory runs in its config.json's torch_dtype (TORCH_DTYPES). With any quantized
+BF16 bfloat16, Q8_0 / Q5_* / Q6_K q8, Q4_* q4, Q4_K with its own ids (fast/kquant.py); a file
+of only F32 tensors runs in float32); a transformers directory runs in its config.json's torch_dtype (TORCH_DTYPES). With any quantized
 weight the activations, norms and embeddings are bfloat16, the packed kernels' activation dtype; the output head is q8 as in `quantize_model`. A tied embedding stored
 quantized is that q8 head's int8 rows (Int8Embedding): one copy for both.
 
@@ -10,7 +10,9 @@ A quantized GGUF is read tensor by tensor (io/gguf.py `gguf_tensors`): each weig
 rounded to bfloat16 and quantized into its packed layer before the next is read, so the whole
 model never exists in float. Rounding to bfloat16 first is what the dequantize-then-quantize path
 (`load_dtype` + `apply_dtype`) does, so both give the same logits (tests/fast/test_native.py; the
-shared embedding differs from a bfloat16 one within the q8 step, as stated there).
+shared embedding differs from a bfloat16 one within the q8 step, as stated there). Two kinds are
+read undecoded instead: the blocks the kernel keeps (Q4_0, Q4_1, Q8_0: fast/file_blocks.py), and
+Q4_K, whose ids go into the int4 layer as they are (fast/kquant.py).
 
 Memory (`llamablock bench memory` measures the peak against the file's size): the
 reader's parse of the header is dropped once the tokenizer is built, keeping only an index of
@@ -30,6 +32,7 @@ from torch import nn
 from llamablock.fast import ggml_kernel
 from llamablock.fast.file_blocks import BlockEmbedding, BlockLinear
 from llamablock.fast.formats import GGUF_TYPES, TORCH_DTYPES
+from llamablock.fast.kquant import q4k_linear
 from llamablock.fast.malloc import mapped_large_blocks, release_free_memory
 from llamablock.fast.quant import Int4Linear, Int8Embedding, Int8Linear
 from llamablock.io.empty import empty_decoder
@@ -81,14 +84,18 @@ def _read_weights(reader, cfg, model, dtype: torch.dtype, kept: frozenset[str]):
     embed = next((t.tensor_type.name for t in reader.tensors if t.name == "token_embd.weight"), None)
     tied = cfg.tie_embeddings and (GGUF_TYPES.get(embed) in ("q8", "q4") or embed in kept)
     shared = frozenset({"embed.weight"} if tied else ())
-    def as_blocks(name: str, kind: str) -> bool:
-        return kind in kept and (name in linears or name in shared)
+    def as_blocks(name: str, kind: str) -> bool:  # read undecoded: kept blocks, and Q4_K's ids (fast/kquant.py)
+        return (kind in kept and (name in linears or name in shared)
+                or kind == "Q4_K" and name in linears and name != "head.weight")
 
     plain, used, head = {}, Counter(), None
     with mapped_large_blocks():
         for name, kind, w in gguf_tensors(reader, cfg, expected, dtype, chunked=shared, as_blocks=as_blocks):
             fmt = GGUF_TYPES[kind] if name in linears else "plain"
-            if as_blocks(name, kind):
+            if kind == "Q4_K" and as_blocks(name, kind):
+                _set_module(model, name.rsplit(".", 1)[0], q4k_linear(w.rows, w.shape[1]))
+                fmt = "Q4_K ids in q4"
+            elif as_blocks(name, kind):
                 layer = BlockLinear(kind, w.rows, w.shape[1])
                 if name in shared:
                     head = layer  # the embedding reads its rows too (BlockEmbedding)

@@ -153,6 +153,22 @@ class Int4Linear(nn.Module):
             scale[a:b] = s = ((hi - lo) / 15).clamp(min=1e-6).to(torch.bfloat16).float()
             zero[a:b] = z = (lo + 8 * s).to(torch.bfloat16).float()  # kernel: (q - 8) * s + z
             q[a:b] = torch.round((w - z[..., None]) / s[..., None] + 8).clamp(0, 15).to(torch.int32).reshape(b - a, k)
+        self._pack(q, scale, zero, bias, group_size)
+
+    @classmethod
+    def from_ids(cls, q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group_size: int = 32) -> Int4Linear:
+        """A layer of given ids q (n, k) in 0..15 and per-group scale and zero (n, k / group_size), the
+        kernel's weight (q - 8) * scale + zero with both rounded to bfloat16: for a file whose 4-bit
+        groups are already this affine form (Q4_K, fast/kquant.py), kept instead of re-derived."""
+        self = cls.__new__(cls)
+        nn.Module.__init__(self)
+        self._pack(q.to(torch.int32), scale.float().to(torch.bfloat16).float(), zero.float().to(torch.bfloat16).float(),
+                   None, group_size)
+        return self
+
+    def _pack(self, q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, bias: torch.Tensor | None,
+              group_size: int) -> None:
+        n, k = q.shape
         self.register_buffer("packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.contiguous(), 1))
         # prefill reads the ids back from `packed` (fast/int4pack.py); only where it cannot is a
         # second, nibble copy kept for it. The layout is kept as a constant for torch.compile.
