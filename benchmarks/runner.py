@@ -85,7 +85,8 @@ def run_benchmarks(names: list[str], quick: bool = False, output: Path | None = 
     """Run `names` (all when empty); return the markdown report; write it to `output` if given."""
     names = check_names(list(names))
     # settings that change which kernels run go in front of the command, so that the run can be repeated
-    env = " ".join(f"{k}={os.environ[k]}" for k in ("ATEN_CPU_CAPABILITY", "LLAMABLOCK_NO_KERNEL") if k in os.environ)
+    env = " ".join(f"{k}={os.environ[k]}" for k in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "LLAMABLOCK_NO_KERNEL")
+                   if k in os.environ)
     cmd = (env + " " if env else "") + "llamablock bench" + (" --quick" if quick else "") + \
         f" --threads {torch.get_num_threads()}"
     cmd += " " + " ".join(names) if names != list(BENCHMARKS) else ""
