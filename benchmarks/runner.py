@@ -38,6 +38,7 @@ BENCHMARKS = {
     "threads": "benchmarks.bench_threads",
     "memory": "benchmarks.bench_memory",
     "generate_command": "benchmarks.bench_generate_command",
+    "startup": "benchmarks.bench_startup",
     "serve": "benchmarks.bench_serve",
 }
 
