@@ -64,7 +64,8 @@ def add_arguments(p) -> None:
                         "the packed q8/q4 formats and the compiled engine run on the CPU")
     p.add_argument("--json", action="store_true", help="print token ids and text as JSON instead of streaming")
     p.add_argument("--verbose", action="store_true",
-                   help="print the CPU's features and kind (the choices that depend on them) on stderr first")
+                   help="print the CPU's features and kind, and the block kernel's build for it (the choices that "
+                        "depend on them) on stderr first")
 
 
 def _summary(g, engine, hint: str | None = None) -> str:
@@ -185,9 +186,11 @@ def run(args) -> int:
     if device != "cpu" and engine == "compiled":
         raise UsageError(f"the compiled engine runs on the CPU; use --device cpu, or --engine eager on {device}")
     if args.verbose:
+        from llamablock.fast.ggml_kernel import best_isa
         from llamablock.util.cpu import this_cpu
 
-        print(f"[cpu: {this_cpu().describe()}; kind {this_cpu().kind}]", file=sys.stderr, flush=True)
+        print(f"[cpu: {this_cpu().describe()}; kind {this_cpu().kind}; block kernel: its {best_isa()} build]",
+              file=sys.stderr, flush=True)
     source = open_source(args.model)
     sampling = sampling_for(given, source.generation, chat=args.chat, greedy=args.greedy)
     plan = decide(source, args.dtype, engine, device)
