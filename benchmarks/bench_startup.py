@@ -12,7 +12,7 @@ token, greedy, the same prompt, best of 3 runs after one warm-up (warm page and 
     importing torch, importing llamablock's command, reading the model (io/source.py open_source:
     the GGUF header and the tokenizer), building it (fast/plan.py decide and build: the weights
     and the compiled programs), and the prompt's prefill to the first byte.
-Issue 32's target: the first byte within 3x llama.cpp's. --quick: the eager engine only, one run,
+The target: the first byte within 3x llama.cpp's. --quick: the eager engine only, one run,
 no other side.
 """
 
@@ -28,7 +28,7 @@ from importlib.util import find_spec
 
 import torch
 
-from benchmarks.bench_generate_command import _LLAMACPP, _TRANSFORMERS, PROMPT, _script
+from benchmarks.bench_generate_command import _LLAMACPP, _TRANSFORMERS, PROMPT, _ours, _script
 from benchmarks.common import Section, verdict
 
 NAME = "startup"
@@ -71,19 +71,6 @@ print(json.dumps(marks))
 """
 
 
-def _first_byte(argv: list[str], env: dict) -> float:
-    """Seconds from spawning `python -m llamablock ARGV` to its first stdout byte."""
-    t0 = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "llamablock", *argv], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env=env)
-    proc.stdout.read(1)
-    first = time.perf_counter() - t0
-    _, err = proc.communicate()
-    if proc.returncode != 0:
-        raise RuntimeError(f"llamablock {argv[0]} failed (exit status {proc.returncode}): {err.decode()[-1500:]}")
-    return first
-
-
 def _stages(env: dict, threads: int) -> dict[str, float]:
     """Seconds each stage of one compiled run took, in order, from its spawn."""
     spawn = time.time()
@@ -114,11 +101,11 @@ def run(quick: bool = False) -> list[Section]:
     cmd = ["generate", "--prompt", PROMPT, "--greedy", "--max-new-tokens", "1", "--threads", str(threads)]
     with tempfile.TemporaryDirectory() as cache:
         env = {**os.environ, "XDG_CACHE_HOME": cache}
-        sides = {"llamablock generate, eager engine": lambda: _first_byte([*cmd, "--engine", "eager"], env)}
+        sides = {"llamablock generate, eager engine": lambda: _ours([*cmd, "--engine", "eager"], env)["first"]}
         if not quick:
             subprocess.run([sys.executable, "-m", "llamablock", "compile", "--threads", str(threads)], env=env,
                            check=True, capture_output=True)
-            sides = {"llamablock generate (after `llamablock compile`)": lambda: _first_byte(cmd, env), **sides}
+            sides = {"llamablock generate (after `llamablock compile`)": lambda: _ours(cmd, env)["first"], **sides}
             if find_spec("llama_cpp") is not None:
                 sides["llama.cpp (llama-cpp-python)"] = lambda: _script(_LLAMACPP, path, "1", str(threads), PROMPT)["first"]
             sides["transformers bfloat16"] = lambda: _script(_TRANSFORMERS, path, "2", str(threads), PROMPT)["first"]
