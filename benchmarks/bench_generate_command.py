@@ -177,6 +177,6 @@ def run(quick: bool = False) -> list[Section]:
 
 
 def llama_cpp_target() -> float:
-    """Issue 32's decode target against llama.cpp: 1.5x where ATen runs AVX-512 (or AMX) kernels, 1.2x
+    """The decode target against llama.cpp: 1.5x where ATen runs AVX-512 (or AMX) kernels, 1.2x
     on the CPUs most people have (AVX2, NEON), where neither side has the wide vector units."""
     return 1.5 if this_cpu().kind in ("AVX-512", "AMX") else 1.2

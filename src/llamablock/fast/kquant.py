@@ -7,7 +7,8 @@ which is the affine form of PyTorch's int4 kernel, (q - 8) s + z, with s = d sc 
 z = 8 s - dmin m. So the ids can be kept as they are, and only s and z round to bfloat16 (the
 kernel's precision: a relative 2^-8 each). Re-deriving a group's scale from its min and max
 (Int4Linear's own quantizer) instead moves every weight whose group does not span all 16 ids
-by up to half a step. `llamablock bench kquants` measures both on Gemma 3 270M Q4_K_M.
+by up to half a step: tests/fast/test_kquant.py compares the two layers' errors, and `llamablock
+bench kquants` measures the model's error in each --dtype on Gemma 3 270M Q4_K_M.
 
 The sub-scales are unpacked by the gguf package's own Q4_K.get_scale_min; the id order (each 32
 bytes give 32 weights from their low nibbles, then the next 32 from their high ones) is its
@@ -44,5 +45,5 @@ def q4k_groups(rows: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, 
 def q4k_linear(rows: torch.Tensor, k: int) -> Int4Linear:
     """The int4 layer of a Q4_K tensor's rows, its ids kept (module docstring)."""
     q, scale, offset = q4k_groups(rows, k)
-    s = scale.to(torch.bfloat16).float()  # z from the rounded s, so that the kernel's 8 s - z is exact-ish
+    s = scale.to(torch.bfloat16).float()  # z from the rounded s: (q - 8) s + z then errs only by z's rounding
     return Int4Linear.from_ids(q, s, 8 * s - offset)
