@@ -52,10 +52,17 @@ def test_every_kind_of_array_reads_as_the_gguf_package_reads_it(tmp_path):
     _same_fields(str(f))
 
 
-def test_a_file_cut_inside_a_string_array_is_refused(tmp_path):
+@pytest.mark.parametrize("where", ["strings", "numbers"])
+def test_a_file_cut_inside_an_array_is_refused(tmp_path, where):
+    """Read short, the array would end early and the fields after it would be parsed from the wrong
+    bytes: the reader names the array that runs past the end instead."""
     f = tmp_path / "cut.gguf"
     _arrays_file(f)
     data = f.read_bytes()
-    f.write_bytes(data[:data.index(b"x" * 300) + 100])  # inside the last string of t.strings
-    with pytest.raises(ValueError, match="not a readable GGUF file"):
+    if where == "strings":
+        cut = data.index(b"x" * 300) + 100  # inside the last string of t.strings
+    else:
+        cut = data.index(b"t.ints") + len("t.ints") + 4 + 4 + 8 + 4  # value type, item type, count, one value
+    f.write_bytes(data[:cut])
+    with pytest.raises(ValueError, match="not a readable GGUF file.*runs past the end of the file"):
         open_gguf(f)
