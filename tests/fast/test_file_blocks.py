@@ -21,7 +21,7 @@ from torch import nn
 
 import llamablock
 from llamablock.fast import ggml_kernel
-from llamablock.fast.file_blocks import BlockEmbedding, BlockLinear, dequantize_blocks
+from llamablock.fast.file_blocks import BlockEmbedding, BlockLinear, dequantize_blocks, group_rows, ungroup_rows
 from llamablock.fast.native import load_gguf_native
 from llamablock.util.cpu import cpu_from
 
@@ -88,8 +88,22 @@ def _bound(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("type_name", TYPES)
+def test_grouping_rows_is_a_reordering_of_the_file_bytes(type_name):
+    """group_rows only moves bytes: undone, it gives the file's rows; and each group holds exactly its
+    8 rows' bytes (a sorted comparison, independent of the order ggml_dot.c reads them in)."""
+    raw = torch.from_numpy(_random_blocks(type_name, 24, 96, seed=5))
+    grouped = group_rows(type_name, raw)
+    assert grouped.shape == raw.shape and not torch.equal(grouped, raw)
+    assert torch.equal(ungroup_rows(type_name, grouped), raw)
+    for g in range(3):
+        assert torch.equal(grouped[8 * g:8 * g + 8].flatten().sort().values, raw[8 * g:8 * g + 8].flatten().sort().values)
+
+
+@pytest.mark.parametrize("type_name", TYPES)
 @pytest.mark.parametrize("isa", list(ggml_kernel.ISAS))
-def test_the_kernel_is_within_its_16_bit_activation_bound(type_name, isa, tmp_path):
+@pytest.mark.parametrize("grouped", [False, True])
+def test_the_kernel_is_within_its_16_bit_activation_bound(type_name, isa, grouped, tmp_path):
+    """Both layouts in every build: a misplaced byte of the grouped layout moves a product far past the bound."""
     if isa not in RUNS:
         pytest.skip(f"this CPU does not run the {isa} build")
     lib = ggml_kernel.load(tmp_path, isa)
@@ -99,8 +113,9 @@ def test_the_kernel_is_within_its_16_bit_activation_bound(type_name, isa, tmp_pa
     x = torch.randn(6, 160, generator=g) * torch.logspace(-3, 2, 160)  # blocks of very different sizes
     x[1, 32:64] = 0  # a block of zeros: its scale is 0
     x[5, 70] = 1e4  # one outlier dominates its block's scale
+    blocks = group_rows(type_name, raw) if grouped else raw
     for rows in (x[:1], x):  # a decode step; prefill, four rows at a time and two alone
-        got = ggml_kernel.matmul(type_name, raw, rows, lib=lib).double()
+        got = ggml_kernel.matmul(type_name, blocks, rows, lib=lib, grouped=grouped).double()
         want = rows.double() @ w.double().T
         assert ((got - want).abs() <= _bound(w, rows)).all(), ((got - want).abs() / _bound(w, rows)).max()
 
@@ -117,7 +132,8 @@ def test_a_non_finite_activation_gives_nan_not_a_finite_number(bad):
 
 
 @pytest.mark.parametrize("isa", list(ggml_kernel.ISAS))
-def test_a_row_is_the_same_alone_and_among_others(isa, tmp_path):
+@pytest.mark.parametrize("grouped", [False, True])
+def test_a_row_is_the_same_alone_and_among_others(isa, grouped, tmp_path):
     """Prefill takes rows four at a time and decode one: a token's result must not depend on which
     (a prompt's logits then do not depend on how it was split into steps), bit for bit."""
     if isa not in RUNS:
@@ -125,10 +141,36 @@ def test_a_row_is_the_same_alone_and_among_others(isa, tmp_path):
     lib = ggml_kernel.load(tmp_path, isa)
     for type_name in TYPES:
         raw = torch.from_numpy(_random_blocks(type_name, 24, 96, seed=4))
+        raw = group_rows(type_name, raw) if grouped else raw
         x = torch.randn(37, 96)  # a tile of 32 (eight groups of four) and five more, four and one alone
-        together = ggml_kernel.matmul(type_name, raw, x, lib=lib)
-        alone = torch.cat([ggml_kernel.matmul(type_name, raw, x[i:i + 1], lib=lib) for i in range(len(x))])
+        together = ggml_kernel.matmul(type_name, raw, x, lib=lib, grouped=grouped)
+        alone = torch.cat([ggml_kernel.matmul(type_name, raw, x[i:i + 1], lib=lib, grouped=grouped)
+                           for i in range(len(x))])
         assert torch.equal(together, alone), type_name
+
+
+@pytest.mark.parametrize("type_name", TYPES)
+def test_a_grouped_layer_and_its_embedding_are_the_file_s_weights(type_name):
+    """A layer that groups its rows computes as the file's order does, within the kernel's bound, and
+    its dequantization and the embedding rows read from it are the file's, bit for bit."""
+    raw = torch.from_numpy(_random_blocks(type_name, 24, 96, seed=6))
+    plain, grouped = BlockLinear(type_name, raw, 96, grouped=False), BlockLinear(type_name, raw, 96)
+    if not ggml_kernel.groups_rows():
+        grouped = BlockLinear(type_name, group_rows(type_name, raw), 96, grouped=True)
+    assert grouped.grouped and not plain.grouped
+    assert torch.equal(grouped.dequantized(), dequantize_blocks(type_name, raw))
+    ids = torch.tensor([[0, 7, 8, 23], [15, 16, 3, 3]])
+    assert torch.equal(BlockEmbedding(grouped)(ids), BlockEmbedding(plain)(ids))
+    x = torch.randn(3, 96)
+    want = x.double() @ plain.dequantized().double().T
+    assert ((grouped(x).double() - want).abs() <= _bound(plain.dequantized(), x)).all()
+
+
+def test_rows_not_in_groups_of_8_keep_the_file_order():
+    raw = torch.from_numpy(_random_blocks("Q8_0", 12, 64))
+    assert not BlockLinear("Q8_0", raw, 64).grouped
+    with pytest.raises(ValueError, match="groups of 8"):
+        BlockLinear("Q8_0", raw, 64, grouped=True)
 
 
 def test_two_threads_compute_what_one_does():

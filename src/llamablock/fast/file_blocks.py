@@ -14,6 +14,10 @@ sizes in torch (`llamablock bench file_blocks` times both).
 `dequantized()` is the file's exact dequantization, equal bit for bit to the gguf package's
 (tests/fast/test_file_blocks.py): d * q + m, in float32, rounded once as gguf's numpy code does.
 Block layouts are ggml_dot.c's comment.
+
+Where the kernel's build for this CPU is faster on them (ggml_kernel.groups_rows), a layer holds
+its bytes in groups of 8 rows (`group_rows`, ggml_dot.c's interleaved layout): the same bytes
+reordered once at load, so nothing is rounded and `file_rows()` gives the file's order back.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import torch
 from torch import nn
 
 from llamablock.fast import block_op, ggml_kernel
-from llamablock.fast.ggml_kernel import BLOCK_BYTES, TYPE_IDS
+from llamablock.fast.ggml_kernel import BLOCK_BYTES, GROUP, GROUPED, TYPE_IDS
 
 
 def dequantize_blocks(type_name: str, blocks: torch.Tensor) -> torch.Tensor:
@@ -41,35 +45,82 @@ def dequantize_blocks(type_name: str, blocks: torch.Tensor) -> torch.Tensor:
     return (d * q + m).reshape(n, -1)
 
 
-class BlockLinear(nn.Module):
-    """y = x W^T (+ b) with W the file's blocks of `type_name` (Q4_0, Q4_1 or Q8_0), never re-quantized."""
+def _head_bytes(type_name: str) -> int:
+    return 4 if type_name == "Q4_1" else 2  # d, and m for Q4_1 (float16 each)
 
-    def __init__(self, type_name: str, blocks: torch.Tensor, in_features: int, bias: torch.Tensor | None = None):
+
+def group_rows(type_name: str, blocks: torch.Tensor) -> torch.Tensor:
+    """The (n, k / 32 * bytes) file rows reordered into ggml_dot.c's groups of 8 rows (n a multiple
+    of 8), the same shape: per group and block, the 8 rows' d (and m), then chunks of 4 quant bytes
+    of each row in turn."""
+    n, row = blocks.shape
+    size, h = BLOCK_BYTES[type_name], _head_bytes(type_name)
+    nb, groups, quants = row // size, n // GROUP, size - h
+    b = blocks.reshape(groups, GROUP, nb, size).transpose(1, 2)  # (groups, nb, 8, bytes)
+    heads = [b[..., i:i + 2].reshape(groups, nb, 2 * GROUP) for i in range(0, h, 2)]  # 8 d, then 8 m
+    qs = b[..., h:].reshape(groups, nb, GROUP, quants // 4, 4).transpose(2, 3)  # (groups, nb, chunk, row, 4)
+    return torch.cat([*heads, qs.reshape(groups, nb, GROUP * quants)], dim=-1).reshape(n, row)
+
+
+def ungroup_rows(type_name: str, grouped: torch.Tensor) -> torch.Tensor:
+    """group_rows undone: the file's rows, byte for byte."""
+    n, row = grouped.shape
+    size, h = BLOCK_BYTES[type_name], _head_bytes(type_name)
+    nb, groups, quants = row // size, n // GROUP, size - h
+    g = grouped.reshape(groups, nb, GROUP * size)
+    heads = [g[..., GROUP * i:GROUP * (i + 2)].reshape(groups, nb, GROUP, 2) for i in range(0, h, 2)]
+    qs = g[..., GROUP * h:].reshape(groups, nb, quants // 4, GROUP, 4).transpose(2, 3)  # (groups, nb, row, chunk, 4)
+    b = torch.cat([*heads, qs.reshape(groups, nb, GROUP, quants)], dim=-1)  # (groups, nb, 8, bytes)
+    return b.transpose(1, 2).reshape(n, row)
+
+
+class BlockLinear(nn.Module):
+    """y = x W^T (+ b) with W the file's blocks of `type_name` (Q4_0, Q4_1 or Q8_0), never re-quantized.
+
+    `blocks` are the file's rows; `grouped` True says they are group_rows' already (a fused
+    layer's parts), False keeps the file's order, None groups them where the kernel is faster so."""
+
+    def __init__(self, type_name: str, blocks: torch.Tensor, in_features: int, bias: torch.Tensor | None = None,
+                 grouped: bool | None = None):
         super().__init__()
         if type_name not in BLOCK_BYTES:
             raise ValueError(f"block type must be one of {', '.join(BLOCK_BYTES)}, got {type_name!r}")
         if in_features % 32 or blocks.shape[-1] != in_features // 32 * BLOCK_BYTES[type_name]:
             raise ValueError(f"{type_name} rows of {in_features} weights are {in_features // 32} blocks of "
                              f"{BLOCK_BYTES[type_name]} bytes; got rows of {blocks.shape[-1]} bytes")
-        self.register_buffer("blocks", blocks.contiguous())  # (n, k/32 * bytes) uint8
+        if grouped is None:
+            grouped = blocks.shape[0] % GROUP == 0 and ggml_kernel.groups_rows()
+            if grouped:
+                blocks = group_rows(type_name, blocks)
+        elif grouped and blocks.shape[0] % GROUP:
+            raise ValueError(f"grouped rows come in groups of {GROUP}; got {blocks.shape[0]} rows")
+        self.register_buffer("blocks", blocks.contiguous())  # (n, k/32 * bytes) uint8, grouped or the file's
         self.register_buffer("bias", None if bias is None else bias.detach().float())
         self.type_name, self.in_features, self.out_features = type_name, in_features, blocks.shape[0]
+        self.grouped = grouped
+        self._type_id = TYPE_IDS[type_name] + (GROUPED if grouped else 0)
+
+    def file_rows(self) -> torch.Tensor:
+        """The file's bytes in the file's order: (n, k / 32 * bytes) uint8."""
+        return ungroup_rows(self.type_name, self.blocks) if self.grouped else self.blocks
 
     def dequantized(self) -> torch.Tensor:
-        return dequantize_blocks(self.type_name, self.blocks)  # (n, k)
+        return dequantize_blocks(self.type_name, self.file_rows())  # (n, k)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         if block_op.LOADED:  # the operator a compiled program can trace; the same C function
-            y = torch.ops.llamablock.block_linear(x.reshape(-1, shape[-1]), self.blocks, TYPE_IDS[self.type_name])
+            y = torch.ops.llamablock.block_linear(x.reshape(-1, shape[-1]), self.blocks, self._type_id)
         else:
-            y = ggml_kernel.matmul(self.type_name, self.blocks, x.reshape(-1, shape[-1]))  # (m, n) float32
+            y = ggml_kernel.matmul(self.type_name, self.blocks, x.reshape(-1, shape[-1]),
+                                   grouped=self.grouped)  # (m, n) float32
         if self.bias is not None:
             y = y + self.bias
         return y.reshape(*shape[:-1], self.out_features).to(x.dtype)
 
     def extra_repr(self) -> str:
-        return f"in={self.in_features}, out={self.out_features}, the file's {self.type_name} blocks"
+        order = ", in groups of 8 rows" if self.grouped else ""
+        return f"in={self.in_features}, out={self.out_features}, the file's {self.type_name} blocks{order}"
 
 
 class BlockEmbedding(nn.Module):
@@ -87,8 +138,14 @@ class BlockEmbedding(nn.Module):
         return torch.empty(0, dtype=self.dtype, device=self.head[0].blocks.device)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        head = self.head[0]
-        rows = dequantize_blocks(head.type_name, head.blocks[ids.reshape(-1)])  # (tokens, d)
+        head, flat = self.head[0], ids.reshape(-1)
+        if head.grouped:  # each id's group of 8 rows, back in the file's order, then its own row
+            groups = head.blocks.reshape(head.out_features // GROUP, -1)[flat // GROUP]  # (tokens, 8 * row)
+            rows = ungroup_rows(head.type_name, groups.reshape(-1, head.blocks.shape[1]))
+            file_rows = rows.reshape(len(flat), GROUP, -1)[torch.arange(len(flat)), flat % GROUP]
+        else:
+            file_rows = head.blocks[flat]
+        rows = dequantize_blocks(head.type_name, file_rows)  # (tokens, d)
         return rows.reshape(*ids.shape, self.embedding_dim).to(self.dtype)
 
     def extra_repr(self) -> str:

@@ -34,10 +34,26 @@
 #endif
 
 enum { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8 }; /* GGML's type ids */
+enum { GROUPED = 256 }; /* added to a type id: the weights are in groups of 8 rows (below) */
 
 int lb_block_bytes(int type) {
     return type == Q4_0 ? 18 : type == Q4_1 ? 20 : type == Q8_0 ? 34 : 0;
 }
+
+/* Interleaved groups of 8 rows (fast/file_blocks.py interleave, done once at load). The same bytes
+   as the file's, reordered so that one vector holds the same weights of 8 rows: per block b of a
+   group, 8 blocks' worth of bytes,
+     [d of rows 0..7, float16][m of rows 0..7, Q4_1 only][chunks of 32 bytes: chunk c is rows 0..7's
+     qs bytes 4c..4c+3, row after row]   (4 chunks for Q4_0/Q4_1, 8 for Q8_0)
+   A chunk's bytes, widened to int16, pair up as (row r, weights j, j + 1) in each 32-bit lane, so
+   one madd against the activations' 4 integers broadcast gives every row's partial sums at once,
+   and the 8 rows' scales are one float16 vector: the per-block scalar work of the file's layout
+   (a horizontal sum and a scale conversion per row) is done for 8 rows in a few vector operations.
+   The scheme is llama.cpp's repacked layouts' (ggml-cpu/repack.cpp, block_q4_0x8), with x in 16 bits
+   as above. `llamablock bench file_blocks` times both layouts. */
+enum { GROUP = 8 };
+static inline int group_head(int type) { return type == Q4_1 ? 32 : 16; } /* d (and m) of 8 rows */
+static inline int group_chunks(int type) { return type == Q8_0 ? 8 : 4; }
 
 /* x (m, k) float32 -> xq (m, k) int16 and es (m, k/32, 2) float32: per block of 32, its scale e
    (amax / 32767) and e P, P the sum of its 32 integers (for Q4_1's m term). */
@@ -161,6 +177,83 @@ static inline void dot_rows(const int R, int type, const uint8_t *w, const int16
     }
 }
 
+#if defined(__AVX512BW__)
+/* The 8 rows' integer sums of one block of an interleaved group, for one activation row p (its 32
+   int16). A 64-byte load is two chunks; each 16-bit lane pair is (row, 2 weights), so after the
+   madds the qword lanes are the rows, each as two int32 halves, added and narrowed to 8 int32. */
+static inline __m256i group_sums(int type, const uint8_t *qs, const int16_t *p) {
+    __m512i acc = _mm512_setzero_si512();
+    const __m512i low = _mm512_set1_epi8(15);
+    for (int c = 0; c < group_chunks(type); c += 2) {
+        __m512i raw = _mm512_loadu_si512((const void *)(qs + 32 * c));
+        if (type == Q8_0) {
+            acc = _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_cvtepi8_epi16(_mm512_castsi512_si256(raw)),
+                                                          _mm512_set1_epi64(*(const int64_t *)(p + 4 * c))));
+            acc = _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_cvtepi8_epi16(_mm512_extracti64x4_epi64(raw, 1)),
+                                                          _mm512_set1_epi64(*(const int64_t *)(p + 4 * c + 4))));
+            continue;
+        }
+        for (int half = 0; half < 2; half++) { /* low nibbles: weights 0..15; high: 16..31 */
+            __m512i q = _mm512_and_si512(half ? _mm512_srli_epi16(raw, 4) : raw, low);
+            if (type == Q4_0) q = _mm512_sub_epi8(q, _mm512_set1_epi8(8));
+            const int16_t *ph = p + 16 * half + 4 * c;
+            __m512i q0 = type == Q4_0 ? _mm512_cvtepi8_epi16(_mm512_castsi512_si256(q))
+                                      : _mm512_cvtepu8_epi16(_mm512_castsi512_si256(q));
+            __m512i q1 = type == Q4_0 ? _mm512_cvtepi8_epi16(_mm512_extracti64x4_epi64(q, 1))
+                                      : _mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64(q, 1));
+            acc = _mm512_add_epi32(acc, _mm512_madd_epi16(q0, _mm512_set1_epi64(*(const int64_t *)ph)));
+            acc = _mm512_add_epi32(acc, _mm512_madd_epi16(q1, _mm512_set1_epi64(*(const int64_t *)(ph + 4))));
+        }
+    }
+    return _mm512_cvtepi64_epi32(_mm512_add_epi32(acc, _mm512_srli_epi64(acc, 32))); /* row r: qword r */
+}
+#else
+/* As above with 32-byte vectors: a chunk's low 16 bytes are rows 0..3, its high ones rows 4..7, each
+   row as two int32 lanes; one hadd adds the pairs (rows 0 1 4 5 | 2 3 6 7) and a permute orders them. */
+static inline __m256i group_sums(int type, const uint8_t *qs, const int16_t *p) {
+    __m256i lo = _mm256_setzero_si256(), hi = _mm256_setzero_si256();
+    const __m256i low = _mm256_set1_epi8(15);
+    for (int c = 0; c < group_chunks(type); c++) {
+        __m256i raw = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
+        for (int half = 0; half < (type == Q8_0 ? 1 : 2); half++) {
+            __m256i q = raw;
+            if (type != Q8_0) q = _mm256_and_si256(half ? _mm256_srli_epi16(raw, 4) : raw, low);
+            if (type == Q4_0) q = _mm256_sub_epi8(q, _mm256_set1_epi8(8));
+            const __m256i pv = _mm256_set1_epi64x(*(const int64_t *)(p + 16 * half + 4 * c));
+            __m256i q0 = type == Q4_1 ? _mm256_cvtepu8_epi16(_mm256_castsi256_si128(q))
+                                      : _mm256_cvtepi8_epi16(_mm256_castsi256_si128(q));
+            __m256i q1 = type == Q4_1 ? _mm256_cvtepu8_epi16(_mm256_extracti128_si256(q, 1))
+                                      : _mm256_cvtepi8_epi16(_mm256_extracti128_si256(q, 1));
+            lo = _mm256_add_epi32(lo, _mm256_madd_epi16(q0, pv));
+            hi = _mm256_add_epi32(hi, _mm256_madd_epi16(q1, pv));
+        }
+    }
+    return _mm256_permute4x64_epi64(_mm256_hadd_epi32(lo, hi), 0xD8);
+}
+#endif
+
+/* 8 weight rows (one interleaved group, nb blocks) against R activation rows: out[r * out_stride + 0..7].
+   Each block's 8 integer sums are exact; the float work per block is one product of scales and a
+   fused multiply-add (and Q4_1's m e P), the same sequence for a row whatever R is. */
+static inline void dot_group(const int R, int type, const uint8_t *g, const int16_t *xq, const float *es, int64_t k,
+                             int64_t nb, float *out, int64_t out_stride) {
+    const int bytes = GROUP * lb_block_bytes(type), head = group_head(type);
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = g + b * bytes;
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
+        for (int r = 0; r < R; r++) {
+            const float *e = es + r * 2 * nb + 2 * b;
+            const __m256 s = _mm256_cvtepi32_ps(group_sums(type, blk + head, xq + r * k + b * 32));
+            acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_broadcast_ss(e)), s, acc[r]);
+            if (type == Q4_1)
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16))),
+                                         _mm256_broadcast_ss(e + 1), acc[r]);
+        }
+    }
+    for (int r = 0; r < R; r++) _mm256_storeu_ps(out + r * out_stride, acc[r]);
+}
+
 #endif
 
 #if !defined(__AVX2__)
@@ -197,6 +290,34 @@ static float dot_row(int type, const uint8_t *w, const int16_t *xq, const float 
     }
     return total;
 }
+
+/* One interleaved group's 8 rows against one activation row, in portable C: out[0..7]. */
+static void dot_group_portable(int type, const uint8_t *g, const int16_t *xq, const float *es, int64_t nb,
+                               float *out) {
+    const int bytes = GROUP * lb_block_bytes(type), head = group_head(type);
+    for (int row = 0; row < GROUP; row++) {
+        float total = 0.0f;
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *blk = g + b * bytes, *qs = blk + head;
+            const int16_t *p = xq + b * 32;
+            int32_t s = 0;
+            for (int c = 0; c < group_chunks(type); c++) {
+                for (int i = 0; i < 4; i++) {
+                    const uint8_t v = qs[32 * c + 4 * row + i];
+                    if (type == Q8_0) {
+                        s += (int32_t)(int8_t)v * p[4 * c + i];
+                    } else {
+                        const int off = type == Q4_0 ? 8 : 0;
+                        s += ((v & 15) - off) * p[4 * c + i] + ((v >> 4) - off) * p[16 + 4 * c + i];
+                    }
+                }
+            }
+            total += half_to_float(blk + 2 * row) * es[2 * b] * (float)s;
+            if (type == Q4_1) total += half_to_float(blk + 16 + 2 * row) * es[2 * b + 1];
+        }
+        out[row] = total;
+    }
+}
 #endif
 
 /* y (m, n) = x W^T for W (n, k) in blocks of `type` (rows of k/32 blocks), x given quantized by
@@ -207,7 +328,24 @@ static float dot_row(int type, const uint8_t *w, const int16_t *xq, const float 
 #define TILE 32
 static void matmul(int type, const uint8_t *w, int64_t n, int64_t k, const int16_t *xq, const float *es, int64_t m,
                    float *y, int threads) {
-    const int64_t nb = k / 32, row = nb * lb_block_bytes(type);
+    const int64_t nb = k / 32, row = nb * lb_block_bytes(type & ~GROUPED);
+    if (type & GROUPED) { /* groups of 8 rows (n a multiple of 8: the loader checks) */
+        type &= ~GROUPED;
+        for (int64_t r0 = 0; r0 < m; r0 += TILE) {
+            const int64_t r1 = r0 + TILE < m ? r0 + TILE : m;
+#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
+            for (int64_t i = 0; i < n; i += GROUP) {
+                int64_t r = r0;
+#if defined(__AVX2__)
+                for (; r + 4 <= r1; r += 4) dot_group(4, type, w + i * row, xq + r * k, es + r * 2 * nb, k, nb, y + r * n + i, n);
+                for (; r < r1; r++) dot_group(1, type, w + i * row, xq + r * k, es + r * 2 * nb, k, nb, y + r * n + i, n);
+#else
+                for (; r < r1; r++) dot_group_portable(type, w + i * row, xq + r * k, es + r * 2 * nb, nb, y + r * n + i);
+#endif
+            }
+        }
+        return;
+    }
     for (int64_t r0 = 0; r0 < m; r0 += TILE) {
         const int64_t r1 = r0 + TILE < m ? r0 + TILE : m;
 #pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)

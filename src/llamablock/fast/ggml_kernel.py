@@ -33,6 +33,11 @@ from llamablock.util.files import atomic_write, user_cache_dir
 SOURCE = Path(__file__).with_name("ggml_dot.c")
 TYPE_IDS = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 8}  # GGML's type ids, as ggml_dot.c's enum
 BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}  # 32 weights each (ggml-common.h)
+GROUP, GROUPED = 8, 256  # rows per interleaved group; added to a type id for that layout (ggml_dot.c)
+# the builds that are faster on groups of 8 rows than on the file's order, decode and prefill alike
+# (`llamablock bench file_blocks` times both layouts in each build): the AVX2 build's group kernel
+# widens each byte with a shuffle, and was no faster
+GROUPING_ISAS = ("avx512",)
 _why_not: list[str] = []
 
 
@@ -57,6 +62,11 @@ def best_isa(cpu: CPU | None = None, caps: dict | None = None) -> str:
     if cpu.kind in ("AVX-512", "AMX", "AVX2") and all(caps.get(f) for f in ("avx2", "fma3", "f16c")):
         return "avx2"
     return "portable"
+
+
+def groups_rows() -> bool:
+    """Whether a layer should hold its blocks in groups of 8 rows here (file_blocks.group_rows)."""
+    return kernel() is not None and best_isa() in GROUPING_ISAS
 
 
 def flags(isa: str | None = None, threads: bool = True) -> list[str]:
@@ -117,12 +127,13 @@ def why_not() -> str:
 
 
 def matmul(type_name: str, blocks: torch.Tensor, x: torch.Tensor, threads: int | None = None,
-           lib: ctypes.CDLL | None = None) -> torch.Tensor:
-    """y (m, n) float32 = x (m, k) W^T, W the (n, k / 32 * block bytes) uint8 `blocks` of `type_name`,
-    x quantized to 16 bits per block of 32 first (ggml_dot.c says how); `lib` another build than kernel()."""
+           lib: ctypes.CDLL | None = None, grouped: bool = False) -> torch.Tensor:
+    """y (m, n) float32 = x (m, k) W^T, W the (n, k / 32 * block bytes) uint8 `blocks` of `type_name`
+    (in groups of 8 rows where `grouped`), x quantized to 16 bits per block of 32 first (ggml_dot.c
+    says how); `lib` another build than kernel()."""
     x = x.contiguous().float()
     y = torch.empty(x.shape[0], blocks.shape[0])
-    if (lib or kernel()).lb_linear(TYPE_IDS[type_name], blocks.data_ptr(), blocks.shape[0], x.shape[1], x.data_ptr(),
+    if (lib or kernel()).lb_linear(TYPE_IDS[type_name] + (GROUPED if grouped else 0), blocks.data_ptr(), blocks.shape[0], x.shape[1], x.data_ptr(),
                           x.shape[0], y.data_ptr(), threads or torch.get_num_threads()):
         raise MemoryError(f"no memory for the block kernel's copy of x ({tuple(x.shape)})")
     return y

@@ -93,7 +93,10 @@ def fuse_linears(parts: list[nn.Module]) -> nn.Module:
         if len({getattr(p, "type_name", None) for p in parts}) > 1:
             return Concatenated(parts)
         bias = None if parts[0].bias is None else torch.cat([p.bias for p in parts])
-        return BlockLinear(parts[0].type_name, torch.cat([p.blocks for p in parts]), parts[0].in_features, bias)
+        if all(p.grouped for p in parts):  # whole groups of 8 rows: their bytes join as they are
+            return BlockLinear(parts[0].type_name, torch.cat([p.blocks for p in parts]), parts[0].in_features, bias,
+                               grouped=True)
+        return BlockLinear(parts[0].type_name, torch.cat([p.file_rows() for p in parts]), parts[0].in_features, bias)
     weight = torch.cat([p.weight.detach() for p in parts])  # (sum of outs, in)
     fused = nn.Linear(weight.shape[1], weight.shape[0], bias=parts[0].bias is not None,
                       device=weight.device, dtype=weight.dtype)
