@@ -2,12 +2,13 @@
 packed kernels (fast/quant.py), on SmolLM2-135M's Q4_1 GGUF.
 
 Four tables, one thread:
-  * a layer's matmul at 1, 64 and 256 rows of x: the block kernel, the packed int4 kernel (its
-    bfloat16 activations), and dequantizing the blocks in torch then the float32 GEMM (the path
+  * a layer's matmul at 1, 64 and 256 rows of x: the block kernel on rows in groups of 8 and in the
+    file's order (ggml_kernel.GROUPING_ISAS chooses per build from this table), the packed int4
+    kernel (its bfloat16 activations), and dequantizing the blocks in torch then the float32 GEMM (the path
     file_blocks.py does not take; its docstring says why);
-  * an eager decode step of the whole model (EagerEngine.step at a fixed position, interleaved),
-    with the weight bytes each model reads per step and the ceiling the copy bandwidth allows
-    (benchmarks/decode.py copy_bandwidth: bytes read and written by a large copy);
+  * an eager decode step of the whole model (EagerEngine.step at a fixed position, interleaved), the
+    blocks in both layouts, with the weight bytes each model reads per step and the ceiling the
+    copy bandwidth allows (benchmarks/decode.py copy_bandwidth: bytes read and written by a large copy);
   * a decode step of each through the compiled engine (`llamablock compile`'s AOTIEngine; full
     run only, as it compiles on first use);
   * fidelity: perplexity, mean KL and top-1 agreement of each against the file's exact weights in
@@ -34,32 +35,37 @@ def _layer_table(repeats: int) -> Section:
     import gguf
 
     from llamablock.fast import ggml_kernel
-    from llamablock.fast.file_blocks import dequantize_blocks
+    from llamablock.fast.file_blocks import dequantize_blocks, group_rows
     from llamablock.fast.quant import Int4Linear
     from llamablock.util.files import user_cache_dir
     from llamablock.util.timing import time_calls
 
     rows, isa = (1, 64, 256), ggml_kernel.best_isa()
-    sides = ["blocks", "packed", "gemm"] + (["blocks avx2"] if isa != "avx2" else [])
     avx2 = ggml_kernel.load(user_cache_dir() / "kernels", "avx2") if isa != "avx2" else None
-    sec = Section(f"One layer's matmul, ms per call (medians of {repeats} interleaved rounds, one thread): block "
-                  f"kernel ({isa} build) / packed int4 kernel / dequantize + float32 GEMM"
-                  + (" / block kernel, AVX2 build" if avx2 else ""),
+    # the block kernel in both layouts, this CPU's build (and the AVX2 build beside it), then PyTorch's
+    kernels = [(isa, None), *([("avx2", avx2)] if avx2 else [])]
+    sides = [f"{name} {layout}" for name, _ in kernels for layout in ("groups", "file order")] + ["packed", "gemm"]
+    sec = Section(f"One layer's matmul, ms per call (medians of {repeats} interleaved rounds, one thread): the block "
+                  "kernel on rows in groups of 8 / in the file's order, "
+                  + " then ".join(f"{name} build" for name, _ in kernels)
+                  + " / packed int4 kernel / dequantize + float32 GEMM",
                   ["layer (out x in)", *[f"{m} rows" for m in rows]])
     g = torch.Generator().manual_seed(0)
     for n, k in ((1536, 576), (576, 1536)):
         w = torch.randn(n, k, generator=g)
         blocks = torch.from_numpy(gguf.quants.quantize(w.numpy(), gguf.GGMLQuantizationType.Q4_1).copy())
+        grouped = group_rows("Q4_1", blocks)
         packed = Int4Linear(dequantize_blocks("Q4_1", blocks))
         cells = []
         for m in rows:
             x = torch.randn(m, k, generator=g)
             xb = x.to(torch.bfloat16)
-            calls = {"blocks": lambda x=x, b=blocks: ggml_kernel.matmul("Q4_1", b, x),
-                     "packed": lambda xb=xb, p=packed: p(xb),
+            calls = {"packed": lambda xb=xb, p=packed: p(xb),
                      "gemm": lambda x=x, b=blocks: x @ dequantize_blocks("Q4_1", b).T}
-            if avx2:
-                calls["blocks avx2"] = lambda x=x, b=blocks: ggml_kernel.matmul("Q4_1", b, x, lib=avx2)
+            for name, lib in kernels:
+                calls[f"{name} groups"] = lambda x=x, lib=lib, b=grouped: ggml_kernel.matmul("Q4_1", b, x, lib=lib,
+                                                                                             grouped=True)
+                calls[f"{name} file order"] = lambda x=x, lib=lib, b=blocks: ggml_kernel.matmul("Q4_1", b, x, lib=lib)
             t = time_calls(calls, repeats, warmup=1)
             cells.append(" / ".join(f"{t[p]['median'] * 1e3:.3f}" for p in sides))
         sec.rows.append([f"{n} x {k}", *cells])
@@ -74,13 +80,18 @@ def _models():
 
     source = open_source(None)
     blocks, _ = load_in_format(source, "auto")
-    kernel = ggml_kernel.kernel
-    ggml_kernel.kernel = lambda: None  # the loader's fallback: the blocks re-quantized into packed layers
+    layout = "groups of 8 rows" if ggml_kernel.groups_rows() else "the file's order"
+    other = "the file's order" if ggml_kernel.groups_rows() else "groups of 8 rows"
+    kernel, groups_rows = ggml_kernel.kernel, ggml_kernel.groups_rows
     try:
+        ggml_kernel.groups_rows = lambda: not groups_rows()  # the other layout of the same blocks
+        other_model, _ = load_in_format(source, "auto")
+        ggml_kernel.kernel = lambda: None  # the loader's fallback: the blocks re-quantized into packed layers
         packed, _ = load_in_format(source, "auto")
     finally:
-        ggml_kernel.kernel = kernel
-    return source, [("the file's blocks (block kernel)", blocks), ("re-quantized (packed q4, q8 head)", packed)]
+        ggml_kernel.kernel, ggml_kernel.groups_rows = kernel, groups_rows
+    return source, [(f"the file's blocks (block kernel, {layout})", blocks),
+                    ("re-quantized (packed q4, q8 head)", packed), (f"the file's blocks in {other}", other_model)]
 
 
 def _bytes_read(model) -> int:
@@ -118,13 +129,15 @@ def _decode_table(models, repeats: int) -> Section:
                          f"{100 / s / ceiling:.0f}%"])
     sec.notes.append(f"Copy bandwidth {bw / 1e9:.1f} GB/s (read + write of a 256 MiB copy). The eager step "
                      "includes every other op of the model (norms, attention, the cache), run op by op.")
-    (blocks, _), (packed, _) = models
+    (blocks, _), (packed, _), (other, _) = models
     sec.notes.append(verdict("the file's blocks' step against the re-quantized one's (speed)",
                              t[packed]["median"] / t[blocks]["median"], 1.0))
-    return sec
+    sec.notes.append(f"The layout this build uses against the other: {t[other]['median'] / t[blocks]['median']:.2f}x "
+                     "(ggml_kernel.GROUPING_ISAS names the builds that group rows).")
+    return sec, bw / _bytes_read(models[0][1])
 
 
-def _compiled_table(source, repeats: int) -> Section:
+def _compiled_table(source, repeats: int, ceiling: float) -> Section:
     """The compiled engines (`llamablock compile`'s AOTIEngine, autotuned) over the file's blocks and
     over the re-quantized q4 layers: one decode step each, interleaved. Compiles on first use."""
     from llamablock.fast.compiled_decode import AOTIEngine
@@ -151,9 +164,9 @@ def _compiled_table(source, repeats: int) -> Section:
     share, calls = _kernel_share(steps["the file's blocks (format blocks)"])
     sec.notes.append(f"Where the blocks' step goes (torch.profiler, 10 steps): {100 * share:.0f}% of its CPU time in "
                      f"llamablock::block_linear, {calls} calls a step; the rest is the step's other ops and the "
-                     "program's own overhead. So the step is as fast as the kernel, which is bound by the "
-                     "instructions it spends per block (ggml_dot.c), not by memory: compare the step's rate with the "
-                     "eager table's copy-bandwidth ceiling.")
+                     f"program's own overhead. The step runs at {100 / blocks['median'] / ceiling:.0f}% of the copy-"
+                     "bandwidth ceiling (the eager table's): near 100% the weights' reads bound it, well below, the "
+                     "kernel's instructions per block (ggml_dot.c).")
     return sec
 
 
@@ -205,9 +218,9 @@ def run(quick: bool = False) -> list[Section]:
     try:
         layers = _layer_table(3 if quick else 9)
         source, models = _models()
-        decode = _decode_table(models, 5 if quick else 30)
-        compiled = None if quick else _compiled_table(source, 30)
-        fidelity = _fidelity_table(source, models, 128 if quick else 2048)
+        decode, ceiling = _decode_table(models, 5 if quick else 30)
+        compiled = None if quick else _compiled_table(source, 30, ceiling)
+        fidelity = _fidelity_table(source, models[:2], 128 if quick else 2048)
     finally:
         torch.set_num_threads(threads)
     layers.notes.append(f"CPU kind {this_cpu().kind}: PyTorch's kernels dispatch to {this_cpu().isa}; the block "

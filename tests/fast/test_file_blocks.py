@@ -120,6 +120,27 @@ def test_the_kernel_is_within_its_16_bit_activation_bound(type_name, isa, groupe
         assert ((got - want).abs() <= _bound(w, rows)).all(), ((got - want).abs() / _bound(w, rows)).max()
 
 
+@pytest.mark.parametrize("type_name", TYPES)
+@pytest.mark.parametrize("isa", list(ggml_kernel.ISAS))
+def test_the_largest_integers_do_not_overflow(type_name, isa, tmp_path):
+    """Every quant at its largest magnitude against activations all at +-32767: the sums the AVX2
+    build keeps in 16 bits (ggml_dot.c group_sums_q4) are at their largest, and must not wrap."""
+    if isa not in RUNS:
+        pytest.skip(f"this CPU does not run the {isa} build")
+    lib = ggml_kernel.load(tmp_path, isa)
+    raw = torch.from_numpy(_random_blocks(type_name, 16, 64, seed=7)).reshape(16, 2, -1)
+    head = 4 if type_name == "Q4_1" else 2
+    raw[:8, :, head:] = 0xFF if type_name != "Q8_0" else 0x80  # nibbles 15 (Q4_0: 7); int8 -128
+    raw[8:, :, head:] = 0x00  # nibbles 0 (Q4_0: -8); int8 0
+    raw = raw.reshape(16, -1)
+    w = dequantize_blocks(type_name, raw)
+    x = torch.tensor([[-1.0] * 64, [1.0] * 64, [1.0, -1.0] * 32])  # every integer at +-32767
+    for grouped in (False, True):
+        got = ggml_kernel.matmul(type_name, group_rows(type_name, raw) if grouped else raw, x, lib=lib,
+                                 grouped=grouped).double()
+        assert ((got - x.double() @ w.double().T).abs() <= _bound(w, x)).all(), (isa, grouped)
+
+
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
 def test_a_non_finite_activation_gives_nan_not_a_finite_number(bad):
     """fmaxf drops NaN and the integer rounding of NaN or infinity is undefined: without its check

@@ -142,7 +142,9 @@ class BlockEmbedding(nn.Module):
         if head.grouped:  # each id's group of 8 rows, back in the file's order, then its own row
             groups = head.blocks.reshape(head.out_features // GROUP, -1)[flat // GROUP]  # (tokens, 8 * row)
             rows = ungroup_rows(head.type_name, groups.reshape(-1, head.blocks.shape[1]))
-            file_rows = rows.reshape(len(flat), GROUP, -1)[torch.arange(len(flat)), flat % GROUP]
+            rows = rows.reshape(-1, GROUP, rows.shape[-1])  # (tokens, 8, row); a gather, not arange(tokens),
+            pick = (flat % GROUP).reshape(-1, 1, 1).expand(-1, 1, rows.shape[-1])  # so that export keeps tokens dynamic
+            file_rows = rows.gather(1, pick).squeeze(1)
         else:
             file_rows = head.blocks[flat]
         rows = dequantize_blocks(head.type_name, file_rows)  # (tokens, d)

@@ -20,10 +20,10 @@
      Q4_0: d e sum (q - 8) p       Q4_1: d e sum q p + m e P     Q8_0: d e sum q p
    where q are the stored integers; the integer sums are exact.
 
-   Three builds (fast/ggml_kernel.py best_isa picks one per CPU): AVX-512 BW (a block's 32 products
-   in one madd), AVX2 (two), and portable C. A decode call is bound by the instructions per block,
-   about the same in both vector builds; prefill's four rows per block gain from AVX-512
-   (`llamablock bench file_blocks` times both builds side by side). */
+   Three builds (fast/ggml_kernel.py best_isa picks one per CPU): AVX-512 BW, AVX2 (with FMA, F16C),
+   and portable C. Each computes the file's order of blocks and the groups of 8 rows below; the
+   vector builds run the groups (ggml_kernel.GROUPING_ISAS), where the file's order leaves scalar
+   work per block and row (`llamablock bench file_blocks` times both layouts in both builds). */
 
 #include <math.h>
 #include <stdint.h>
@@ -40,24 +40,26 @@ int lb_block_bytes(int type) {
     return type == Q4_0 ? 18 : type == Q4_1 ? 20 : type == Q8_0 ? 34 : 0;
 }
 
-/* Interleaved groups of 8 rows (fast/file_blocks.py interleave, done once at load). The same bytes
+/* Groups of 8 rows (fast/file_blocks.py group_rows, done once at load). The same bytes
    as the file's, reordered so that one vector holds the same weights of 8 rows: per block b of a
    group, 8 blocks' worth of bytes,
      [d of rows 0..7, float16][m of rows 0..7, Q4_1 only][chunks of 32 bytes: chunk c is rows 0..7's
      qs bytes 4c..4c+3, row after row]   (4 chunks for Q4_0/Q4_1, 8 for Q8_0)
-   A chunk's bytes, widened to int16, pair up as (row r, weights j, j + 1) in each 32-bit lane, so
-   one madd against the activations' 4 integers broadcast gives every row's partial sums at once,
-   and the 8 rows' scales are one float16 vector: the per-block scalar work of the file's layout
-   (a horizontal sum and a scale conversion per row) is done for 8 rows in a few vector operations.
-   The scheme is llama.cpp's repacked layouts' (ggml-cpu/repack.cpp, block_q4_0x8), with x in 16 bits
-   as above. `llamablock bench file_blocks` times both layouts. */
+   A chunk against the activations' 4 integers broadcast gives each row's partial sums in its own
+   lanes (group_sums below), and the 8 rows' scales are one float16 vector: the per-block scalar
+   work of the file's layout (a horizontal sum and a scale conversion per row) is done for 8 rows
+   in a few vector operations. The scheme is llama.cpp's repacked layouts' (ggml-cpu/repack.cpp,
+   block_q4_0x8), with x in 16 bits as above. */
 enum { GROUP = 8 };
 static inline int group_head(int type) { return type == Q4_1 ? 32 : 16; } /* d (and m) of 8 rows */
 static inline int group_chunks(int type) { return type == Q8_0 ? 8 : 4; }
 
 /* x (m, k) float32 -> xq (m, k) int16 and es (m, k/32, 2) float32: per block of 32, its scale e
-   (amax / 32767) and e P, P the sum of its 32 integers (for Q4_1's m term). */
-static void quantize_rows(const float *x, int64_t m, int64_t k, int16_t *xq, float *es) {
+   (amax / 32767) and e P, P the sum of its 32 integers (for Q4_1's m term). Also each integer's two
+   bytes apart, p = 256 ph + pl with pl unsigned (xl, xh: (m, k)), and P itself (ps: (m, k/32)), for
+   the AVX2 group kernel's 8-bit products. */
+static void quantize_rows(const float *x, int64_t m, int64_t k, int16_t *xq, float *es, uint8_t *xl, int8_t *xh,
+                          int32_t *ps) {
     int64_t nb = k / 32;
     for (int64_t b = 0; b < m * nb; b++) {
         const float *v = x + b * 32;
@@ -73,10 +75,13 @@ static void quantize_rows(const float *x, int64_t m, int64_t k, int16_t *xq, flo
             int q = (int)lrintf(v[i] * inv);
             q = q > 32767 ? 32767 : q < -32767 ? -32767 : q;
             xq[b * 32 + i] = (int16_t)q;
+            xl[b * 32 + i] = (uint8_t)(q & 255);
+            xh[b * 32 + i] = (int8_t)((q - (q & 255)) / 256); /* exact: q - pl is a multiple of 256 */
             sum += q;
         }
         es[2 * b] = e;
         es[2 * b + 1] = e * (float)sum;
+        ps[b] = sum;
     }
 }
 
@@ -208,9 +213,10 @@ static inline __m256i group_sums(int type, const uint8_t *qs, const int16_t *p) 
     return _mm512_cvtepi64_epi32(_mm512_add_epi32(acc, _mm512_srli_epi64(acc, 32))); /* row r: qword r */
 }
 #else
-/* As above with 32-byte vectors: a chunk's low 16 bytes are rows 0..3, its high ones rows 4..7, each
-   row as two int32 lanes; one hadd adds the pairs (rows 0 1 4 5 | 2 3 6 7) and a permute orders them. */
-static inline __m256i group_sums(int type, const uint8_t *qs, const int16_t *p) {
+/* Q8_0 as above with 32-byte vectors: a chunk's low 16 bytes are rows 0..3, its high ones rows 4..7,
+   each row as two int32 lanes; one hadd adds the pairs (rows 0 1 4 5 | 2 3 6 7) and a permute orders
+   them. Widening bytes to 16 bits takes AVX2 a shuffle each, so the 4-bit types go below instead. */
+static inline __m256i group_sums_wide(int type, const uint8_t *qs, const int16_t *p) {
     __m256i lo = _mm256_setzero_si256(), hi = _mm256_setzero_si256();
     const __m256i low = _mm256_set1_epi8(15);
     for (int c = 0; c < group_chunks(type); c++) {
@@ -230,13 +236,41 @@ static inline __m256i group_sums(int type, const uint8_t *qs, const int16_t *p) 
     }
     return _mm256_permute4x64_epi64(_mm256_hadd_epi32(lo, hi), 0xD8);
 }
+
+/* Q4_0 and Q4_1 without widening: maddubs multiplies bytes, so each activation is taken as its two
+   bytes, sum q p = 256 sum q ph + sum q pl (pl 0..255, ph -128..127), q the unsigned nibble. A chunk
+   of 8 rows x 4 nibbles against the 4 activations' bytes broadcast gives each row's pair sums in
+   16-bit lanes (at most 2 * 15 * 128 for ph, 2 * 255 * 15 for pl), added in 16 bits while they
+   cannot overflow (8 of the ph sums, 4 of the pl ones), then madd makes each row one int32 lane,
+   in row order. Q4_0's offset is taken off as 8 P, P the activations' integer sum. Exact, as above. */
+static inline __m256i group_sums_q4(int type, const uint8_t *qs, const uint8_t *xl, const int8_t *xh, int32_t p) {
+    const __m256i low = _mm256_set1_epi8(15);
+    __m256i high_sum = _mm256_setzero_si256(), low_sums[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+    for (int c = 0; c < 4; c++) {
+        const __m256i raw = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
+        for (int half = 0; half < 2; half++) { /* low nibbles: weights 0..15; high: 16..31 */
+            const __m256i q = _mm256_and_si256(half ? _mm256_srli_epi16(raw, 4) : raw, low);
+            int32_t l, h;
+            memcpy(&l, xl + 16 * half + 4 * c, 4);
+            memcpy(&h, xh + 16 * half + 4 * c, 4);
+            high_sum = _mm256_add_epi16(high_sum, _mm256_maddubs_epi16(q, _mm256_set1_epi32(h)));
+            low_sums[half] = _mm256_add_epi16(low_sums[half], _mm256_maddubs_epi16(_mm256_set1_epi32(l), q));
+        }
+    }
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i s = _mm256_add_epi32(_mm256_madd_epi16(high_sum, _mm256_set1_epi16(256)),
+                                 _mm256_add_epi32(_mm256_madd_epi16(low_sums[0], ones),
+                                                  _mm256_madd_epi16(low_sums[1], ones)));
+    return type == Q4_0 ? _mm256_sub_epi32(s, _mm256_set1_epi32(8 * p)) : s;
+}
 #endif
 
 /* 8 weight rows (one interleaved group, nb blocks) against R activation rows: out[r * out_stride + 0..7].
    Each block's 8 integer sums are exact; the float work per block is one product of scales and a
    fused multiply-add (and Q4_1's m e P), the same sequence for a row whatever R is. */
-static inline void dot_group(const int R, int type, const uint8_t *g, const int16_t *xq, const float *es, int64_t k,
-                             int64_t nb, float *out, int64_t out_stride) {
+static inline void dot_group(const int R, int type, const uint8_t *g, const int16_t *xq, const float *es,
+                             const uint8_t *xl, const int8_t *xh, const int32_t *ps, int64_t k, int64_t nb, float *out,
+                             int64_t out_stride) {
     const int bytes = GROUP * lb_block_bytes(type), head = group_head(type);
     __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
     for (int64_t b = 0; b < nb; b++) {
@@ -244,7 +278,14 @@ static inline void dot_group(const int R, int type, const uint8_t *g, const int1
         const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
         for (int r = 0; r < R; r++) {
             const float *e = es + r * 2 * nb + 2 * b;
-            const __m256 s = _mm256_cvtepi32_ps(group_sums(type, blk + head, xq + r * k + b * 32));
+#if defined(__AVX512BW__)
+            const __m256i sums = group_sums(type, blk + head, xq + r * k + b * 32);
+#else
+            const __m256i sums = type == Q8_0 ? group_sums_wide(type, blk + head, xq + r * k + b * 32)
+                                              : group_sums_q4(type, blk + head, xl + r * k + b * 32,
+                                                              xh + r * k + b * 32, ps[r * nb + b]);
+#endif
+            const __m256 s = _mm256_cvtepi32_ps(sums);
             acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_broadcast_ss(e)), s, acc[r]);
             if (type == Q4_1)
                 acc[r] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16))),
@@ -326,8 +367,8 @@ static void dot_group_portable(int type, const uint8_t *g, const int16_t *xq, co
    rows, whose 16-bit copy (TILE k 2 bytes) stays in L2. `threads` > 1 splits the weight rows
    (OpenMP). */
 #define TILE 32
-static void matmul(int type, const uint8_t *w, int64_t n, int64_t k, const int16_t *xq, const float *es, int64_t m,
-                   float *y, int threads) {
+static void matmul(int type, const uint8_t *w, int64_t n, int64_t k, const int16_t *xq, const float *es,
+                   const uint8_t *xl, const int8_t *xh, const int32_t *ps, int64_t m, float *y, int threads) {
     const int64_t nb = k / 32, row = nb * lb_block_bytes(type & ~GROUPED);
     if (type & GROUPED) { /* groups of 8 rows (n a multiple of 8: the loader checks) */
         type &= ~GROUPED;
@@ -337,8 +378,12 @@ static void matmul(int type, const uint8_t *w, int64_t n, int64_t k, const int16
             for (int64_t i = 0; i < n; i += GROUP) {
                 int64_t r = r0;
 #if defined(__AVX2__)
-                for (; r + 4 <= r1; r += 4) dot_group(4, type, w + i * row, xq + r * k, es + r * 2 * nb, k, nb, y + r * n + i, n);
-                for (; r < r1; r++) dot_group(1, type, w + i * row, xq + r * k, es + r * 2 * nb, k, nb, y + r * n + i, n);
+                for (; r + 4 <= r1; r += 4)
+                    dot_group(4, type, w + i * row, xq + r * k, es + r * 2 * nb, xl + r * k, xh + r * k, ps + r * nb, k,
+                              nb, y + r * n + i, n);
+                for (; r < r1; r++)
+                    dot_group(1, type, w + i * row, xq + r * k, es + r * 2 * nb, xl + r * k, xh + r * k, ps + r * nb, k,
+                              nb, y + r * n + i, n);
 #else
                 for (; r < r1; r++) dot_group_portable(type, w + i * row, xq + r * k, es + r * 2 * nb, nb, y + r * n + i);
 #endif
@@ -366,11 +411,18 @@ static void matmul(int type, const uint8_t *w, int64_t n, int64_t k, const int16
 int lb_linear(int type, const uint8_t *w, int64_t n, int64_t k, const float *x, int64_t m, float *y, int threads) {
     int16_t *xq = malloc((size_t)(m * k) * sizeof(int16_t));
     float *es = malloc((size_t)(m * (k / 32) * 2) * sizeof(float));
-    if (xq && es) {
-        quantize_rows(x, m, k, xq, es);
-        matmul(type, w, n, k, xq, es, m, y, threads);
+    uint8_t *xl = malloc((size_t)(m * k));
+    int8_t *xh = malloc((size_t)(m * k));
+    int32_t *ps = malloc((size_t)(m * (k / 32)) * sizeof(int32_t));
+    const int ok = xq && es && xl && xh && ps;
+    if (ok) {
+        quantize_rows(x, m, k, xq, es, xl, xh, ps);
+        matmul(type, w, n, k, xq, es, xl, xh, ps, m, y, threads);
     }
     free(xq);
     free(es);
-    return xq && es ? 0 : -1;
+    free(xl);
+    free(xh);
+    free(ps);
+    return ok ? 0 : -1;
 }

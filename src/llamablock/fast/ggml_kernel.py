@@ -35,9 +35,9 @@ TYPE_IDS = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 8}  # GGML's type ids, as ggml_dot.c's
 BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}  # 32 weights each (ggml-common.h)
 GROUP, GROUPED = 8, 256  # rows per interleaved group; added to a type id for that layout (ggml_dot.c)
 # the builds that are faster on groups of 8 rows than on the file's order, decode and prefill alike
-# (`llamablock bench file_blocks` times both layouts in each build): the AVX2 build's group kernel
-# widens each byte with a shuffle, and was no faster
-GROUPING_ISAS = ("avx512",)
+# (`llamablock bench file_blocks` times both layouts in each build); the portable build keeps the
+# file's order: it has no vector code of its own for either
+GROUPING_ISAS = ("avx512", "avx2")
 _why_not: list[str] = []
 
 
