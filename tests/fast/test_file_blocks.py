@@ -141,6 +141,24 @@ def test_the_largest_integers_do_not_overflow(type_name, isa, tmp_path):
         assert ((got - x.double() @ w.double().T).abs() <= _bound(w, x)).all(), (isa, grouped)
 
 
+@pytest.mark.parametrize("isa", list(ggml_kernel.ISAS))
+def test_tiny_activations_stay_within_the_bound_or_count_as_zero(isa, tmp_path):
+    """A block of 1e-30 still has a finite 1/e and keeps its bound; a block of 1e-40 (subnormal)
+    has none and counts as zeros in every build (ggml_dot.c quantize_rows), not as garbage integers."""
+    if isa not in RUNS:
+        pytest.skip(f"this CPU does not run the {isa} build")
+    lib = ggml_kernel.load(tmp_path, isa)
+    raw = torch.from_numpy(_random_blocks("Q4_1", 16, 64, seed=8))
+    w = dequantize_blocks("Q4_1", raw)
+    x = torch.randn(2, 64, generator=torch.Generator().manual_seed(9))
+    x[0] *= 1e-30
+    x[1] *= 1e-40
+    for grouped in (False, True):
+        got = ggml_kernel.matmul("Q4_1", group_rows("Q4_1", raw) if grouped else raw, x, lib=lib, grouped=grouped)
+        assert ((got[0].double() - x[0].double() @ w.double().T).abs() <= _bound(w, x[:1])[0]).all()
+        assert torch.equal(got[1], torch.zeros(16)), (isa, grouped)
+
+
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
 def test_a_non_finite_activation_gives_nan_not_a_finite_number(bad):
     """fmaxf drops NaN and the integer rounding of NaN or infinity is undefined: without its check
