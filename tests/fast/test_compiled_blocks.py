@@ -75,11 +75,13 @@ def test_the_compiled_blocks_follow_the_eager_blocks(tmp_path):
 
 FRESH = r"""
 import sys, torch
+from llamablock.fast import aoti_step, builds
 from llamablock.fast.compiled_decode import AOTIEngine
 from llamablock.fast.native import load_gguf_native
 from llamablock.runtime.generate import generate
 model, _ = load_gguf_native(sys.argv[1])
-engine = AOTIEngine(model, "blocks", autotune=False)
+aoti_step.weights_digest = None  # named by the file's identity: the weights are never hashed
+engine = AOTIEngine(model, "blocks", autotune=False, weights_id=builds.weights_identity(sys.argv[1], "blocks"))
 tokens = generate(engine, [5, 17, 3, 88, 42, 9, 61], 8).tokens
 print(engine.compile_seconds > 0, ",".join(map(str, tokens)))
 """
@@ -97,6 +99,26 @@ def test_a_fresh_process_registers_the_operator_before_loading_the_programs(tmp_
         assert r.returncode == 0, r.stderr[-2000:]
     (compiled, first), (again, second) = (r.stdout.split()[-2:] for r in runs)
     assert (compiled, again) == ("True", "False") and first == second
+
+
+def test_a_file_s_identity_names_its_packages_without_hashing_the_weights(tmp_path, monkeypatch):
+    """A compiled start from a file names its packages by the file's identity and the blocks' layout;
+    a file written again (a new modification time) or a folder (whose time does not follow its
+    files) is named by the weights' hash instead."""
+    from llamablock.fast import aoti_step, builds
+
+    f = _tiny(tmp_path)
+    model, _ = load_gguf_native(f)
+    monkeypatch.setattr(aoti_step, "weights_digest", lambda static: pytest.fail("the weights were hashed"))
+    named = AOTIEngine(model, "blocks", weights_id=builds.weights_identity(f, "blocks"))
+    assert named.weights_name() == AOTIEngine(model, "blocks", weights_id=builds.weights_identity(f, "blocks")).weights_name()
+    before = builds.weights_identity(f, "blocks")
+    os.utime(f, ns=(f.stat().st_atime_ns, f.stat().st_mtime_ns + 10**9))
+    assert builds.weights_identity(f, "blocks") != before
+    assert builds.weights_identity(f, "q8") != builds.weights_identity(f, "blocks")
+    assert builds.weights_identity(tmp_path, "blocks") is None
+    monkeypatch.setattr(aoti_step, "weights_digest", lambda static: "hashed")
+    assert AOTIEngine(model, "blocks").weights_name() == "hashed"
 
 
 def test_auto_compiles_the_files_own_blocks_where_it_can(tmp_path, monkeypatch):

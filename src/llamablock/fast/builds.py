@@ -38,6 +38,16 @@ def _file(path: Path) -> str:
     return f"{Path(path).resolve()}|{st.st_size}|{st.st_mtime_ns}"
 
 
+def weights_identity(path: Path, fmt: str) -> str | None:
+    """What determines the weights a compiled engine of the file at `path` in `fmt` holds: the
+    file's identity, the format, and the blocks' layout on this CPU (ggml_kernel.groups_rows); the
+    code that reads them is in the package's name already (aoti_step.package_key). None for a
+    folder, whose own modification time does not follow a weight file edited in place."""
+    from llamablock.fast import ggml_kernel
+
+    return f"{_file(path)}|{fmt}|rows grouped {ggml_kernel.groups_rows()}" if Path(path).is_file() else None
+
+
 def _code() -> str:
     import torch
 

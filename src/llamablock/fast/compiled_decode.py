@@ -33,6 +33,7 @@ spent compiling (0 for packages loaded from disk).
 from __future__ import annotations
 
 import copy
+import hashlib
 import sys
 import time
 
@@ -206,11 +207,16 @@ class AOTIEngine(StaticEngine):
     A program whose settings fail to build falls back through build_options.attempts, then to the
     eager static layout; `notify` gets one line each time (default: printed on stderr), and
     `describe()` says what runs.
+    The packages are named by a hash of the weights (aoti_step.weights_digest: every byte read,
+    about 0.1 s for a 92 MB model at each start); `weights_id`, a string that determines them (a
+    model read from a file: builds.weights_identity), names them instead.
     """
 
     def __init__(self, model, fmt: str | None = None, *, autotune: bool = True, inductor: dict | None = None,
-                 compile_prefill: bool = True, huge_pages: bool = True, notify=None, batch: int = 1):
+                 compile_prefill: bool = True, huge_pages: bool = True, notify=None, batch: int = 1,
+                 weights_id: str | None = None):
         super().__init__(model, fmt, batch)
+        self.weights_id = weights_id
         self.autotune, self.inductor = autotune, inductor
         self.compile_prefill, self.huge_pages = compile_prefill, huge_pages
         self.notify = notify or (lambda line: print(line, file=sys.stderr, flush=True))
@@ -297,18 +303,26 @@ class AOTIEngine(StaticEngine):
             self._prefill_program = program
         return program
 
+    def weights_name(self) -> str:
+        """The weights' part of the packages' names, one for every program: a hash of `weights_id`
+        where given, else of every weight (aoti_step.weights_digest)."""
+        from llamablock.fast.aoti_step import weights_digest
+
+        if self._digest is None:
+            self._digest = weights_digest(self.static) if self.weights_id is None else \
+                hashlib.blake2b(self.weights_id.encode(), digest_size=16).hexdigest()
+        return self._digest
+
     def _first_that_builds(self, method: str, static, example: tuple, lengths, huge: bool, what: str, key: str):
         """The AOTInductor program of `static.<method>`, with the first of build_options.attempts that
         builds (one line per failure to `notify`), recorded in `running[key]`; None (eager) when none does."""
-        from llamablock.fast.aoti_step import AOTIProgram, BuildFailed, weights_digest
+        from llamablock.fast.aoti_step import AOTIProgram, BuildFailed
 
-        if self._digest is None:
-            self._digest = weights_digest(self.static)  # one hash of the weights for every program
         tried = attempts(self.fmt, method, self.autotune, self.inductor)
         for i, attempt in enumerate(tried):
             t = time.perf_counter()
             try:
-                program = AOTIProgram(static, self.fmt, attempt.options, method, example, self._digest,
+                program = AOTIProgram(static, self.fmt, attempt.options, method, example, self.weights_name(),
                                       lengths=lengths, huge_pages=huge)
             except BuildFailed as e:
                 self.compile_seconds += time.perf_counter() - t

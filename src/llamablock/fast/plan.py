@@ -89,7 +89,8 @@ def build(source: ModelSource, plan: Plan, notify=None) -> Built:
     from llamablock.fast.compiled_decode import AOTIEngine
 
     model = load_in_format(source, "blocks")[0] if plan.fmt == "blocks" else load_decoder(source, load_dtype(plan.fmt))
-    return Built(model, AOTIEngine(model, plan.fmt, autotune=plan.autotune, notify=notify, batch=plan.batch))
+    return Built(model, AOTIEngine(model, plan.fmt, autotune=plan.autotune, notify=notify, batch=plan.batch,
+                                   weights_id=builds.weights_identity(source.path, plan.fmt)))
 
 
 def eager_beside(built: Built) -> nn.Module:
