@@ -57,14 +57,18 @@ def group_rows(type_name: str, blocks: torch.Tensor) -> torch.Tensor:
     n, row = blocks.shape
     size, h = BLOCK_BYTES[type_name], _head_bytes(type_name)
     nb, groups, quants = row // size, n // GROUP, size - h
-    b = blocks.reshape(groups, GROUP, nb, size)
     out = torch.empty(groups, nb, GROUP * size, dtype=torch.uint8)
-    for i in range(0, h, 2):  # 8 d, then 8 m: (groups, 8, nb) -> (groups, nb, 8)
-        scales = b[..., i:i + 2].contiguous().view(torch.int16).squeeze(-1)
-        out[..., GROUP * i:GROUP * (i + 2)] = scales.transpose(1, 2).contiguous().view(torch.uint8).reshape(
-            groups, nb, 2 * GROUP)
-    qs = b[..., h:].contiguous().view(torch.int32)  # (groups, 8, nb, chunks): a chunk of 4 bytes per element
-    out[..., GROUP * h:] = qs.permute(0, 2, 3, 1).contiguous().view(torch.uint8).reshape(groups, nb, GROUP * quants)
+    step = max(1, (4 << 20) // (GROUP * row))  # groups at a time: a few MiB of temporaries, whatever the tensor
+    for g in range(0, groups, step):
+        b = blocks[g * GROUP:(g + step) * GROUP].reshape(-1, GROUP, nb, size)
+        part = out[g:g + step]
+        for i in range(0, h, 2):  # 8 d, then 8 m: (groups, 8, nb) -> (groups, nb, 8)
+            scales = b[..., i:i + 2].contiguous().view(torch.int16).squeeze(-1)
+            part[..., GROUP * i:GROUP * (i + 2)] = scales.transpose(1, 2).contiguous().view(torch.uint8).reshape(
+                len(part), nb, 2 * GROUP)
+        qs = b[..., h:].contiguous().view(torch.int32)  # (groups, 8, nb, chunks): a chunk of 4 bytes an element
+        part[..., GROUP * h:] = qs.permute(0, 2, 3, 1).contiguous().view(torch.uint8).reshape(len(part), nb,
+                                                                                            GROUP * quants)
     return out.reshape(n, row)
 
 
