@@ -38,7 +38,6 @@ import hashlib
 import json
 import os
 import shutil
-import threading
 import time
 import zipfile
 from pathlib import Path
@@ -213,9 +212,7 @@ class AOTIProgram:
     argument's dimension 1 symbolic over that range (the prefill: one program for every prompt
     length; export needs min >= 2). `compile_seconds` is 0 when the library came from the disk cache.
     `huge_pages`: move the library's copy of the weights into 2 MiB pages once loaded
-    (llamablock.fast.huge_pages), on a thread of its own: the move took 0.27 s of a 1.4 s start
-    for SmolLM2, and the first steps need not wait for it (Linux moves pages under a running
-    reader, as its khugepaged does). `huge_page_bytes` waits for it and says how much moved."""
+    (llamablock.fast.huge_pages); `huge_page_bytes` says how much the kernel moved."""
 
     def __init__(self, static, fmt: str, options: dict, method: str, example: tuple, digest: str | None = None,
                  lengths: tuple[int, int] | None = None, huge_pages: bool = False):
@@ -248,19 +245,9 @@ class AOTIProgram:
         # int8 prefill on AMX CPUs) dies of SIGILL at its first call without this.
         torch.cpu._init_amx()
         self.runner = torch._C._aoti.AOTIModelContainerRunnerCpu(str(library), 1)
-        self._moved, self._moving = [0], None
+        self.huge_page_bytes = 0
         if huge_pages:  # the block the library copied its weights into
-            ranges = tensor_ranges(self.runner.extract_constants_map(False).values())
-            self._moving = threading.Thread(target=lambda: self._moved.__setitem__(0, collapse(ranges)),
-                                            name="llamablock-huge-pages", daemon=True)
-            self._moving.start()  # madvise through ctypes releases the GIL
-
-    @property
-    def huge_page_bytes(self) -> int:
-        """Bytes the kernel moved into 2 MiB pages (0 where it refused or was not asked), once moved."""
-        if self._moving is not None:
-            self._moving.join()
-        return self._moved[0]
+            self.huge_page_bytes = collapse(tensor_ranges(self.runner.extract_constants_map(False).values()))
 
     def _compile(self, static, options: dict) -> None:
         """options: inductor settings (llamablock.fast.build_options)."""
