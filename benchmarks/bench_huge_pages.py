@@ -13,7 +13,8 @@ process that had moved weights before may get huge pages without asking. Measure
 decode benchmark's process, the "4 KiB" engines ran as fast as the others (0.94-1.00x). The child
 reports the process's huge pages before the move (AnonHugePages; near 0 means the 4 KiB engine
 really has small pages).
-Full: SmolLM2-135M in float32, bfloat16, q8 and q4, autotuned as `generate --compile`.
+Full: SmolLM2-135M in float32, bfloat16, q8 and q4, autotuned as `generate --compile`, and its
+file's own blocks (format blocks, what the default compiles).
 --quick: a random one-layer model with a 16,384-token vocabulary (16 MiB of float32 weights),
 float32, no autotuning.
 """
@@ -39,6 +40,10 @@ if quick:
     from llamablock.model import Decoder
     cfg = ModelConfig(vocab_size=16384, d_model=128, n_layers=1, n_heads=4, n_kv_heads=2, max_seq_len=256)
     model = Decoder(cfg).eval()
+elif fmt == "blocks":  # the file's own blocks, as the default compiles a Q4_1 file
+    from llamablock.fast.plan import load_in_format
+    from llamablock.io.source import open_source
+    model = load_in_format(open_source(None, tokenizer=False), "blocks")[0].eval()
 else:
     import llamablock
     model = llamablock.load_pretrained(None, torch.float32 if fmt == "float32" else torch.bfloat16).eval()
@@ -74,7 +79,7 @@ def run(quick: bool = False) -> list[Section]:
                   f"(blocks of {steps} steps, medians of {repeats}, alternating; a child process per format)",
                   ["format", "MiB in 2 MiB pages before the move", "MiB moved", "tokens/s, 4 KiB pages",
                    "tokens/s, 2 MiB pages", "ratio"])
-    for fmt in ("float32",) if quick else ("float32", "bfloat16", "q8", "q4"):
+    for fmt in ("float32",) if quick else ("float32", "bfloat16", "q8", "q4", "blocks"):
         r = _child(fmt, quick, prompt, steps, repeats)
         sec.rows.append([fmt, f"{r['before'] / 2**20:.0f}", f"{r['moved'] / 2**20:.0f}", f"{r['small']:.1f}",
                          f"{r['huge']:.1f}", f"{r['huge'] / r['small']:.2f}x"])
