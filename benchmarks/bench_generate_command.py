@@ -173,7 +173,26 @@ def run(quick: bool = False) -> list[Section]:
                                  ours["decode"] / cpp["decode"], target))
         sec.notes.append(verdict("first token from process start vs llama.cpp's", ours["first"] / cpp["first"], 3.0,
                                  higher_is_better=False))
+        sec.notes.append(_bandwidth_note(path, {"llamablock": ours["decode"], "llama.cpp": cpp["decode"]}))
     return [sec]
+
+
+def _bandwidth_note(path: str, rates: dict[str, float]) -> str:
+    """Where both decode rates stand against memory: the file's tensor bytes (what a token reads, the
+    embedding row aside) times the rate, beside the machine's copy bandwidth (benchmarks/decode.py)."""
+    from benchmarks.decode import copy_bandwidth
+    from llamablock.io.gguf import open_gguf
+
+    reader = open_gguf(path)
+    nbytes = sum(int(t.n_bytes) for t in reader.tensors)
+    bw = copy_bandwidth()
+    read = ", ".join(f"{name} {rate * nbytes / 1e9:.1f} GB/s ({100 * rate * nbytes / bw:.0f}%)"
+                     for name, rate in rates.items())
+    top = max(rates.values()) * nbytes / bw
+    where = ("well below it, so neither is bound by memory but by its kernels' work per block (`bench file_blocks` "
+             "profiles ours)" if top < 0.7 else "near it: memory bounds the faster side")
+    return (f"Weights read per token: {nbytes / 2**20:.0f} MiB. At the decode rates above: {read} of the copy "
+            f"bandwidth, {bw / 1e9:.1f} GB/s (read + write of a 256 MiB copy, at this run's torch threads): {where}.")
 
 
 def llama_cpp_target() -> float:
