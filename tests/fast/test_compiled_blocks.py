@@ -106,19 +106,21 @@ def test_a_file_s_identity_names_its_packages_without_hashing_the_weights(tmp_pa
     a file written again (a new modification time) or a folder (whose time does not follow its
     files) is named by the weights' hash instead."""
     from llamablock.fast import aoti_step, builds
+    from llamablock.fast.plan import build, decide
 
     f = _tiny(tmp_path)
-    model, _ = load_gguf_native(f)
+    source = open_source(f)
+    engine = build(source, decide(source, "blocks", "compiled")).engine
+    assert engine.weights_id == builds.weights_identity(f, "blocks")
     monkeypatch.setattr(aoti_step, "weights_digest", lambda static: pytest.fail("the weights were hashed"))
-    named = AOTIEngine(model, "blocks", weights_id=builds.weights_identity(f, "blocks"))
-    assert named.weights_name() == AOTIEngine(model, "blocks", weights_id=builds.weights_identity(f, "blocks")).weights_name()
+    assert aoti_step.weights_name(engine.static, engine.weights_id) == aoti_step.weights_name(None, engine.weights_id)
     before = builds.weights_identity(f, "blocks")
     os.utime(f, ns=(f.stat().st_atime_ns, f.stat().st_mtime_ns + 10**9))
     assert builds.weights_identity(f, "blocks") != before
     assert builds.weights_identity(f, "q8") != builds.weights_identity(f, "blocks")
     assert builds.weights_identity(tmp_path, "blocks") is None
     monkeypatch.setattr(aoti_step, "weights_digest", lambda static: "hashed")
-    assert AOTIEngine(model, "blocks").weights_name() == "hashed"
+    assert aoti_step.weights_name(engine.static) == "hashed"
 
 
 def test_auto_compiles_the_files_own_blocks_where_it_can(tmp_path, monkeypatch):

@@ -79,6 +79,15 @@ def weights_digest(static) -> str:
     return h.hexdigest()
 
 
+def weights_name(static, weights_id: str | None = None) -> str:
+    """The weights' part of a package's name: a hash of `weights_id`, a string that determines them
+    (a model read from a file: fast/builds.py weights_identity), or else of the weights themselves
+    (weights_digest reads every byte: about 0.1 s for a 92 MB model, at every start)."""
+    if weights_id is None:
+        return weights_digest(static)
+    return hashlib.blake2b(weights_id.encode(), digest_size=16).hexdigest()
+
+
 def package_key(static, fmt: str, options: dict, method: str, example: tuple, digest: str | None = None,
                 lengths: tuple[int, int] | None = None) -> str:
     """A hash of everything a compiled program depends on: its weights (constants in it), the

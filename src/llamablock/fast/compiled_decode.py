@@ -33,7 +33,6 @@ spent compiling (0 for packages loaded from disk).
 from __future__ import annotations
 
 import copy
-import hashlib
 import sys
 import time
 
@@ -207,9 +206,7 @@ class AOTIEngine(StaticEngine):
     A program whose settings fail to build falls back through build_options.attempts, then to the
     eager static layout; `notify` gets one line each time (default: printed on stderr), and
     `describe()` says what runs.
-    The packages are named by a hash of the weights (aoti_step.weights_digest: every byte read,
-    about 0.1 s for a 92 MB model at each start); `weights_id`, a string that determines them (a
-    model read from a file: builds.weights_identity), names them instead.
+    `weights_id` (builds.weights_identity) names the packages instead of the weights' hash (aoti_step.weights_name).
     """
 
     def __init__(self, model, fmt: str | None = None, *, autotune: bool = True, inductor: dict | None = None,
@@ -303,26 +300,17 @@ class AOTIEngine(StaticEngine):
             self._prefill_program = program
         return program
 
-    def weights_name(self) -> str:
-        """The weights' part of the packages' names, one for every program: a hash of `weights_id`
-        where given, else of every weight (aoti_step.weights_digest)."""
-        from llamablock.fast.aoti_step import weights_digest
-
-        if self._digest is None:
-            self._digest = weights_digest(self.static) if self.weights_id is None else \
-                hashlib.blake2b(self.weights_id.encode(), digest_size=16).hexdigest()
-        return self._digest
-
     def _first_that_builds(self, method: str, static, example: tuple, lengths, huge: bool, what: str, key: str):
         """The AOTInductor program of `static.<method>`, with the first of build_options.attempts that
         builds (one line per failure to `notify`), recorded in `running[key]`; None (eager) when none does."""
-        from llamablock.fast.aoti_step import AOTIProgram, BuildFailed
+        from llamablock.fast.aoti_step import AOTIProgram, BuildFailed, weights_name
 
+        self._digest = self._digest or weights_name(self.static, self.weights_id)  # one for every program
         tried = attempts(self.fmt, method, self.autotune, self.inductor)
         for i, attempt in enumerate(tried):
             t = time.perf_counter()
             try:
-                program = AOTIProgram(static, self.fmt, attempt.options, method, example, self.weights_name(),
+                program = AOTIProgram(static, self.fmt, attempt.options, method, example, self._digest,
                                       lengths=lengths, huge_pages=huge)
             except BuildFailed as e:
                 self.compile_seconds += time.perf_counter() - t
