@@ -72,6 +72,26 @@ def test_the_build_follows_the_cpu(isa, caps, want):
     assert ggml_kernel.best_isa(cpu_from(caps, isa), caps) == want
 
 
+def test_builds_of_old_sources_unused_for_weeks_are_deleted(tmp_path):
+    """Every edit of the kernel and every release leaves a library behind in the user's cache: the
+    same flags' builds unused for UNUSED_DAYS go, recent ones (another installed version's) and other
+    flags' stay, and the build in use is marked used."""
+    import os
+    import time
+
+    old = time.time() - (ggml_kernel.UNUSED_DAYS + 1) * 86400
+    stale = ["f1-stale", "f2-stale", "0123456789abcdef", "f1-current"]  # the third: a name from before flavours
+    files = {name: tmp_path / f"ggml_dot-{name}.so" for name in [*stale, "f1-recent"]}
+    for name, f in files.items():
+        f.write_bytes(b"")
+        if name in stale:
+            os.utime(f, (old, old))
+    path = ggml_kernel.kept_build(tmp_path, "ggml_dot", "f1", "current")
+    assert path == files["f1-current"] and time.time() - path.stat().st_mtime < 60
+    assert {f.name for f in tmp_path.iterdir()} == {"ggml_dot-f1-recent.so", "ggml_dot-f2-stale.so",
+                                                    "ggml_dot-f1-current.so"}
+
+
 def _bound(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """|kernel - x W^T| per output, for W (n, k) exact and x (m, k). The kernel multiplies W by x
     rounded to e * p, p an integer of 16 bits and e = (block max |x|) / 32767 per block of 32: each

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from llamablock.fast.ggml_kernel import SOURCE, flags
+from llamablock.fast.ggml_kernel import SOURCE, flags, flavour, kept_build
 from llamablock.util.files import atomic_write, user_cache_dir
 
 OP_SOURCE = Path(__file__).with_name("block_op.cpp")
@@ -69,7 +69,9 @@ def load() -> bool:
     def built(options: list[str]) -> Path:
         key = hashlib.sha256(SOURCE.read_bytes() + OP_SOURCE.read_bytes() + " ".join(options).encode()
                              + torch.__version__.encode()).hexdigest()[:16]
-        path = user_cache_dir() / "kernels" / f"block_op-{key}.so"
+        directory = user_cache_dir() / "kernels"
+        directory.mkdir(parents=True, exist_ok=True)
+        path = kept_build(directory, "block_op", flavour(options), key)
         if not path.exists():
             _build(path, cc, cxx, options)
         return path

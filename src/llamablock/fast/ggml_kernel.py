@@ -6,7 +6,8 @@ kernels, AVX2 with FMA and F16C where it runs AVX2 ones, else portable C that th
 vectorizes as it can (Arm, older x86); with OpenMP for
 `--threads`, or on one thread where the compiler has none (Apple's clang). The shared
 library is kept in the user's cache, named by a hash of the source and the flags, so an edited
-kernel or another CPU kind builds its own; a build is one compiler call on one C file. Where no
+kernel or another CPU kind builds its own (and builds of old sources unused for two weeks are
+deleted: kept_build); a build is one compiler call on one C file. Where no
 compiler works, `kernel()` is None with the reason (`why_not()`), and the loader re-quantizes
 the blocks into PyTorch's packed formats instead, saying why (fast/plan.py load_in_format).
 
@@ -23,6 +24,7 @@ import hashlib
 import os
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import torch
@@ -74,10 +76,37 @@ def flags(isa: str | None = None, threads: bool = True) -> list[str]:
     return ["-O3", "-shared", "-fPIC", *(["-fopenmp"] if threads else []), *ISAS[isa or best_isa()]]
 
 
+UNUSED_DAYS = 14  # a build of other sources, for the same flags, not loaded for this long is deleted
+
+
+def kept_build(directory: Path, stem: str, flavour: str, key: str) -> Path:
+    """The path `<stem>-<flavour>-<key>.so` in `directory` (`flavour` names the flags, `key` the
+    sources too), marked used now; the same flavour's other builds unused for UNUSED_DAYS are
+    deleted. Each edit of the kernel, and each llamablock release, leaves a build behind, and
+    another installed version may still use its own, so the recently used ones stay."""
+    path = directory / f"{stem}-{flavour}-{key}.so"
+    if path.exists():
+        os.utime(path)
+    earlier = directory.glob(f"{stem}-{'?' * 16}.so")  # named before flavours, by the key alone
+    for old in [*directory.glob(f"{stem}-{flavour}-*.so"), *earlier]:
+        try:
+            if old != path and time.time() - old.stat().st_mtime > UNUSED_DAYS * 86400:
+                old.unlink()
+        except OSError:  # another process deleted it first
+            pass
+    return path
+
+
+def flavour(options: list[str]) -> str:
+    """A short name for a set of compiler flags: the part of a build's name that its sources do not change."""
+    return hashlib.sha256(" ".join(options).encode()).hexdigest()[:8]
+
+
 def _built(directory: Path, compiler: str, options: list[str]) -> Path:
     """The library built with `options`, named by a hash of the source and the options (built if absent)."""
     key = hashlib.sha256(SOURCE.read_bytes() + " ".join(options).encode()).hexdigest()[:16]
-    path = directory / f"ggml_dot-{key}.so"
+    directory.mkdir(parents=True, exist_ok=True)
+    path = kept_build(directory, "ggml_dot", flavour(options), key)
     if not path.exists():
         def write(tmp: Path) -> None:
             done = subprocess.run([compiler, *options, str(SOURCE), "-o", str(tmp), "-lm"], capture_output=True,
@@ -85,7 +114,6 @@ def _built(directory: Path, compiler: str, options: list[str]) -> Path:
             if done.returncode:
                 raise RuntimeError(done.stderr.strip().splitlines()[-1] if done.stderr.strip() else "no output")
 
-        directory.mkdir(parents=True, exist_ok=True)
         atomic_write(path, write)
     return path
 
