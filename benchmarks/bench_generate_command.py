@@ -189,8 +189,8 @@ def _bandwidth_note(path: str, rates: dict[str, float]) -> str:
     read = ", ".join(f"{name} {rate * nbytes / 1e9:.1f} GB/s ({100 * rate * nbytes / bw:.0f}%)"
                      for name, rate in rates.items())
     top = max(rates.values()) * nbytes / bw
-    where = ("well below it, so neither is bound by memory but by its kernels' work per block (`bench file_blocks` "
-             "profiles ours)" if top < 0.7 else "near it: memory bounds the faster side")
+    where = ("well below it, so neither is bound by memory but by its computation (`bench file_blocks` profiles "
+             "where ours goes)" if top < 0.7 else "near it: memory bounds the faster side")
     return (f"Weights read per token: {nbytes / 2**20:.0f} MiB. At the decode rates above: {read} of the copy "
             f"bandwidth, {bw / 1e9:.1f} GB/s (read + write of a 256 MiB copy, at this run's torch threads): {where}.")
 

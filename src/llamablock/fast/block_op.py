@@ -69,9 +69,7 @@ def load() -> bool:
     def built(options: list[str]) -> Path:
         key = hashlib.sha256(SOURCE.read_bytes() + OP_SOURCE.read_bytes() + " ".join(options).encode()
                              + torch.__version__.encode()).hexdigest()[:16]
-        directory = user_cache_dir() / "kernels"
-        directory.mkdir(parents=True, exist_ok=True)
-        path = kept_build(directory, "block_op", flavour(options), key)
+        path = kept_build(user_cache_dir() / "kernels", "block_op", flavour(options), key)
         if not path.exists():
             _build(path, cc, cxx, options)
         return path

@@ -16,7 +16,7 @@ sizes in torch (`llamablock bench file_blocks` times both).
 Block layouts are ggml_dot.c's comment.
 
 Where the kernel's build for this CPU is faster on them (ggml_kernel.groups_rows), a layer holds
-its bytes in groups of 8 rows (`group_rows`, ggml_dot.c's interleaved layout): the same bytes
+its bytes in groups of 8 rows (`group_rows`, ggml_dot.c's grouped layout): the same bytes
 reordered once at load, so nothing is rounded and `file_rows()` gives the file's order back.
 """
 

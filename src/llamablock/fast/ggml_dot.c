@@ -55,10 +55,6 @@ enum { GROUP = 8 };
 static inline int group_head(int type) { return type == Q4_1 ? 32 : 16; } /* d (and m) of 8 rows */
 static inline int group_chunks(int type) { return type == Q8_0 ? 8 : 4; }
 
-/* x (m, k) float32 -> xq (m, k) int16 and es (m, k/32, 2) float32: per block of 32, its scale e
-   (amax / 32767) and e P, P the sum of its 32 integers (for Q4_1's m term). Also each integer's two
-   bytes apart, p = 256 ph + pl with pl unsigned (xl, xh: (m, k)), and P itself (ps: (m, k/32)), for
-   the AVX2 group kernel's 8-bit products. */
 #if defined(__AVX2__)
 static inline float hsum(__m256 a) {
     __m128 h = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
@@ -70,7 +66,7 @@ static inline float hsum(__m256 a) {
 /* One block of quantize_rows below in AVX2, for its finite blocks (0 returned otherwise: the scalar
    code then does the block, NaN scale and all). The same values as the scalar code: amax and 1/e are
    computed alike, cvtps rounds to nearest even as lrintf does, and the clamp and byte split are
-   exact. A decode call's quantization was a few microseconds in scalar code, of about 10 to 60. */
+   exact. It runs before each call's parallel loop, on one thread, so it is worth vectorizing. */
 static inline int quantize_block(const float *v, float *es, int32_t *ps, int16_t *xq, uint8_t *xl, int8_t *xh) {
     const __m256 sign = _mm256_set1_ps(-0.0f);
     __m256 x[4], amax8 = _mm256_setzero_ps(), finite8 = _mm256_setzero_ps();
@@ -112,6 +108,10 @@ static inline int quantize_block(const float *v, float *es, int32_t *ps, int16_t
 }
 #endif
 
+/* x (m, k) float32 -> xq (m, k) int16 and es (m, k/32, 2) float32: per block of 32, its scale e
+   (amax / 32767) and e P, P the sum of its 32 integers (for Q4_1's m term). Also each integer's two
+   bytes apart, p = 256 ph + pl with pl unsigned (xl, xh: (m, k)), and P itself (ps: (m, k/32)), for
+   the AVX2 group kernel's 8-bit products. */
 static void quantize_rows(const float *x, int64_t m, int64_t k, int16_t *xq, float *es, uint8_t *xl, int8_t *xh,
                           int32_t *ps) {
     int64_t nb = k / 32;
@@ -235,7 +235,7 @@ static inline void dot_rows(const int R, int type, const uint8_t *w, const int16
 }
 
 #if defined(__AVX512BW__)
-/* The 8 rows' integer sums of one block of an interleaved group, for one activation row p (its 32
+/* The 8 rows' integer sums of one block of a group, for one activation row p (its 32
    int16). A 64-byte load is two chunks; each 16-bit lane pair is (row, 2 weights), so after the
    madds the qword lanes are the rows, each as two int32 halves, added and narrowed to 8 int32. */
 static inline __m256i group_sums(int type, const uint8_t *qs, const int16_t *p) {
@@ -307,7 +307,7 @@ static inline __m256i group_sums_q4(int type, const uint8_t *qs, const uint8_t *
 }
 #endif
 
-/* 8 weight rows (one interleaved group, nb blocks) against R activation rows: out[r * out_stride + 0..7].
+/* 8 weight rows (one group, nb blocks) against R activation rows: out[r * out_stride + 0..7].
    Each block's 8 integer sums are exact; the float work per block is one product of scales and a
    fused multiply-add (and Q4_1's m e P), the same sequence for a row whatever R is. */
 static inline void dot_group(const int R, int type, const uint8_t *g, const int16_t *xq, const float *es,
@@ -374,7 +374,7 @@ static float dot_row(int type, const uint8_t *w, const int16_t *xq, const float 
     return total;
 }
 
-/* One interleaved group's 8 rows against one activation row, in portable C: out[0..7]. */
+/* One group's 8 rows against one activation row, in portable C: out[0..7]. */
 static void dot_group_portable(int type, const uint8_t *g, const int16_t *xq, const float *es, int64_t nb,
                                float *out) {
     const int bytes = GROUP * lb_block_bytes(type), head = group_head(type);
@@ -451,20 +451,17 @@ static void matmul(int type, const uint8_t *w, int64_t n, int64_t k, const int16
 /* y (m, n) = x (m, k) W^T: quantize x, then multiply. One call per layer from Python (ctypes). Returns
    0, or -1 where the scratch for x could not be allocated (y is then not written). */
 int lb_linear(int type, const uint8_t *w, int64_t n, int64_t k, const float *x, int64_t m, float *y, int threads) {
-    int16_t *xq = malloc((size_t)(m * k) * sizeof(int16_t));
-    float *es = malloc((size_t)(m * (k / 32) * 2) * sizeof(float));
-    uint8_t *xl = malloc((size_t)(m * k));
-    int8_t *xh = malloc((size_t)(m * k));
-    int32_t *ps = malloc((size_t)(m * (k / 32)) * sizeof(int32_t));
-    const int ok = xq && es && xl && xh && ps;
-    if (ok) {
-        quantize_rows(x, m, k, xq, es, xl, xh, ps);
-        matmul(type, w, n, k, xq, es, xl, xh, ps, m, y, threads);
-    }
-    free(xq);
-    free(es);
-    free(xl);
-    free(xh);
-    free(ps);
-    return ok ? 0 : -1;
+    /* one allocation for x's copies: xq (int16), es (float pairs), ps (int32), then xl and xh (bytes) */
+    const size_t values = (size_t)(m * k), blocks = (size_t)(m * (k / 32));
+    char *scratch = malloc(values * 2 + blocks * 2 * sizeof(float) + blocks * sizeof(int32_t) + values * 2);
+    if (!scratch) return -1;
+    int16_t *xq = (int16_t *)scratch;
+    float *es = (float *)(scratch + values * 2);
+    int32_t *ps = (int32_t *)(es + blocks * 2);
+    uint8_t *xl = (uint8_t *)(ps + blocks);
+    int8_t *xh = (int8_t *)(xl + values);
+    quantize_rows(x, m, k, xq, es, xl, xh, ps);
+    matmul(type, w, n, k, xq, es, xl, xh, ps, m, y, threads);
+    free(scratch);
+    return 0;
 }

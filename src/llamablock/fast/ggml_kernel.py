@@ -35,7 +35,7 @@ from llamablock.util.files import atomic_write, user_cache_dir
 SOURCE = Path(__file__).with_name("ggml_dot.c")
 TYPE_IDS = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 8}  # GGML's type ids, as ggml_dot.c's enum
 BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}  # 32 weights each (ggml-common.h)
-GROUP, GROUPED = 8, 256  # rows per interleaved group; added to a type id for that layout (ggml_dot.c)
+GROUP, GROUPED = 8, 256  # rows per group; added to a type id for that layout (ggml_dot.c)
 # the builds that are faster on groups of 8 rows than on the file's order, decode and prefill alike
 # (`llamablock bench file_blocks` times both layouts in each build); the portable build keeps the
 # file's order: it has no vector code of its own for either
@@ -80,10 +80,11 @@ UNUSED_DAYS = 14  # a build of other sources, for the same flags, not loaded for
 
 
 def kept_build(directory: Path, stem: str, flavour: str, key: str) -> Path:
-    """The path `<stem>-<flavour>-<key>.so` in `directory` (`flavour` names the flags, `key` the
+    """The path `<stem>-<flavour>-<key>.so` in `directory` (made if absent; `flavour` names the flags, `key` the
     sources too), marked used now; the same flavour's other builds unused for UNUSED_DAYS are
     deleted. Each edit of the kernel, and each llamablock release, leaves a build behind, and
     another installed version may still use its own, so the recently used ones stay."""
+    directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"{stem}-{flavour}-{key}.so"
     if path.exists():
         os.utime(path)
@@ -105,7 +106,6 @@ def flavour(options: list[str]) -> str:
 def _built(directory: Path, compiler: str, options: list[str]) -> Path:
     """The library built with `options`, named by a hash of the source and the options (built if absent)."""
     key = hashlib.sha256(SOURCE.read_bytes() + " ".join(options).encode()).hexdigest()[:16]
-    directory.mkdir(parents=True, exist_ok=True)
     path = kept_build(directory, "ggml_dot", flavour(options), key)
     if not path.exists():
         def write(tmp: Path) -> None:
