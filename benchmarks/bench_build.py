@@ -1,14 +1,14 @@
 """The compiled engine's cold build against its decode speed: autotuned GEMM templates or not.
 
 `llamablock compile` autotunes by default (inductor's max-autotune restricted to its C++ GEMM
-templates, llamablock.fast.build_options.inductor_options); `--no-autotune` keeps inductor's
+templates, llamablock.fast.compiled.build_options.inductor_options); `--no-autotune` keeps inductor's
 default kernels. Each row is a child process with its own empty inductor cache that builds
 AOTIEngine for the format `llamablock generate` would use (the file's own, `own_format`),
 timing the cold build (`engine.build`, every package compiled), then decodes 64 tokens greedily
 through `generate` on one thread, twice, keeping the faster. The table is the trade-off the
 default is chosen by: build seconds saved against decode speed lost.
 SmolLM2-135M-Instruct (the embedded file). --quick skips it: two cold builds take minutes even for a
-tiny model, and the pieces it times are tested on their own (tests/fast/test_compiled_decode.py,
+tiny model, and the pieces it times are tested on their own (tests/fast/compiled/test_compiled_decode.py,
 tests/faces/test_compile_cli.py).
 """
 
@@ -25,9 +25,9 @@ CLAIM = "cut the cold build time where it costs little speed: autotuning's build
 CHILD = r"""
 import json, sys, time, torch
 torch.set_num_threads(1)
-from llamablock.fast.compiled_decode import AOTIEngine
+from llamablock.fast.compiled.compiled_decode import AOTIEngine
 from llamablock.runtime.generate import generate
-from llamablock.fast.native import own_format
+from llamablock.fast.kernels.native import own_format
 from llamablock.fast.formats import load_dtype
 from llamablock.io.loading import load_decoder
 from llamablock.io.source import open_source

@@ -2,8 +2,8 @@
 
 The target: compilation is paid once, so a second run of the same command should start
 decoding within 10 s. Two child processes run one after the other with the same, initially
-empty, inductor cache directory (TORCHINDUCTOR_CACHE_DIR, as llamablock.fast.compile_cache sets for
-the command line). Each loads the model, builds llamablock.fast.compiled_decode.AOTIEngine,
+empty, inductor cache directory (TORCHINDUCTOR_CACHE_DIR, as llamablock.fast.compiled.compile_cache sets for
+the command line). Each loads the model, builds llamablock.fast.compiled.compiled_decode.AOTIEngine,
 prefills a prompt and decodes one token; it reports the seconds from process start to that first
 decoded token, and how many of them went to compiling (the first step at this cache length).
 Full: SmolLM2-135M in q8 with autotuning, as `llamablock generate --compile --dtype q8`.
@@ -24,7 +24,7 @@ CHILD = r"""
 import time
 t_start = time.perf_counter()
 import json, sys, torch
-from llamablock.fast.compiled_decode import AOTIEngine
+from llamablock.fast.compiled.compiled_decode import AOTIEngine
 quick = sys.argv[1] == "quick"
 if quick:
     from llamablock.config import ModelConfig
@@ -59,7 +59,7 @@ def run(quick: bool = False) -> list[Section]:
         sec.rows.append([name, f"{r['load']:.1f}", f"{r['compile']:.1f}", f"{r['first_token']:.1f}"])
     warm = runs["second run (warm cache)"]["first_token"]
     sec.notes.append(verdict("second run's first decoded token", warm, 10.0, higher_is_better=False, unit=" s"))
-    sec.notes.append("The compiled decoder's default backend is an AOTInductor package (llamablock.fast.aoti_step): the "
+    sec.notes.append("The compiled decoder's default backend is an AOTInductor package (llamablock.fast.compiled.aoti_step): the "
                      "warm run hashes the weights to name the packages and loads their shared libraries instead of "
                      "compiling. 'Model loaded at' is importing torch and loading the checkpoint; the rest builds "
                      "and quantizes the static layout, loads the libraries and runs the prompt and one step.")

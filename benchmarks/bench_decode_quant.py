@@ -3,7 +3,7 @@ against transformers on the same GGUF, with the perplexity each format costs.
 
 Models: llamablock.load_pretrained(None) (the embedded SmolLM2-135M-Instruct Q4_1 file,
 dequantized to float32 by gguf's own kernels), its bfloat16 copy, and that copy quantized by
-llamablock.fast.quant (q8 per row; q4 groups of 32 with an 8-bit head). transformers loads the same
+llamablock.fast.kernels.quant (q8 per row; q4 groups of 32 with an 8-bit head). transformers loads the same
 file (`from_pretrained(dir, gguf_file=...)`, as benchmarks/decode.py does) and runs its default
 DynamicCache with sdpa attention; both compute logits for the last position only (ours
 `last_only`, transformers' `logits_to_keep=1`, as its generate does). llama.cpp (llama-cpp-python on the Q4_1 file, through
@@ -33,7 +33,7 @@ import torch
 
 from benchmarks import decode_limits
 from benchmarks.common import Section, ms, run_child, verdict
-from llamablock.fast.quant import quantize_model, weight_bytes
+from llamablock.fast.kernels.quant import quantize_model, weight_bytes
 from llamablock.kv_cache import KVCache
 from llamablock.util.timing import time_calls
 
@@ -114,12 +114,12 @@ def _models(quick: bool):
 
 
 class _Compiled:
-    """A compiled engine of llamablock.fast.compiled_decode: the static layout, its step compiled."""
+    """A compiled engine of llamablock.fast.compiled.compiled_decode: the static layout, its step compiled."""
 
     def __init__(self, model, fmt: str, steps: int, autotune: bool, backend: str = "aoti", compile_prefill: bool = True,
                  **inductor):
-        from llamablock.fast.compiled_decode import AOTIEngine
-        from llamablock.fast.inductor_engine import InductorEngine
+        from llamablock.fast.compiled.compiled_decode import AOTIEngine
+        from llamablock.fast.compiled.inductor_engine import InductorEngine
 
         if backend == "inductor":
             self.engine = InductorEngine(model, fmt, autotune=autotune, inductor=inductor)
@@ -153,7 +153,7 @@ def _add_compiled(runners: dict, ours: dict, prompt, steps: int, quick: bool) ->
         ref.start(prompt)
         for i in range(4):  # the prefill's logits, then three steps
             # bfloat16 over 30 layers: a reordered sum moves logits by a few bf16 ulps (0.125 at 16-32),
-            # so the check is relative to the logit scale, as the model test in tests/fast/test_quant.py.
+            # so the check is relative to the logit scale, as the model test in tests/fast/kernels/test_quant.py.
             diff = (r.logits.float() - ref.logits.float()).abs().max()
             if diff > 2**-4 * ref.logits.float().abs().max():
                 where = f"step {i}" if i else "prefill"
@@ -258,7 +258,7 @@ def _limits(sec: Section, dec: dict, pre: dict, prefill_tokens: int, bw: float, 
     sec.notes.append(f"Limit, q8: 1.75x llama.cpp is {1.75 * cpp_rate:.0f} tok/s, {need_ms:.1f} ms per step; the compiled "
                      f"step above takes {step_ms:.1f} ms in the interleaved rounds and {1e3 / parts['q8_alone']:.1f} ms "
                      "alone (measured as llama.cpp is). In the kernel profile below (the same kernels built by "
-                     "torch.compile, its weights left in 4 KiB pages: llamablock.fast.huge_pages moves only the "
+                     "torch.compile, its weights left in 4 KiB pages: llamablock.fast.compiled.huge_pages moves only the "
                      f"AOTInductor program's), the step's int8 matmuls alone take {gemm_ms:.1f} ms per step "
                      f"({parts['q8_bytes'] / per_step['gemm'] / 1e9:.0f} GB/s over {parts['q8_bytes'] / 2**20:.0f} MiB of "
                      f"int8 weights) and its other kernels {rest_ms:.1f} ms; streaming those bytes at the rate a float32 "
@@ -272,11 +272,11 @@ def _limits(sec: Section, dec: dict, pre: dict, prefill_tokens: int, bw: float, 
 
 _ALONE_CHILD = r"""
 import json, sys, time, torch
-from llamablock.fast.compile_cache import use_persistent_cache
-from llamablock.fast.malloc import tune_allocator
+from llamablock.fast.compiled.compile_cache import use_persistent_cache
+from llamablock.fast.kernels.malloc import tune_allocator
 tune_allocator(); use_persistent_cache()
 import llamablock
-from llamablock.fast.compiled_decode import AOTIEngine
+from llamablock.fast.compiled.compiled_decode import AOTIEngine
 fmt, ids, new = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
 engine = AOTIEngine(llamablock.load_pretrained(None, torch.bfloat16), fmt)
 engine.prepare(len(ids) + new + 1)
@@ -356,7 +356,7 @@ def run(quick: bool = False) -> list[Section]:
         pr = f"{100 * (ppl[fmt] / ppl['float32'] - 1):+.2f}%" if pp else ""
         sec.rows.append([k, f"{wb / 2**20:.0f}", f"{d:.1f}", f"{1 / dec[k]['min']:.1f}", dx, f"{bw / wb:.0f}",
                          p, px, pp, pr])
-    from llamablock.fast.compiled_decode import PREFILL_MIN
+    from llamablock.fast.compiled.compiled_decode import PREFILL_MIN
 
     for k in compiled:  # compile seconds read after the prefill timing: it may have compiled a longer cache
         secs, compiled_prefill = runners[k].engine.compile_seconds, runners[k].engine.compile_prefill
@@ -364,7 +364,7 @@ def run(quick: bool = False) -> list[Section]:
                                  " and the C++ GEMM templates (step_options)")
         prefill = (f"is compiled too (one program for every prompt length; prompts under {PREFILL_MIN} tokens padded)"
                    if compiled_prefill else "is the static layout's, eager")
-        sec.notes.append(f"{k}: llamablock.fast.compiled_decode (fused weights, static cache, compiled ahead of time by "
+        sec.notes.append(f"{k}: llamablock.fast.compiled.compiled_decode (fused weights, static cache, compiled ahead of time by "
                          f"AOTInductor with freezing{gemm}); its prefill "
                          f"{prefill}. Compiling took {secs:.0f} s in all (each program at "
                          "each cache length this run used: the prefill's may be longer than the decode rows'), not "

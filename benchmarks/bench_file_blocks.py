@@ -1,5 +1,5 @@
-"""The file's own blocks (fast/file_blocks.py, the C kernel) against re-quantizing them for PyTorch's
-packed kernels (fast/quant.py), on SmolLM2-135M's Q4_1 GGUF.
+"""The file's own blocks (fast/kernels/file_blocks.py, the C kernel) against re-quantizing them for PyTorch's
+packed kernels (fast/kernels/quant.py), on SmolLM2-135M's Q4_1 GGUF.
 
 Four tables, one thread:
   * a layer's matmul at 1, 64 and 256 rows of x: the block kernel on rows in groups of 8 and in the
@@ -37,9 +37,9 @@ CLAIM = ("the file's own Q4_1 blocks decode at least as fast as re-quantizing th
 def _layer_table(repeats: int) -> Section:
     import gguf
 
-    from llamablock.fast import ggml_kernel
-    from llamablock.fast.file_blocks import dequantize_blocks, group_rows
-    from llamablock.fast.quant import Int4Linear
+    from llamablock.fast.kernels import ggml_kernel
+    from llamablock.fast.kernels.file_blocks import dequantize_blocks, group_rows
+    from llamablock.fast.kernels.quant import Int4Linear
     from llamablock.util.files import user_cache_dir
     from llamablock.util.timing import l3_size, time_calls
 
@@ -83,7 +83,7 @@ def _layer_table(repeats: int) -> Section:
 
 def _models():
     """(label, model) for the default load with and without the block kernel: the same file."""
-    from llamablock.fast import ggml_kernel
+    from llamablock.fast.kernels import ggml_kernel
     from llamablock.fast.plan import load_in_format
     from llamablock.io.source import open_source
 
@@ -105,7 +105,7 @@ def _models():
 
 def _bytes_read(model) -> int:
     """Bytes a decode step reads: every parameter and buffer once, without int4's prefill-only nibbles."""
-    from llamablock.fast.quant import weight_bytes
+    from llamablock.fast.kernels.quant import weight_bytes
 
     return weight_bytes(model)
 
@@ -149,7 +149,7 @@ def _decode_table(models, repeats: int) -> Section:
 def _compiled_table(source, repeats: int, ceiling: float) -> Section:
     """The compiled engines (`llamablock compile`'s AOTIEngine, autotuned) over the file's blocks and
     over the re-quantized q4 layers: one decode step each, interleaved. Compiles on first use."""
-    from llamablock.fast.compiled_decode import AOTIEngine
+    from llamablock.fast.compiled.compiled_decode import AOTIEngine
     from llamablock.fast.plan import load_in_format
     from llamablock.io.loading import load_decoder
     from llamablock.util.timing import time_calls
@@ -219,7 +219,7 @@ def _fidelity_table(source, models, tokens: int) -> Section:
 
 
 def run(quick: bool = False) -> list[Section]:
-    from llamablock.fast import ggml_kernel
+    from llamablock.fast.kernels import ggml_kernel
     from llamablock.util.cpu import this_cpu
 
     threads = torch.get_num_threads()
@@ -233,7 +233,7 @@ def run(quick: bool = False) -> list[Section]:
     finally:
         torch.set_num_threads(threads)
     layers.notes.append(f"CPU kind {this_cpu().kind}: PyTorch's kernels dispatch to {this_cpu().isa}; the block "
-                        f"kernel runs its {ggml_kernel.best_isa()} build (fast/ggml_kernel.py best_isa).")
+                        f"kernel runs its {ggml_kernel.best_isa()} build (fast/kernels/ggml_kernel.py best_isa).")
     if compiled is None:
         decode.notes.append("The compiled engines' table: full run only (each compiles for minutes on first use).")
     return [layers, decode, *([compiled] if compiled else []), fidelity]

@@ -1,6 +1,6 @@
-"""The compiled decode step with its weights in 2 MiB pages against 4 KiB pages (llamablock.fast.huge_pages).
+"""The compiled decode step with its weights in 2 MiB pages against 4 KiB pages (llamablock.fast.compiled.huge_pages).
 
-Per format, a child process (with the command line's allocator settings, llamablock.fast.malloc)
+Per format, a child process (with the command line's allocator settings, llamablock.fast.kernels.malloc)
 builds two AOTIEngine engines from the same model: the first compiles the AOTInductor
 package (or loads it from the cache) and keeps its weights in the 4 KiB pages they were loaded
 into, the second loads the same package and moves its weights into 2 MiB pages. Both run the
@@ -28,11 +28,11 @@ CLAIM = "the compiled step's weights in 2 MiB pages: decode tokens/s against 4 K
 
 CHILD = r"""
 import json, sys, torch
-from llamablock.fast.compile_cache import use_persistent_cache
-from llamablock.fast.malloc import tune_allocator
+from llamablock.fast.compiled.compile_cache import use_persistent_cache
+from llamablock.fast.kernels.malloc import tune_allocator
 tune_allocator(); use_persistent_cache()
-from llamablock.fast.compiled_decode import AOTIEngine
-from llamablock.fast.huge_pages import huge_bytes
+from llamablock.fast.compiled.compiled_decode import AOTIEngine
+from llamablock.fast.compiled.huge_pages import huge_bytes
 from llamablock.util.timing import time_calls
 fmt, quick, prompt, steps, repeats = sys.argv[1], sys.argv[2] == "quick", *map(int, sys.argv[3:6])
 if quick:

@@ -35,7 +35,7 @@ def status_kib(field):
         if line.startswith(field + ":"):
             return int(line.split()[1])
 
-from llamablock.fast.malloc import tune_allocator
+from llamablock.fast.kernels.malloc import tune_allocator
 quick, method, t, threads = sys.argv[1] == "quick", sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 tune_allocator()  # as the command line sets it: the blocked methods' score buffers are reused, not refaulted
 torch.set_num_threads(threads)

@@ -8,7 +8,7 @@ calls scaled_dot_product_attention with is_causal=True, whose CPU kernel works b
 Each length runs in its own child process: the model is loaded, its RSS noted and the kernel's
 peak-RSS mark reset (`/proc/self/clear_refs`, 5), then one prefill with a fresh KVCache and
 `last_only=True`; the row reports the peak RSS above the model's (VmHWM - VmRSS before), and the
-time. The children keep glibc's default allocator (no llamablock.fast.malloc tuning), which returns
+time. The children keep glibc's default allocator (no llamablock.fast.kernels.malloc tuning), which returns
 large buffers to the system on free, so RSS follows the live tensors instead of memory kept
 from loading.
 --quick: the llama-2024-small preset (random weights) at 256..1024 tokens.

@@ -1,8 +1,8 @@
-"""glibc's return-and-refault of large buffers, and llamablock.fast.malloc's fix.
+"""glibc's return-and-refault of large buffers, and llamablock.fast.kernels.malloc's fix.
 
 LayerNorm over a (2048, 4096) float32 tensor allocates a 32 MiB output per call; glibc serves
 it with mmap and unmaps it on free, so every call faults fresh zeroed pages in. The fix
-(`llamablock.fast.malloc.tune_allocator`, applied by the command line) makes glibc keep the memory.
+(`llamablock.fast.kernels.malloc.tune_allocator`, applied by the command line) makes glibc keep the memory.
 mallopt cannot be undone within a process, so the two settings run in child processes started
 alternately (defaults, tuned, defaults, tuned, ...), each timing the same loop; min and median
 are over all rounds of a setting.
@@ -21,7 +21,7 @@ CLAIM = "LayerNorm (2048, 4096): 11.9 ms with glibc defaults vs 2.9 ms without r
 CHILD = r"""
 import json, sys, torch
 if sys.argv[1] == "tuned":
-    from llamablock.fast.malloc import tune_allocator
+    from llamablock.fast.kernels.malloc import tune_allocator
     state = tune_allocator()
 else:
     state = "glibc defaults"

@@ -1,7 +1,7 @@
 """Peak memory of a run by weight format, beside its decode speed (SmolLM2-135M's Q4_1 GGUF).
 
 Each row is a child process that loads the model as `llamablock generate --dtype FORMAT` does
-(llamablock.io.source.open_source and llamablock.fast.native.load_in_format, the command line's allocator settings), generates 32 tokens
+(llamablock.io.source.open_source and llamablock.fast.kernels.native.load_in_format, the command line's allocator settings), generates 32 tokens
 eagerly on one thread, and reports its peak resident memory above the same interpreter with torch
 imported (Linux's VmHWM, reset before loading), the resident memory after generating, the bytes
 of the weights it holds, and the decode tokens/s. `auto` reads the GGUF straight into the packed
@@ -24,7 +24,7 @@ FORMATS = ("auto", "q4", "q8", "bfloat16", "float32")
 CHILD = r"""
 import json, sys, torch
 torch.set_num_threads(1)
-from llamablock.fast.malloc import tune_allocator
+from llamablock.fast.kernels.malloc import tune_allocator
 tune_allocator()
 from llamablock.fast.plan import load_in_format
 from llamablock.io.source import open_source

@@ -3,7 +3,7 @@
 Rows of activations (tokens x width) at widths 576 (SmolLM2), 4096 (Llama 2 7B), 8192, float32:
     layernorm         torch.nn.LayerNorm: one ATen kernel (mean, variance, scale, shift)
     rmsnorm eager     llamablock.norm.RMSNorm: five elementwise/reduction ops, each a pass
-    rmsnorm compiled  llamablock.fast.fused.fused_rms_norm: the same maths in one inductor kernel
+    rmsnorm compiled  llamablock.fast.compiled.fused.fused_rms_norm: the same maths in one inductor kernel
 The ratio column is time / LayerNorm's time (below 1 is faster than LayerNorm).
 --quick skips the compiled variant (its first compilation alone takes longer than the test).
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from benchmarks.common import Section, ms, verdict
-from llamablock.fast.fused import fused_rms_norm
+from llamablock.fast.compiled.fused import fused_rms_norm
 from llamablock.norm import RMSNorm
 from llamablock.util.timing import time_calls
 

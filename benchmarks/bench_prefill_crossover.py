@@ -1,6 +1,6 @@
 """Prefill through a packed layer: its kernel row by row against dequantizing and the bf16 GEMM.
 
-llamablock.fast.quant switches a q8/q4 layer from the packed kernel to a dequantized bfloat16 GEMM
+llamablock.fast.kernels.quant switches a q8/q4 layer from the packed kernel to a dequantized bfloat16 GEMM
 at a number of rows chosen per CPU kind (PREFILL_BY_CPU). This measures where the switch pays on
 the CPU at hand: for each format and layer shape, the kernel and the dequantize-then-GEMM path on
 the same activations at 16 to 256 rows, interleaved round by round on one thread (medians), and the
@@ -21,7 +21,7 @@ CLAIM = "the packed kernel against dequantize-then-GEMM by rows of prefill: wher
 
 
 def _paths(fmt: str, weight: torch.Tensor):
-    from llamablock.fast.quant import Int4Linear, Int8Linear
+    from llamablock.fast.kernels.quant import Int4Linear, Int8Linear
 
     if fmt == "q4":
         lin = Int4Linear(weight)
@@ -33,7 +33,7 @@ def _paths(fmt: str, weight: torch.Tensor):
 
 
 def run(quick: bool = False) -> list[Section]:
-    from llamablock.fast.quant import prefill_rows
+    from llamablock.fast.kernels.quant import prefill_rows
     from llamablock.util.cpu import this_cpu
     from llamablock.util.timing import time_calls
 
@@ -60,7 +60,7 @@ def run(quick: bool = False) -> list[Section]:
                         first = m
                 sec.rows.append([fmt, f"{n} x {k}", *cells, f"{first} rows" if first else f"beyond {rows[-1]}"])
             chosen = prefill_rows(fmt)
-            sec.notes.append(f"{fmt}: llamablock.fast.quant switches at "
+            sec.notes.append(f"{fmt}: llamablock.fast.kernels.quant switches at "
                              f"{f'{chosen} rows' if chosen else 'no row count (the kernel throughout)'} on this CPU "
                              f"kind (PREFILL_BY_CPU).")
     finally:

@@ -5,7 +5,7 @@ x (1, heads, tokens, head_dim) float32 and cos/sin for those positions:
     llamablock interleaved  the same in Meta's neighbouring-pairs layout
     transformers            transformers' own apply_rotary_pos_emb (Llama), on q and k together,
                             so its time is halved for one tensor's comparison (noted in the row)
-    compiled half           llamablock.fast.fused.fused_apply_rope (one inductor kernel; not in --quick)
+    compiled half           llamablock.fast.compiled.fused.fused_apply_rope (one inductor kernel; not in --quick)
 The ratio column is time / llamablock half's time.
 """
 
@@ -15,7 +15,7 @@ import torch
 
 from benchmarks.common import Section, ms
 from llamablock.config import ModelConfig
-from llamablock.fast.fused import fused_apply_rope
+from llamablock.fast.compiled.fused import fused_apply_rope
 from llamablock.rope import apply_rope, rope_cos_sin
 from llamablock.util.timing import time_calls
 

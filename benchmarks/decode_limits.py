@@ -9,7 +9,7 @@
     prefill_parts(static)  a float32 prefill's weight GEMMs and its causal attention, each timed
                            on its own with the kernels both llamablock and transformers call
 
-`static` is a llamablock.fast.static_decode.StaticDecoder (q8-quantized for int8_kernels): the real
+`static` is a llamablock.fast.compiled.static_decode.StaticDecoder (q8-quantized for int8_kernels): the real
 fused matrices of SmolLM2, so the shapes, the byte counts and the weights' place in memory are a
 real step's. Each function returns a Section and the numbers the decode benchmark's 'Limit' notes
 quote.
@@ -21,8 +21,8 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.common import Section, ms
-from llamablock.fast.huge_pages import collapse, tensor_ranges
-from llamablock.fast.quant import Int8Linear
+from llamablock.fast.compiled.huge_pages import collapse, tensor_ranges
+from llamablock.fast.kernels.quant import Int8Linear
 from llamablock.util.timing import time_calls
 
 STREAM_MIB = 1024  # larger than this machine's L3 (480 MiB): the rate of memory, not of a cache
@@ -88,7 +88,7 @@ def float32_gemvs(static, repeats: int = 7) -> tuple[Section, float]:
     """-> (table, median seconds in 2 MiB pages) of one float32 step's weight matrix-vector
     products, each F.linear at one row (MKL's sgemv, what the compiled float32 step calls:
     build_options.step_options), on the weights in 4 KiB pages and on a copy moved into 2 MiB
-    pages as the compiled step's are (llamablock.fast.huge_pages), alternating."""
+    pages as the compiled step's are (llamablock.fast.compiled.huge_pages), alternating."""
     weights = _step_weights(static)
     copies = [w.clone() for w in weights]
     moved = collapse(tensor_ranges(copies))

@@ -61,7 +61,7 @@ def machine() -> list[str]:
                 break
     except OSError:
         pass
-    from llamablock.fast.malloc import allocator_state
+    from llamablock.fast.kernels.malloc import allocator_state
     from llamablock.util.cpu import this_cpu
 
     load = " / ".join(f"{x:.1f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "n/a"
@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"llamablock bench: error: {e}", file=sys.stderr)
         return 2
-    from llamablock.fast.malloc import tune_allocator
+    from llamablock.fast.kernels.malloc import tune_allocator
 
     tune_allocator()  # as the command line sets it up, so the in-process benchmarks time what users run
     output = args.output

@@ -1,6 +1,6 @@
 """Drive a batch engine as the server's scheduler does, and run the same requests alone: the two
 sides of every "batched equals alone" test (tests/runtime/test_batch.py for the eager batch engine,
-tests/fast/test_batch_compiled.py for the compiled one).
+tests/fast/compiled/test_batch_compiled.py for the compiled one).
 
     requests: [(prompt length, new tokens, the step at which the request arrives)]
     batched(engine, prompts, requests) -> {i: (greedy tokens, their logits)}

@@ -10,7 +10,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 torch.set_num_threads(min(2, torch.get_num_threads()))
-# Compiled graphs of the tests go to a fresh directory, not the user's cache (llamablock.fast.compile_cache).
+# Compiled graphs of the tests go to a fresh directory, not the user's cache (llamablock.fast.compiled.compile_cache).
 if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
     _inductor_dir = tempfile.mkdtemp(prefix="llamablock-inductor-")
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = _inductor_dir

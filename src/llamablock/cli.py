@@ -83,13 +83,13 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from llamablock.fast.compile_cache import use_persistent_cache
-    from llamablock.fast.malloc import tune_allocator
+    from llamablock.fast.compiled.compile_cache import use_persistent_cache
+    from llamablock.fast.kernels.malloc import tune_allocator
 
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser(argv).parse_args(argv)
-    tune_allocator()  # glibc: keep large tensor buffers instead of refaulting them (llamablock.fast.malloc)
-    use_persistent_cache()  # torch.compile's caches under ~/.cache, not /tmp (llamablock.fast.compile_cache)
+    tune_allocator()  # glibc: keep large tensor buffers instead of refaulting them (llamablock.fast.kernels.malloc)
+    use_persistent_cache()  # torch.compile's caches under ~/.cache, not /tmp (llamablock.fast.compiled.compile_cache)
     try:
         module = importlib.import_module(args._module)
         if args.command not in COMPUTES:

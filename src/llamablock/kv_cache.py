@@ -15,7 +15,7 @@ Size: 2 x layers x n_kv x hd x L x bytes per element, times the batch.
     StaticKVCache  one fixed length L, written at a position: `write` stores one token in slot
                    `pos` in place and returns all L slots, the unfilled ones for the caller to mask.
                    Every decode step then has the same shapes, so one compiled program serves every
-                   position (llamablock.fast.static_decode).
+                   position (llamablock.fast.compiled.static_decode).
 
 Both keep one pair of buffers per layer: a single buffer shared by all layers makes a compiled
 decode step copy the whole cache at every layer.

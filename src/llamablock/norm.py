@@ -20,7 +20,7 @@ from torch import nn
 
 def rms_normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
     """x / sqrt(mean(x^2) + eps) over the last axis, in float32: the statistic every RMSNorm here
-    (this module's, the compiled one in llamablock.fast.fused, the tracer's) computes."""
+    (this module's, the compiled one in llamablock.fast.compiled.fused, the tracer's) computes."""
     x32 = x.float()
     return x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
 

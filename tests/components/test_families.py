@@ -128,7 +128,7 @@ def test_bad_descendant_configs_name_the_field(change, words):
 
 
 def test_the_compiled_engines_refuse_the_descendants_by_name():
-    from llamablock.fast.static_decode import unsupported_reason
+    from llamablock.fast.compiled.static_decode import unsupported_reason
 
     cfg = config_from_hf(dict(
         model_type="gemma2", vocab_size=50, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,

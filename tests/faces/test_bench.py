@@ -43,7 +43,7 @@ def test_unknown_benchmark_is_a_usage_error(capfd):
 
 
 def test_tune_allocator_reports_what_it_did(monkeypatch):
-    from llamablock.fast import malloc
+    from llamablock.fast.kernels import malloc
 
     monkeypatch.setenv("MALLOC_MMAP_MAX_", "0")
     assert "left alone: the user set MALLOC_MMAP_MAX_" in malloc.tune_allocator()
@@ -65,8 +65,8 @@ def test_decode_limits_time_the_real_layers_of_a_static_layout():
 
     from benchmarks import decode_limits
     from llamablock.config import ModelConfig
-    from llamablock.fast.quant import quantize_model
-    from llamablock.fast.static_decode import StaticDecoder
+    from llamablock.fast.compiled.static_decode import StaticDecoder
+    from llamablock.fast.kernels.quant import quantize_model
     from llamablock.model import Decoder
 
     cfg = ModelConfig(vocab_size=256, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=128, max_seq_len=128)

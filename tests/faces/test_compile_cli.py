@@ -15,8 +15,8 @@ from gguf_tiny import count_calls, write_tiny_gguf
 from hf_reference import tiny_hf_model
 
 from llamablock import cli
-from llamablock.fast import builds
-from llamablock.fast.batch_compiled import CompiledBatchEngine
+from llamablock.fast.compiled import builds
+from llamablock.fast.compiled.batch_compiled import CompiledBatchEngine
 from llamablock.web.generation import load_served
 
 # A command resolves --model once, parses a GGUF's header once and reads its weights once.
@@ -24,7 +24,7 @@ ONE_EACH = {"resolve_model": 1, "open_gguf": 1, "gguf_tensors": 1}
 
 
 def _count_reads(monkeypatch) -> dict:
-    import llamablock.fast.native  # noqa: F401  (imported, so that its names are counted too)
+    import llamablock.fast.kernels.native  # noqa: F401  (imported, so that its names are counted too)
     import llamablock.fast.plan  # noqa: F401
 
     return {name: count_calls(monkeypatch, name) for name in ONE_EACH}
@@ -118,7 +118,7 @@ def test_compile_batch_builds_the_servers_step_and_its_rows_equal_each_request_a
     """`compile --batch 3` builds the step for three sequences and for one; `serve --parallel 3` then
     decodes its rows with those programs (the file read once), and each request's greedy tokens and logits equal
     its run alone on the eager model (1e-4 of the largest logit: inductor's kernels against eager
-    float32, as tests/fast/test_compiled_decode.py allows)."""
+    float32, as tests/fast/compiled/test_compiled_decode.py allows)."""
     torch._dynamo.reset()
     assert cli.main(["compile", "--model", str(tiny), "--tokens", "64", "--batch", "3", "--no-autotune"]) == 0
     out = capsys.readouterr().out

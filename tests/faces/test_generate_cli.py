@@ -42,7 +42,7 @@ def test_generate_streams_and_summarizes(capsys, tiny_gguf):
 
 
 def test_generate_verbose_names_the_cpu_first(capsys, tiny_gguf):
-    from llamablock.fast.ggml_kernel import best_isa
+    from llamablock.fast.kernels.ggml_kernel import best_isa
     from llamablock.util.cpu import this_cpu
 
     code, _, err = _run(capsys, "generate", "--model", tiny_gguf, "--prompt", "abc", "--max-new-tokens", "2", "--verbose")

@@ -23,7 +23,7 @@ httpx = pytest.importorskip("httpx")
 uvicorn = pytest.importorskip("uvicorn")
 
 from llamablock.cli import build_parser  # noqa: E402
-from llamablock.fast.compiled_decode import StaticEngine  # noqa: E402
+from llamablock.fast.compiled.compiled_decode import StaticEngine  # noqa: E402
 from llamablock.io.loading import load_model_and_tokenizer  # noqa: E402
 from llamablock.model import Decoder  # noqa: E402
 from llamablock.presets import preset  # noqa: E402

@@ -18,7 +18,7 @@ from hf_reference import tiny_hf_model
 
 from llamablock.cli import main
 from llamablock.diagnostics.rope_lint import lint_file
-from llamablock.fast.static_decode import StaticDecoder
+from llamablock.fast.compiled.static_decode import StaticDecoder
 from llamablock.io.gguf import load_gguf
 from llamablock.kv_cache import KVCache
 

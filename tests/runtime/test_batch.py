@@ -4,7 +4,7 @@ computes alone.
 The reference is EagerEngine, one sequence at a time (itself tested against the uncached model and
 transformers). Tiny random models in float32; prompts of different lengths that join at different
 steps, prefill in several chunks and leave at different steps, so rows move, shift and compact.
-The served formats too: q8 and q4 weights with bfloat16 activations (llamablock.fast.quant).
+The served formats too: q8 and q4 weights with bfloat16 activations (llamablock.fast.kernels.quant).
 Greedy tokens must be identical, and logits equal within LOGIT_RTOL of the largest logit: the batch
 changes only the order of float32 sums (padding keys get a softmax weight of exactly 0).
 """
@@ -65,10 +65,10 @@ QUANT_RTOL = 2e-2
 
 @pytest.mark.parametrize("fmt", ["q8", "q4"])
 def test_batched_equals_alone_quantized(llama, fmt):
-    """The served formats: bfloat16 activations, int8 or int4 weights (llamablock.fast.quant)."""
+    """The served formats: bfloat16 activations, int8 or int4 weights (llamablock.fast.kernels.quant)."""
     import copy
 
-    from llamablock.fast.quant import quantize_model
+    from llamablock.fast.kernels.quant import quantize_model
 
     model = quantize_model(copy.deepcopy(llama).to(torch.bfloat16), fmt)
     prompts = _prompts(model.cfg.vocab_size, QUANT_REQUESTS)

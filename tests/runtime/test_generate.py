@@ -149,7 +149,7 @@ def test_bad_requests(tiny):
 GROWTH = r"""
 import json, sys, torch
 torch.set_num_threads(1)
-from llamablock.fast.malloc import tune_allocator
+from llamablock.fast.kernels.malloc import tune_allocator
 tune_allocator()  # as the command line runs: freed memory stays with the process
 from llamablock.fast.plan import load_in_format
 from llamablock.io.source import open_source

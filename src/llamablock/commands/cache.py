@@ -2,9 +2,9 @@
 
 Three things live under $XDG_CACHE_HOME/llamablock (default ~/.cache/llamablock):
   * compiled programs: the AOTInductor packages of the decode step and prefill
-    (llamablock.fast.aoti_step; the least recently used beyond 8 GB are pruned after each compile);
+    (llamablock.fast.compiled.aoti_step; the least recently used beyond 8 GB are pruned after each compile);
   * inductor's caches: compiled graphs, kernels and autotuning choices of torch.compile
-    (llamablock.fast.compile_cache), which torch never prunes;
+    (llamablock.fast.compiled.compile_cache), which torch never prunes;
   * trained tracer models: the 2017 and 2024 pair that `llamablock trace` and the page's tracer
     train on first use (llamablock.studies.trace).
 Each is rebuilt when next needed: compiled programs cost a compile (minutes), the tracer pair a
@@ -36,8 +36,8 @@ class Cache(NamedTuple):
 
 def entries() -> list[Cache]:
     """The compiled programs, inductor's caches (which contain the programs' directory) and the tracer's models."""
-    from llamablock.fast.aoti_step import directory_bytes, package_dir
-    from llamablock.fast.compile_cache import cache_dir
+    from llamablock.fast.compiled.aoti_step import directory_bytes, package_dir
+    from llamablock.fast.compiled.compile_cache import cache_dir
     from llamablock.studies.trace import models_dir
 
     packages = package_dir()

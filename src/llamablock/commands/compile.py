@@ -1,11 +1,11 @@
 """`llamablock compile`: build the compiled engine for a model once, so that `generate` uses it.
 
-The engine (llamablock.fast.compiled_decode.AOTIEngine) compiles its decode step and prefill for
+The engine (llamablock.fast.compiled.compiled_decode.AOTIEngine) compiles its decode step and prefill for
 one model file, format and cache length; this command does it ahead of time, stage by stage,
-with the elapsed time and the previous build's total, and records it (llamablock.fast.builds) so
+with the elapsed time and the previous build's total, and records it (llamablock.fast.compiled.builds) so
 that `llamablock generate` picks the compiled engine by default from then on. `--batch B` builds
 the step for B sequences at once instead (no compiled prefill), which `llamablock serve --parallel
-B` picks up the same way (llamablock.fast.batch_compiled).
+B` picks up the same way (llamablock.fast.compiled.batch_compiled).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def add_arguments(p) -> None:
 def run(args) -> int:
     import torch
 
-    from llamablock.fast import builds
+    from llamablock.fast.compiled import builds
     from llamablock.fast.plan import build, decide
     from llamablock.io.source import open_source
 

@@ -3,7 +3,7 @@
 Ends with one summary line on stderr: prompt tokens, new tokens, prefill and decode tokens/s
 (decode = forward passes after the prefill, divided by their wall time). `--json` prints the
 token ids and the text instead, as one JSON object. `--compile` decodes with
-llamablock.fast.compiled_decode.AOTIEngine (AOTInductor packages, compiled once per model, format
+llamablock.fast.compiled.compiled_decode.AOTIEngine (AOTInductor packages, compiled once per model, format
 and cache length, then loaded); its compile time is reported in the summary, never counted as
 decode time.
 """
@@ -54,7 +54,7 @@ def add_arguments(p) -> None:
                         "weights, bfloat16 activations (default: %(default)s)")
     p.add_argument("--engine", choices=("auto", "eager", "compiled"), default="auto",
                    help="compiled: decode and prefill with the static layout compiled ahead of time "
-                        "(llamablock.fast.compiled_decode, AOTInductor; BENCHMARKS.md compares its speed), compiling "
+                        "(llamablock.fast.compiled.compiled_decode, AOTInductor; BENCHMARKS.md compares its speed), compiling "
                         "once per model, format and cache length (minutes) if `llamablock compile` has not; eager: the "
                         "Decoder; auto: compiled when it is built for this model and format, else eager (default: auto)")
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
@@ -99,7 +99,7 @@ def _one(source, plan, engine, text: str, args, sampling, chat_history=None):
     on_text = None if args.json else (lambda s: (sys.stdout.write(s), sys.stdout.flush()))
     total = len(ids) + new
     if not engine.covers(total):
-        from llamablock.fast.aoti_step import package_dir
+        from llamablock.fast.compiled.aoti_step import package_dir
 
         print(f"[the compiled decode step and prefill: loading them from {package_dir()}, or compiling them once "
               "(a few minutes; `llamablock cache` shows the disk they take)]",
@@ -186,7 +186,7 @@ def run(args) -> int:
     if device != "cpu" and engine == "compiled":
         raise UsageError(f"the compiled engine runs on the CPU; use --device cpu, or --engine eager on {device}")
     if args.verbose:
-        from llamablock.fast.ggml_kernel import best_isa
+        from llamablock.fast.kernels.ggml_kernel import best_isa
         from llamablock.util.cpu import this_cpu
 
         print(f"[cpu: {this_cpu().describe()}; kind {this_cpu().kind}; block kernel: its {best_isa()} build]",

@@ -4,12 +4,12 @@ file's own types map to.
 A *format* is how a model's weights are held while it runs (the commands' `--dtype` flag names
 one, or `auto`):
     float32, bfloat16   plain tensors of that dtype
-    q8, q4              packed int8 rows / int4 groups of 32 (fast/quant.py), with bfloat16
+    q8, q4              packed int8 rows / int4 groups of 32 (fast/kernels/quant.py), with bfloat16
                         activations, the dtype the packed CPU kernels take; loaded in bfloat16,
                         then quantized
-    blocks              a GGUF's own Q4_0 / Q4_1 / Q8_0 blocks as stored (fast/file_blocks.py),
+    blocks              a GGUF's own Q4_0 / Q4_1 / Q8_0 blocks as stored (fast/kernels/file_blocks.py),
                         float32 activations; what `auto` runs such a file in
-`auto` is each tensor in the format its stored type maps to (GGUF_TYPES; fast/native.py), or a
+`auto` is each tensor in the format its stored type maps to (GGUF_TYPES; fast/kernels/native.py), or a
 transformers directory's torch_dtype (TORCH_DTYPES). Why 5- and 6-bit blocks go to q8 rather
 than q4: the file's precision is kept at some memory cost.
 """
@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 FORMATS = ("float32", "bfloat16", "q8", "q4", "blocks")
-PACKED = ("q8", "q4")  # quantized by fast/quant.py after loading in bfloat16
+PACKED = ("q8", "q4")  # quantized by fast/kernels/quant.py after loading in bfloat16
 CHOICES = ("auto", *FORMATS)  # what a command's --dtype takes
 
 # A GGUF tensor type -> the format it runs in under `auto`.

@@ -9,11 +9,11 @@ compile in one `if`):
 
 The rules:
 - Device: the packed formats and the compiled engine run on the CPU; elsewhere the engine is
-  eager and `auto` is the float format (fast/native.py float_format).
-- Engine: `compiled` when asked; `auto` is compiled when fast/builds.py records a build of this
+  eager and `auto` is the float format (fast/kernels/native.py float_format).
+- Engine: `compiled` when asked; `auto` is compiled when fast/compiled/builds.py records a build of this
   file in this format by this llamablock and torch (`llamablock compile` made it), else eager,
   with a note that says how to build it (or that the build is another version's).
-- Format: the eager engine's `auto` is every tensor in its stored format (fast/native.py); the
+- Format: the eager engine's `auto` is every tensor in its stored format (fast/kernels/native.py); the
   compiled engine's is the file's majority format (native.own_format), since it quantizes its
   fused q/k/v itself.
 """
@@ -25,10 +25,11 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from llamablock.fast import builds, ggml_kernel
+from llamablock.fast.compiled import builds
 from llamablock.fast.formats import CHOICES, PACKED, load_dtype
-from llamablock.fast.native import float_format, kept_types, native_decoder, own_format
-from llamablock.fast.quant import apply_dtype
+from llamablock.fast.kernels import ggml_kernel
+from llamablock.fast.kernels.native import float_format, kept_types, native_decoder, own_format
+from llamablock.fast.kernels.quant import apply_dtype
 from llamablock.io.loading import load_decoder
 from llamablock.io.source import ModelSource
 from llamablock.runtime.engine import EagerEngine
@@ -86,7 +87,7 @@ def build(source: ModelSource, plan: Plan, notify=None) -> Built:
     if plan.engine == "eager":
         model, what = load_in_format(source, plan.fmt, plan.device)
         return Built(model, EagerEngine(model, what))
-    from llamablock.fast.compiled_decode import AOTIEngine
+    from llamablock.fast.compiled.compiled_decode import AOTIEngine
 
     model = load_in_format(source, "blocks")[0] if plan.fmt == "blocks" else load_decoder(source, load_dtype(plan.fmt))
     return Built(model, AOTIEngine(model, plan.fmt, autotune=plan.autotune, notify=notify, batch=plan.batch,
@@ -97,7 +98,7 @@ def eager_beside(built: Built) -> nn.Module:
     """An eager model beside a compiled engine, from the weights already read (a server runs the
     requests its engine does not cover on it): the engine's float model itself, or a quantized copy
     of it for q8/q4. That is the dequantize-then-quantize path, whose logits equal the native
-    load's for a file of one format (tests/fast/test_native.py); a file mixing formats runs every
+    load's for a file of one format (tests/fast/kernels/test_native.py); a file mixing formats runs every
     weight in the engine's one format here, where the native load keeps each tensor's own."""
     fmt = built.engine.fmt
     return apply_dtype(copy.deepcopy(built.model), fmt) if fmt in PACKED else built.model
@@ -142,7 +143,7 @@ def _file_blocks(source: ModelSource) -> nn.Module:
 
 def prepare(engine, source: ModelSource, total_tokens: int) -> float:
     """Make `engine` ready for `total_tokens` (loading or compiling a compiled engine's programs) and
-    record a compiled build (fast/builds.py), so that later commands choose it; seconds compiling."""
+    record a compiled build (fast/compiled/builds.py), so that later commands choose it; seconds compiling."""
     seconds = engine.prepare(total_tokens) or 0.0
     running = getattr(engine, "running", None)
     if running is not None and running.get("step") != "eager":  # a step run eagerly is no build to choose

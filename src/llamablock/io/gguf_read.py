@@ -104,7 +104,7 @@ def dequantize_to(tensor, dtype: torch.dtype) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class Blocks:
-    """A quantized tensor's bytes exactly as the file stores them (fast/file_blocks.py computes with
+    """A quantized tensor's bytes exactly as the file stores them (fast/kernels/file_blocks.py computes with
     them): `rows` (n, bytes per row) uint8, one row of blocks per output row; `shape` the weights'
     (n, k), which loaders check against the model's."""
 

@@ -4,7 +4,7 @@ Our parameter names map to transformers' by io/tensor_names.py's `hf_name`
 (`layers.3.attn.wq.weight` is `model.layers.3.self_attn.q_proj.weight`). Phi-3 stores
 W_q, W_k, W_v as one qkv_proj and W_gate, W_up as one gate_up_proj: they are split on load into
 views of the fused rows (no copy) and fused again on save, so one attention and one feed-forward
-serve every family; the fast engine fuses all families' weights the same way (fast/static_decode.py). Loading is strict both ways: a
+serve every family; the fast engine fuses all families' weights the same way (fast/compiled/static_decode.py). Loading is strict both ways: a
 tensor the model needs and the file lacks, one the file has and the model does not use, or
 one of the wrong shape is an error naming it. Never a silently half-loaded model.
 Files are written to a temporary name and renamed, so an interrupted save leaves no torn file.

@@ -1,7 +1,7 @@
 """Loading a model's weights as a float Decoder, from a source read once (io/source.py).
 
 `load_decoder(source, dtype)` is what every command's build step calls (fast/plan.py); the
-packed formats start from it or from fast/native.py, which reads a GGUF straight into packed
+packed formats start from it or from fast/kernels/native.py, which reads a GGUF straight into packed
 layers. `load_pretrained` and `load_model_and_tokenizer` are the library's one-call forms for a
 name or path (the public API: llamablock.load_pretrained).
 """

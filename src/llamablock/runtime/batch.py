@@ -30,7 +30,7 @@ released, so an idle server holds no cache.
 
 Exactness: a row computes what it would alone, up to the order of float sums (padding keys get a
 softmax weight of exactly 0; tests/runtime/test_batch.py compares with EagerEngine in float32).
-The q8/q4 layers of llamablock.fast.quant multiply row by row below PREFILL_ROWS rows, so a decode
+The q8/q4 layers of llamablock.fast.kernels.quant multiply row by row below PREFILL_ROWS rows, so a decode
 batch smaller than that gives each row its alone result bit for bit; a prompt prefilled in chunks
 runs each chunk through the kernel its size picks, which may differ from the kernel of the whole
 prompt at once, and so may change a quantized model's text. Not for

@@ -3,7 +3,7 @@
 The same command runs on very different CPUs: a Xeon with AMX multiplies bfloat16 matrices in
 hardware, an AVX-512 CPU has inductor's C++ GEMM templates for the packed int4 matmul, and an
 AVX2-only laptop has neither (inductor then has no template at all for int4:
-llamablock.fast.build_options says what the compiled engine does about it). The features come
+llamablock.fast.compiled.build_options says what the compiled engine does about it). The features come
 from torch's own cpuinfo (`torch.cpu.get_capabilities`), and the vector width from the ISA that
 ATen dispatches to (`torch.backends.cpu.get_cpu_capability`), which inductor follows too: setting
 ATEN_CPU_CAPABILITY=avx2 on an AVX-512 machine makes both behave as on an AVX2 one, so `kind`

@@ -4,10 +4,10 @@ tokenizer, the scheduler that runs its requests) and `load_served`, which builds
 
 Requests run on llamablock.web.scheduler (continuous batching behind a bounded queue).
 
-Engines: a request runs on the compiled engine (llamablock.fast.compiled_decode.AOTIEngine) when one
+Engines: a request runs on the compiled engine (llamablock.fast.compiled.compiled_decode.AOTIEngine) when one
 is given and already covers the request's length (its programs loaded or compiled before serving
 began: nothing is compiled inside a request): alone with `--parallel 1`, as a row of its step for
-a batch otherwise (llamablock.fast.batch_compiled); every other request on the eager engine.
+a batch otherwise (llamablock.fast.compiled.batch_compiled); every other request on the eager engine.
 """
 
 from __future__ import annotations
@@ -36,11 +36,11 @@ def load_served(model: str | None = None, max_queue: int = 8, compile_tokens: in
     """Load a model (a name or path as `llamablock generate --model` takes, or a run directory) and
     start its worker, the file read once (fast/plan.py). Requests run on the eager engine, in the
     file's own precision; the compiled engine serves the requests it covers when `llamablock compile`
-    has built it for this model for `parallel` sequences at once (`--batch`; fast/builds.py), or
+    has built it for this model for `parallel` sequences at once (`--batch`; fast/compiled/builds.py), or
     when `compile_tokens` asks for it: then it is prepared now for requests up to that many tokens,
     loaded from the compile cache or compiled once, so that no request waits for a compilation.
     With `parallel` 1 it runs one request at a time; with more, its step decodes `parallel` rows
-    (llamablock.fast.batch_compiled). With a compiled engine the eager model is made from the same
+    (llamablock.fast.compiled.batch_compiled). With a compiled engine the eager model is made from the same
     weights (plan.eager_beside). `engine` is fast/plan.py's choice: "eager" never compiles, "compiled"
     prepares the compiled engine whatever the builds say."""
     from llamablock.fast.plan import build, decide, eager_beside, prepare

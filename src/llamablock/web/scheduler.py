@@ -19,9 +19,9 @@ server's event loop; each piece of text goes to the event loop that asked for it
 Exception). A client that disconnects sets its job's `cancelled`: a waiting job is skipped, a
 running one leaves the batch before the next step.
 
-A compiled engine (llamablock.fast.compiled_decode) built for one sequence serves, with `parallel`
+A compiled engine (llamablock.fast.compiled.compiled_decode) built for one sequence serves, with `parallel`
 1, the requests it covers, one at a time; one built for a batch of B (AOTIEngine(batch=B)) decodes
-the batch's rows (llamablock.fast.batch_compiled), the rows it cannot hold eagerly beside them.
+the batch's rows (llamablock.fast.compiled.batch_compiled), the rows it cannot hold eagerly beside them.
 Counters for /metrics: llamablock.web.metrics; one log line per request (logger llamablock.serve).
 """
 
@@ -58,7 +58,7 @@ class Scheduler:
             raise ValueError(f"max_queue must be a positive integer, got {max_queue!r}")
         self.model, self.tokenizer, self.compiled = model, tokenizer, compiled
         if compiled is not None and compiled.batch > 1:  # the compiled step decodes the batch
-            from llamablock.fast.batch_compiled import CompiledBatchEngine
+            from llamablock.fast.compiled.batch_compiled import CompiledBatchEngine
 
             self.engine, self.compiled = CompiledBatchEngine(model, compiled, chunk=chunk), None
         else:

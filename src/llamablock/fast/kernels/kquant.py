@@ -7,12 +7,12 @@ which is the affine form of PyTorch's int4 kernel, (q - 8) s + z, with s = d sc 
 z = 8 s - dmin m. So the ids can be kept as they are, and only s and z round to bfloat16 (the
 kernel's precision: a relative 2^-8 each). Re-deriving a group's scale from its min and max
 (Int4Linear's own quantizer) instead moves every weight whose group does not span all 16 ids
-by up to half a step: tests/fast/test_kquant.py compares the two layers' errors, and `llamablock
+by up to half a step: tests/fast/kernels/test_kquant.py compares the two layers' errors, and `llamablock
 bench kquants` measures the model's error in each --dtype on Gemma 3 270M Q4_K_M.
 
 The sub-scales are unpacked by the gguf package's own Q4_K.get_scale_min; the id order (each 32
 bytes give 32 weights from their low nibbles, then the next 32 from their high ones) is its
-dequantize_blocks', against which tests/fast/test_kquant.py checks every weight.
+dequantize_blocks', against which tests/fast/kernels/test_kquant.py checks every weight.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from llamablock.fast.quant import Int4Linear
+from llamablock.fast.kernels.quant import Int4Linear
 
 Q4_K_BYTES = 144  # per 256 weights: d, dmin (float16), 12 bytes of scales and mins, 128 bytes of ids
 

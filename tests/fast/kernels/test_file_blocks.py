@@ -1,4 +1,4 @@
-"""A GGUF's own Q4_0 / Q4_1 / Q8_0 blocks, kept (fast/file_blocks.py, fast/ggml_dot.c).
+"""A GGUF's own Q4_0 / Q4_1 / Q8_0 blocks, kept (fast/kernels/file_blocks.py, fast/kernels/ggml_dot.c).
 
 References, all independent of the code under test:
   * the `gguf` package's numpy dequantization (gguf.quants.dequantize): the blocks' exact weights,
@@ -20,9 +20,9 @@ from hf_reference import tiny_hf_model
 from torch import nn
 
 import llamablock
-from llamablock.fast import ggml_kernel
-from llamablock.fast.file_blocks import BlockEmbedding, BlockLinear, dequantize_blocks, group_rows, ungroup_rows
-from llamablock.fast.native import load_gguf_native
+from llamablock.fast.kernels import ggml_kernel
+from llamablock.fast.kernels.file_blocks import BlockEmbedding, BlockLinear, dequantize_blocks, group_rows, ungroup_rows
+from llamablock.fast.kernels.native import load_gguf_native
 from llamablock.util.cpu import cpu_from
 
 TYPES = ("Q4_0", "Q4_1", "Q8_0")
@@ -283,8 +283,8 @@ def test_a_16_bit_embedding_beside_blocks_keeps_float32_activations(tmp_path):
 
 def test_without_the_kernel_the_blocks_are_re_quantized(tmp_path, monkeypatch):
     """No compiler (or LLAMABLOCK_NO_KERNEL=1): PyTorch's packed layers, and the summary says why."""
+    from llamablock.fast.kernels.quant import Int4Linear
     from llamablock.fast.plan import load_in_format
-    from llamablock.fast.quant import Int4Linear
     from llamablock.io.source import open_source
 
     monkeypatch.setattr(ggml_kernel, "kernel", lambda: None)

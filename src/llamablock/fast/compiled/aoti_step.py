@@ -45,7 +45,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from llamablock.fast.huge_pages import collapse, tensor_ranges
+from llamablock.fast.compiled.huge_pages import collapse, tensor_ranges
 from llamablock.util.files import atomic_write
 
 
@@ -81,7 +81,7 @@ def weights_digest(static) -> str:
 
 def weights_name(static, weights_id: str | None = None) -> str:
     """The weights' part of a package's name: a hash of `weights_id`, a string that determines them
-    (a model read from a file: fast/builds.py weights_identity), or else of the weights themselves
+    (a model read from a file: fast/compiled/builds.py weights_identity), or else of the weights themselves
     (weights_digest reads every byte, at every start)."""
     if weights_id is None:
         return weights_digest(static)
@@ -105,7 +105,7 @@ def package_key(static, fmt: str, options: dict, method: str, example: tuple, di
 
 
 @functools.cache
-def source_digest(root: Path = Path(__file__).parents[1]) -> str:
+def source_digest(root: Path = Path(__file__).parents[2]) -> str:
     """A hash of the Python source under `root` (llamablock's own): the code a program was traced
     from. Without it, an edited or upgraded llamablock would load programs compiled from the code
     before. Any edit of the package counts, the cost being a recompile after an edit that did not
@@ -221,7 +221,7 @@ class AOTIProgram:
     argument's dimension 1 symbolic over that range (the prefill: one program for every prompt
     length; export needs min >= 2). `compile_seconds` is 0 when the library came from the disk cache.
     `huge_pages`: move the library's copy of the weights into 2 MiB pages once loaded
-    (llamablock.fast.huge_pages); `huge_page_bytes` says how much the kernel moved."""
+    (llamablock.fast.compiled.huge_pages); `huge_page_bytes` says how much the kernel moved."""
 
     def __init__(self, static, fmt: str, options: dict, method: str, example: tuple, digest: str | None = None,
                  lengths: tuple[int, int] | None = None, huge_pages: bool = False):
@@ -259,7 +259,7 @@ class AOTIProgram:
             self.huge_page_bytes = collapse(tensor_ranges(self.runner.extract_constants_map(False).values()))
 
     def _compile(self, static, options: dict) -> None:
-        """options: inductor settings (llamablock.fast.build_options)."""
+        """options: inductor settings (llamablock.fast.compiled.build_options)."""
         import torch._inductor
 
         wrapper = _WithCacheInputs(static, self.method, len(self.example))

@@ -1,6 +1,6 @@
 // llamablock::block_linear, the block kernel (ggml_dot.c) as a PyTorch operator, so that a compiled
 // program (torch.export, AOTInductor) can call it: a ctypes call cannot be traced. Eager layers call
-// the same C function through ctypes (fast/ggml_kernel.py); both give the same numbers.
+// the same C function through ctypes (fast/kernels/ggml_kernel.py); both give the same numbers.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>

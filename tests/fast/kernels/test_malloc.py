@@ -1,4 +1,4 @@
-"""fast/malloc.py's loading mode, in a child process (the allocator's settings are process-wide).
+"""fast/kernels/malloc.py's loading mode, in a child process (the allocator's settings are process-wide).
 
 Reference: glibc's mallinfo2(3), whose `hblkhd` counts the bytes of blocks that have their own
 mapping; `tune_allocator` turns such mappings off, `mapped_large_blocks` back on for its block.
@@ -14,7 +14,7 @@ import pytest
 
 CHILD = r"""
 import ctypes, json
-from llamablock.fast import malloc
+from llamablock.fast.kernels import malloc
 
 class Info(ctypes.Structure):
     _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
@@ -40,7 +40,7 @@ print(json.dumps([inside, own_mapping()]))
 
 
 def test_large_blocks_are_mapped_only_within_the_loading_block():
-    from llamablock.fast import malloc
+    from llamablock.fast.kernels import malloc
 
     libc = malloc._glibc()
     if libc is None or not hasattr(libc, "mallinfo2"):

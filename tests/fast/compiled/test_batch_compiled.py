@@ -1,4 +1,4 @@
-"""The compiled batch engine (llamablock.fast.batch_compiled): a request decoded among others by the
+"""The compiled batch engine (llamablock.fast.compiled.batch_compiled): a request decoded among others by the
 static layout's step for B rows computes what it computes alone.
 
 The reference is EagerEngine, one sequence at a time (itself tested against transformers). The
@@ -15,9 +15,9 @@ from batch_driver import assert_each_alone, batched
 from hf_reference import tiny_hf_model
 
 import llamablock
-from llamablock.fast.batch_compiled import CompiledBatchEngine
-from llamablock.fast.compiled_decode import StaticEngine
-from llamablock.fast.static_decode import StaticDecoder
+from llamablock.fast.compiled.batch_compiled import CompiledBatchEngine
+from llamablock.fast.compiled.compiled_decode import StaticEngine
+from llamablock.fast.compiled.static_decode import StaticDecoder
 
 LOGIT_RTOL = 1e-5
 
@@ -84,8 +84,8 @@ def test_the_one_row_bucket_is_the_package_generate_builds(tiny):
     """A batch engine's one-row step names the same AOTInductor package as the one-sequence
     engine's step at the same cache length (same weights, shapes, settings), so `compile` and
     `compile --batch B` share it. Keys only: nothing is compiled."""
-    from llamablock.fast.aoti_step import package_key, weights_digest
-    from llamablock.fast.build_options import attempts
+    from llamablock.fast.compiled.aoti_step import package_key, weights_digest
+    from llamablock.fast.compiled.build_options import attempts
 
     one, batch = StaticEngine(tiny), StaticEngine(tiny, batch=3)
     one.prepare(64)

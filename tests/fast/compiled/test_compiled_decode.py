@@ -18,13 +18,13 @@ from hf_reference import tiny_hf_model
 
 import llamablock
 from llamablock.config import ModelConfig
-from llamablock.fast.compiled_decode import (
+from llamablock.fast.compiled.compiled_decode import (
     PREFILL_MIN,
     AOTIEngine,
     StaticEngine,
 )
-from llamablock.fast.inductor_engine import InductorEngine
-from llamablock.fast.static_decode import (
+from llamablock.fast.compiled.inductor_engine import InductorEngine
+from llamablock.fast.compiled.static_decode import (
     MIN_CACHE,
     StaticDecoder,
     cache_length,
@@ -150,7 +150,7 @@ def test_quantized_engine_equals_quantized_eager_model(tiny, fmt):
     stacking the rows' quantizations; only the matmul blocking differs."""
     import copy
 
-    from llamablock.fast.quant import quantize_model
+    from llamablock.fast.kernels.quant import quantize_model
 
     bf16 = copy.deepcopy(tiny).to(torch.bfloat16)
     eager = quantize_model(copy.deepcopy(bf16), fmt)
@@ -198,7 +198,7 @@ def test_unsupported_configs_are_named(tiny):
 def test_persistent_compile_cache_location(monkeypatch, tmp_path):
     import torch._inductor.runtime.cache_dir_utils
 
-    from llamablock.fast.compile_cache import use_persistent_cache
+    from llamablock.fast.compiled.compile_cache import use_persistent_cache
 
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
@@ -206,7 +206,7 @@ def test_persistent_compile_cache_location(monkeypatch, tmp_path):
     assert torch._inductor.runtime.cache_dir_utils.cache_dir() == str(tmp_path / "llamablock" / "inductor")
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))
     assert use_persistent_cache() == tmp_path / "mine"  # the user's choice wins
-    from llamablock.fast.aoti_step import package_dir
+    from llamablock.fast.compiled.aoti_step import package_dir
 
     # aoti_step reads the variable without importing inductor: it must name inductor's directory
     assert package_dir() == Path(torch._inductor.runtime.cache_dir_utils.cache_dir()) / "llamablock-aoti"
@@ -214,7 +214,7 @@ def test_persistent_compile_cache_location(monkeypatch, tmp_path):
 
 _FRESH_PROCESS = r"""
 import sys, torch, llamablock
-from llamablock.fast.compiled_decode import AOTIEngine
+from llamablock.fast.compiled.compiled_decode import AOTIEngine
 model = llamablock.load_pretrained(sys.argv[1], torch.bfloat16)
 engine = AOTIEngine(model, "bfloat16")  # autotuned: bfloat16 GEMM templates may use AMX
 with torch.no_grad():
@@ -245,7 +245,7 @@ def test_a_fresh_process_runs_the_cached_programs(tmp_path):
 
 
 def test_prune_deletes_least_recently_used_packages_beyond_the_limit(tmp_path):
-    from llamablock.fast.aoti_step import prune
+    from llamablock.fast.compiled.aoti_step import prune
 
     for i, name in enumerate(["old", "mid", "new", "kept", ".compiling.123"]):
         (tmp_path / name).mkdir()
@@ -260,7 +260,7 @@ def test_prune_deletes_least_recently_used_packages_beyond_the_limit(tmp_path):
 
 
 def test_drop_build_copy_deletes_only_the_packages_files(tmp_path):
-    from llamablock.fast.aoti_step import drop_build_copy
+    from llamablock.fast.compiled.aoti_step import drop_build_copy
 
     model = tmp_path / "llamablock-aoti" / ".key.1" / "package" / "data" / "aotinductor" / "model"
     model.mkdir(parents=True)
@@ -308,7 +308,7 @@ def test_aoti_backend_equals_eager_and_reloads_from_its_package(tiny):
 
     other = copy.deepcopy(tiny)
     other.layers[0].ffn.w_up.weight[0, 0] += 1.0
-    from llamablock.fast.aoti_step import package_key
+    from llamablock.fast.compiled.aoti_step import package_key
 
     a, b = StaticDecoder(tiny, 64), StaticDecoder(other, 64)
     example = (torch.zeros(1, 1, dtype=torch.long), torch.zeros(1, dtype=torch.long))
@@ -318,7 +318,7 @@ def test_aoti_backend_equals_eager_and_reloads_from_its_package(tiny):
 def test_package_key_names_the_source(tiny, monkeypatch, tmp_path):
     """A program is traced from llamablock's code, so its key hashes that code: an edited or
     upgraded llamablock compiles again instead of loading programs of the code before."""
-    from llamablock.fast import aoti_step
+    from llamablock.fast.compiled import aoti_step
 
     for name, text in (("a.py", "x = 1"), ("sub/b.py", "y = 2")):
         (tmp_path / name).parent.mkdir(exist_ok=True)
@@ -340,7 +340,7 @@ def test_float32_step_calls_mkl_gemv_and_equals_eager(tiny):
     weights, the other formats keep the templates as they are, and every format keeps pointwise
     results of more than 8 ops as buffers (build_options.step_options); the float32 step's logits
     equal the eager model's (1e-4)."""
-    from llamablock.fast.build_options import inductor_options, step_options
+    from llamablock.fast.compiled.build_options import inductor_options, step_options
 
     assert step_options("float32", inductor_options(True)) == {"freezing": True, "cpp.weight_prepack": False,
                                                                "realize_opcount_threshold": 8}

@@ -18,9 +18,10 @@ from hf_reference import tiny_hf_model
 
 import llamablock
 from llamablock import cli
-from llamablock.fast import aoti_step, builds, ggml_kernel
-from llamablock.fast.build_options import attempts, inductor_options
-from llamablock.fast.compiled_decode import AOTIEngine
+from llamablock.fast.compiled import aoti_step, builds
+from llamablock.fast.compiled.build_options import attempts, inductor_options
+from llamablock.fast.compiled.compiled_decode import AOTIEngine
+from llamablock.fast.kernels import ggml_kernel
 from llamablock.runtime.engine import EagerEngine
 from llamablock.runtime.generate import generate
 from llamablock.util import cpu

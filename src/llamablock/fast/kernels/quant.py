@@ -26,8 +26,8 @@ emulated with AVX2). From `prefill_rows(fmt)` rows on, a layer dequantizes its w
 call (a transient bfloat16 copy, freed after) and runs the bfloat16 GEMM; decode (one row)
 always reads only the small integers. The crossover is a choice per CPU kind (PREFILL_BY_CPU,
 `llamablock bench prefill_crossover` measures it); inside a compiled program it is PREFILL_ROWS,
-so that one program holds every prompt length from there on (fast/compiled_decode.py). int4
-reads the ids for this back out of the kernel's packed copy (fast/int4pack.py), so a layer holds
+so that one program holds every prompt length from there on (fast/compiled/compiled_decode.py). int4
+reads the ids for this back out of the kernel's packed copy (fast/kernels/int4pack.py), so a layer holds
 its weights once.
 Error per weight: rounding to nearest gives |W - dequant(W)| <= s / 2 (s the row or group
 step), plus the bfloat16 rounding of s and z (relative 2^-9). `dequantized()` returns the
@@ -39,8 +39,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from llamablock.fast import int4pack
 from llamablock.fast.formats import PACKED
+from llamablock.fast.kernels import int4pack
 
 PREFILL_ROWS = 32  # inside a compiled program, and on CPUs not measured: dequantize from this many rows on
 
@@ -112,7 +112,7 @@ class Int8Linear(nn.Module):
     def kernel(self) -> bool:
         """Whether small batches use aten._weight_int8pack_mm: its AVX-512 path returns garbage
         (NaN, huge values) or crashes when k is not a multiple of 16 (torch 2.13), so such layers
-        multiply by the dequantized weight; tests/fast/test_quant.py covers both widths."""
+        multiply by the dequantized weight; tests/fast/kernels/test_quant.py covers both widths."""
         return self.in_features % 16 == 0
 
     def dequantized(self) -> torch.Tensor:
@@ -159,7 +159,7 @@ class Int4Linear(nn.Module):
     def from_ids(cls, q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group_size: int = 32) -> Int4Linear:
         """A layer of given ids q (n, k) in 0..15 and per-group scale and zero (n, k / group_size), the
         kernel's weight (q - 8) * scale + zero with both rounded to bfloat16: for a file whose 4-bit
-        groups are already this affine form (Q4_K, fast/kquant.py), kept instead of re-derived."""
+        groups are already this affine form (Q4_K, fast/kernels/kquant.py), kept instead of re-derived."""
         self = cls.__new__(cls)
         nn.Module.__init__(self)
         self._pack(q.to(torch.int32), scale.float().to(torch.bfloat16).float(), zero.float().to(torch.bfloat16).float(),
@@ -170,7 +170,7 @@ class Int4Linear(nn.Module):
               group_size: int) -> None:
         n, k = q.shape
         self.register_buffer("packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.contiguous(), 1))
-        # prefill reads the ids back from `packed` (fast/int4pack.py); only where it cannot is a
+        # prefill reads the ids back from `packed` (fast/kernels/int4pack.py); only where it cannot is a
         # second, nibble copy kept for it. The layout is kept as a constant for torch.compile.
         self.layout = int4pack.layout() if int4pack.readable(n, k) else None
         nibbles = None if self.layout else (q[:, 0::2] | (q[:, 1::2] << 4)).to(torch.uint8)  # (n, k/2)

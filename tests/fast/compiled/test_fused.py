@@ -1,4 +1,4 @@
-"""The compiled RMSNorm and RoPE (llamablock.fast.fused) equal the eager reference to 1e-6.
+"""The compiled RMSNorm and RoPE (llamablock.fast.compiled.fused) equal the eager reference to 1e-6.
 
 The reference is llamablock's own RMSNorm and apply_rope, themselves checked against
 transformers in test_components.py / test_rope.py; compiled kernels may only reorder float32
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from llamablock.config import ModelConfig
-from llamablock.fast.fused import fused_apply_rope, fused_rms_norm
+from llamablock.fast.compiled.fused import fused_apply_rope, fused_rms_norm
 from llamablock.norm import RMSNorm
 from llamablock.rope import apply_rope, rope_cos_sin
 

@@ -1,10 +1,10 @@
 """Linear layers and an embedding that keep a GGUF's own Q4_0 / Q4_1 / Q8_0 blocks, byte for byte.
 
 The file's quantized weights are the model its author shipped and llama.cpp runs; quantizing
-them again into PyTorch's packed formats (fast/quant.py) moves every weight, and its bfloat16
+them again into PyTorch's packed formats (fast/kernels/quant.py) moves every weight, and its bfloat16
 scales drop bits of the file's float16 ones. These layers hold the file's bytes as read, in
 (out, in / 32 * block bytes) rows, and compute with them directly through ggml_dot.c
-(fast/ggml_kernel.py), x quantized to 16 bits per block of 32: `llamablock perplexity --compare
+(fast/kernels/ggml_kernel.py), x quantized to 16 bits per block of 32: `llamablock perplexity --compare
 float32` measures what that costs against the exact weights in float32.
 Prefill runs the same kernel as decode, and a row's products are the same bits whichever rows
 are computed beside it, so a layer's output for a token does not depend on how the prompt was split
@@ -12,7 +12,7 @@ into steps (attention around it, as in any model, may round differently). Dequan
 only if the dequantization were cheap, and it costs more than the kernel's whole prefill at these
 sizes in torch (`llamablock bench file_blocks` times both).
 `dequantized()` is the file's exact dequantization, equal bit for bit to the gguf package's
-(tests/fast/test_file_blocks.py): d * q + m, in float32, rounded once as gguf's numpy code does.
+(tests/fast/kernels/test_file_blocks.py): d * q + m, in float32, rounded once as gguf's numpy code does.
 Block layouts are ggml_dot.c's comment.
 
 Where the kernel's build for this CPU is faster on them (ggml_kernel.groups_rows), a layer holds
@@ -25,8 +25,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from llamablock.fast import block_op, ggml_kernel
-from llamablock.fast.ggml_kernel import BLOCK_BYTES, GROUP, GROUPED, TYPE_IDS
+from llamablock.fast.kernels import block_op, ggml_kernel
+from llamablock.fast.kernels.ggml_kernel import BLOCK_BYTES, GROUP, GROUPED, TYPE_IDS
 
 
 def dequantize_blocks(type_name: str, blocks: torch.Tensor) -> torch.Tensor:
@@ -136,7 +136,7 @@ class BlockLinear(nn.Module):
 class BlockEmbedding(nn.Module):
     """An embedding table read from a tied head's BlockLinear rows (one copy for both): row i is
     that row's exact dequantization. `weight` is an empty tensor of the activation dtype, as in
-    fast/quant.py's Int8Embedding: callers read it for the dtype and device."""
+    fast/kernels/quant.py's Int8Embedding: callers read it for the dtype and device."""
 
     def __init__(self, head: BlockLinear, dtype: torch.dtype = torch.float32):
         super().__init__()

@@ -1,10 +1,10 @@
 """`--dtype auto` where the blocks are re-quantized: each GGUF weight in the packed format its type
 maps to, loaded tensor by tensor. That is every K-quant and Q5 tensor, and Q4_0 / Q4_1 / Q8_0 where
-the block kernel cannot be built (fast/ggml_kernel.py; `_packed_path` turns it off here: the
-kept blocks are tests/fast/test_file_blocks.py's).
+the block kernel cannot be built (fast/kernels/ggml_kernel.py; `_packed_path` turns it off here: the
+kept blocks are tests/fast/kernels/test_file_blocks.py's).
 
 References: the dequantize-then-quantize path (`load_dtype` + `apply_dtype`, itself checked
-against float32 in tests/fast/test_quant.py): loading straight into the packed layers must give
+against float32 in tests/fast/kernels/test_quant.py): loading straight into the packed layers must give
 the same logits bit for bit, since both quantize the same bfloat16-rounded weights. A tied
 embedding stored quantized is the one exception by design: the straight load keeps one int8 copy,
 the head's, and the embedding reads its rows (Int8Embedding), so it equals the old path with that
@@ -26,16 +26,16 @@ from hf_reference import tiny_hf_model
 from torch import nn
 
 import llamablock
-from llamablock.fast.native import dir_format, load_gguf_native, own_format
+from llamablock.fast.kernels.native import dir_format, load_gguf_native, own_format
+from llamablock.fast.kernels.quant import Int4Linear, Int8Embedding, Int8Linear, apply_dtype
 from llamablock.fast.plan import load_in_format
-from llamablock.fast.quant import Int4Linear, Int8Embedding, Int8Linear, apply_dtype
 from llamablock.io.resolve import resolve_model
 from llamablock.io.source import open_source
 
 
 @pytest.fixture(autouse=True)
 def _packed_path(monkeypatch):
-    from llamablock.fast import ggml_kernel
+    from llamablock.fast.kernels import ggml_kernel
 
     monkeypatch.setattr(ggml_kernel, "kernel", lambda: None)
 
@@ -92,7 +92,7 @@ def test_a_mixed_file_keeps_each_tensors_format(tmp_path):
 @pytest.mark.parametrize("tied", [False, True])
 @pytest.mark.parametrize("qtype,fmt", [("Q8_0", "q8"), ("Q4_1", "q4")])
 def test_straight_load_equals_dequantize_then_quantize(tmp_path, qtype, fmt, tied, monkeypatch):
-    from llamablock.fast import quant
+    from llamablock.fast.kernels import quant
 
     monkeypatch.setattr(quant, "prefill_rows", lambda fmt: quant.PREFILL_ROWS)  # 40 rows: the GEMM on every CPU
     f = _tiny(tmp_path, qtype, tied)
@@ -108,7 +108,7 @@ def test_straight_load_equals_dequantize_then_quantize(tmp_path, qtype, fmt, tie
 def _embedding_error_bound(table: torch.Tensor, head: Int8Linear) -> torch.Tensor:
     """Per value of the shared table, against the float table the head was quantized from: half
     the row's step, the bfloat16 rounding of the step (a row maximum may clamp at 127 by as much),
-    and the bfloat16 rounding of the row read (tests/fast/test_quant.py derives the first two)."""
+    and the bfloat16 rounding of the row read (tests/fast/kernels/test_quant.py derives the first two)."""
     return head.scales.float()[:, None] / 2 + 2 * BF16_U * table.abs().amax(1, keepdim=True)
 
 
@@ -124,7 +124,7 @@ def test_a_tied_quantized_embedding_is_the_heads_int8_rows(tmp_path):
 
 @pytest.mark.slow
 def test_smollm2_straight_load_equals_the_old_path_and_runs_in_q4(monkeypatch):
-    from llamablock.fast import quant
+    from llamablock.fast.kernels import quant
 
     monkeypatch.setattr(quant, "prefill_rows", lambda fmt: quant.PREFILL_ROWS)  # the long text: the GEMM
     source = open_source(None)
@@ -160,7 +160,7 @@ def test_a_directory_runs_in_its_torch_dtype(tmp_path):
 PEAK = r"""
 import json, sys, torch
 torch.set_num_threads(1)
-from llamablock.fast.malloc import tune_allocator
+from llamablock.fast.kernels.malloc import tune_allocator
 tune_allocator()  # as the command line runs
 from llamablock.fast.plan import load_in_format
 from llamablock.io.source import open_source
@@ -191,13 +191,13 @@ def test_peak_memory_of_the_straight_load_against_the_file_size():
     room for the run-to-run spread of the heap's holes and of a fresh machine.
 
     The child runs the default path: the file's own blocks where the block kernel builds (its
-    weights then take the file's bytes, fast/file_blocks.py), the packed layers where it does not.
+    weights then take the file's bytes, fast/kernels/file_blocks.py), the packed layers where it does not.
     Beyond the weights the load's peak holds the tokenizer and the library code the load pages in;
     the decode adds the cache and the scratch of its kernels (the growth over a long generation is
     bounded in tests/runtime/test_generate.py). What the load no longer holds: the reader's parse
     of the vocabulary and the file's mapped pages (io/gguf.py, io/gguf_read.py), a nibble copy of
-    every q4 layer (fast/int4pack.py), a float embedding beside the 8-bit head (Int8Embedding,
-    BlockEmbedding), the heap's holes between weights (fast/malloc.py)."""
+    every q4 layer (fast/kernels/int4pack.py), a float embedding beside the 8-bit head (Int8Embedding,
+    BlockEmbedding), the heap's holes between weights (fast/kernels/malloc.py)."""
     path = str(resolve_model(None))
     load, run = json.loads(subprocess.run([sys.executable, "-c", PEAK, path], capture_output=True, text=True,
                                           check=True).stdout.splitlines()[-1])
@@ -212,7 +212,7 @@ def test_the_straight_load_holds_one_tensor_in_float_at_a_time(tmp_path, monkeyp
     held in float (each is packed, and its float copy dropped, before the next is read)."""
     import weakref
 
-    import llamablock.fast.native as native
+    import llamablock.fast.kernels.native as native
 
     alive, worst = [], [0]
     original = native.gguf_tensors

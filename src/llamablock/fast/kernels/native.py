@@ -1,7 +1,7 @@
 """Run a checkpoint in its own precision (`--dtype auto`), loading a GGUF straight into packed layers.
 
 The format of each weight follows the file (fast/formats.py GGUF_TYPES: F32 float32, F16 and
-BF16 bfloat16, Q8_0 / Q5_* / Q6_K q8, Q4_* q4, Q4_K with its own ids (fast/kquant.py); a file
+BF16 bfloat16, Q8_0 / Q5_* / Q6_K q8, Q4_* q4, Q4_K with its own ids (fast/kernels/kquant.py); a file
 of only F32 tensors runs in float32); a transformers directory runs in its config.json's torch_dtype (TORCH_DTYPES). With any quantized
 weight the activations, norms and embeddings are bfloat16, the packed kernels' activation dtype; the output head is q8 as in `quantize_model`. A tied embedding stored
 quantized is that q8 head's int8 rows (Int8Embedding): one copy for both.
@@ -9,16 +9,16 @@ quantized is that q8 head's int8 rows (Int8Embedding): one copy for both.
 A quantized GGUF is read tensor by tensor (io/gguf.py `gguf_tensors`): each weight is dequantized,
 rounded to bfloat16 and quantized into its packed layer before the next is read, so the whole
 model never exists in float. Rounding to bfloat16 first is what the dequantize-then-quantize path
-(`load_dtype` + `apply_dtype`) does, so both give the same logits (tests/fast/test_native.py; the
+(`load_dtype` + `apply_dtype`) does, so both give the same logits (tests/fast/kernels/test_native.py; the
 shared embedding differs from a bfloat16 one within the q8 step, as stated there). Two kinds are
-read undecoded instead: the blocks the kernel keeps (Q4_0, Q4_1, Q8_0: fast/file_blocks.py), and
-Q4_K, whose ids go into the int4 layer as they are (fast/kquant.py).
+read undecoded instead: the blocks the kernel keeps (Q4_0, Q4_1, Q8_0: fast/kernels/file_blocks.py), and
+Q4_K, whose ids go into the int4 layer as they are (fast/kernels/kquant.py).
 
 Memory (`llamablock bench memory` measures the peak against the file's size): the
 reader's parse of the header is dropped once the tokenizer is built, keeping only an index of
 the tensors (io/gguf_read.py TensorIndex), the file is read by read(2), never through a mapping
-(io/gguf_read.py), large temporaries get their own mappings while loading (fast/malloc.py), and
-an int4 layer holds its ids once (fast/int4pack.py).
+(io/gguf_read.py), large temporaries get their own mappings while loading (fast/kernels/malloc.py), and
+an int4 layer holds its ids once (fast/kernels/int4pack.py).
 """
 
 from __future__ import annotations
@@ -29,12 +29,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from llamablock.fast import ggml_kernel
-from llamablock.fast.file_blocks import BlockEmbedding, BlockLinear
 from llamablock.fast.formats import GGUF_TYPES, TORCH_DTYPES
-from llamablock.fast.kquant import q4k_linear
-from llamablock.fast.malloc import mapped_large_blocks, release_free_memory
-from llamablock.fast.quant import Int4Linear, Int8Embedding, Int8Linear
+from llamablock.fast.kernels import ggml_kernel
+from llamablock.fast.kernels.file_blocks import BlockEmbedding, BlockLinear
+from llamablock.fast.kernels.kquant import q4k_linear
+from llamablock.fast.kernels.malloc import mapped_large_blocks, release_free_memory
+from llamablock.fast.kernels.quant import Int4Linear, Int8Embedding, Int8Linear
 from llamablock.io.empty import empty_decoder
 from llamablock.io.gguf import config_from_gguf, gguf_tensors, open_gguf, tensor_index
 from llamablock.io.source import ModelSource
@@ -44,7 +44,7 @@ TRIM_EVERY = 16  # packed tensors between two malloc_trim calls (each walks the 
 
 def kept_types() -> frozenset[str]:
     """The GGUF types whose blocks run as stored here (BlockLinear): Q4_0, Q4_1 and Q8_0 where the
-    block kernel builds (fast/ggml_kernel.py), else none, and those types are re-quantized."""
+    block kernel builds (fast/kernels/ggml_kernel.py), else none, and those types are re-quantized."""
     return frozenset(ggml_kernel.BLOCK_BYTES) if ggml_kernel.kernel() is not None else frozenset()
 
 
@@ -78,13 +78,13 @@ def _read_weights(reader, cfg, model, dtype: torch.dtype, kept: frozenset[str]):
     tensors}, the shared head or None). A linear weight (or a tied embedding) of a type in `kept`
     becomes a BlockLinear of the file's bytes. Large blocks get their own mappings meanwhile, so
     the temporaries of each tensor go back to the system instead of fragmenting the heap
-    (fast/malloc.py)."""
+    (fast/kernels/malloc.py)."""
     expected = {name: p.shape for name, p in model.state_dict(keep_vars=True).items()}
     linears = _linear_names(model)
     embed = next((t.tensor_type.name for t in reader.tensors if t.name == "token_embd.weight"), None)
     tied = cfg.tie_embeddings and (GGUF_TYPES.get(embed) in ("q8", "q4") or embed in kept)
     shared = frozenset({"embed.weight"} if tied else ())
-    def as_blocks(name: str, kind: str) -> bool:  # read undecoded: kept blocks, and Q4_K's ids (fast/kquant.py)
+    def as_blocks(name: str, kind: str) -> bool:  # read undecoded: kept blocks, and Q4_K's ids (fast/kernels/kquant.py)
         return (kind in kept and (name in linears or name in shared)
                 or kind == "Q4_K" and name in linears and name != "head.weight")
 

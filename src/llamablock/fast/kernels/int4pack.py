@@ -14,7 +14,7 @@ instead of keeping a second nibble copy of the same ids, saves half a byte per w
 layout is PyTorch's private choice, so `layout()` does not assume it: it packs a sample matrix
 once per process and keeps the first (BLOCK_N, style) that reads it back exactly, or None, and
 Int4Linear then keeps its own nibble copy as before. `llamablock bench memory` measures the
-memory, tests/fast/test_quant.py the read-back.
+memory, tests/fast/kernels/test_quant.py the read-back.
 """
 
 from __future__ import annotations

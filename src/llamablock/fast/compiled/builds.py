@@ -16,7 +16,7 @@ packages' own names hash too): after an upgrade or an edit, `--engine auto` runs
 and says to rebuild, instead of compiling in the foreground for minutes. `autotune` is how the
 build was made (`llamablock compile --no-autotune` or not): the packages' names hash the settings,
 so `generate` must ask for the same ones to find them. A build for a batch of B sequences (`llamablock
-compile --batch B`, the server's `--parallel B`: llamablock.fast.batch_compiled) is listed as "LxB".
+compile --batch B`, the server's `--parallel B`: llamablock.fast.compiled.batch_compiled) is listed as "LxB".
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from llamablock.util.files import atomic_write
 
 
 def _index_file() -> Path:
-    from llamablock.fast.aoti_step import package_dir
+    from llamablock.fast.compiled.aoti_step import package_dir
 
     return package_dir() / "builds.json"
 
@@ -43,7 +43,7 @@ def weights_identity(path: Path, fmt: str) -> str | None:
     file's identity, the format, and the blocks' layout on this CPU (ggml_kernel.groups_rows); the
     code that reads them is in the package's name already (aoti_step.package_key). None for a
     folder, whose own modification time does not follow a weight file edited in place."""
-    from llamablock.fast import ggml_kernel
+    from llamablock.fast.kernels import ggml_kernel
 
     return f"{_file(path)}|{fmt}|rows grouped {ggml_kernel.groups_rows()}" if Path(path).is_file() else None
 
@@ -51,7 +51,7 @@ def weights_identity(path: Path, fmt: str) -> str | None:
 def _code() -> str:
     import torch
 
-    from llamablock.fast.aoti_step import source_digest
+    from llamablock.fast.compiled.aoti_step import source_digest
 
     return f"torch {torch.__version__} llamablock {source_digest()}"
 

@@ -1,13 +1,13 @@
 """`torch.ops.llamablock.block_linear`: the block kernel as a PyTorch operator, for compiled programs.
 
 torch.export and AOTInductor trace tensor operations; a ctypes call is opaque to them. So the
-compiled engine over a file's own blocks (fast/static_decode.py, fast/compiled_decode.py) calls the
+compiled engine over a file's own blocks (fast/compiled/static_decode.py, fast/compiled/compiled_decode.py) calls the
 kernel through this operator, registered in C++ (block_op.cpp, linked with ggml_dot.c): AOTInductor
 then emits a call to it by name, and a process that loads the program must have loaded the
-operator first (`load()`). Eager layers keep the ctypes call (fast/ggml_kernel.py): building
+operator first (`load()`). Eager layers keep the ctypes call (fast/kernels/ggml_kernel.py): building
 against torch's headers takes the C++ compiler several seconds, where the C file alone takes
 well under one, and eager decode does not need it. Both call the same C function with the same
-flags, so they give the same numbers (tests/fast/test_file_blocks.py).
+flags, so they give the same numbers (tests/fast/kernels/test_file_blocks.py).
 
 The library is kept beside the kernel's in the user's cache, named by a hash of both sources,
 the flags and the torch version (its headers and ABI).
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from llamablock.fast.ggml_kernel import SOURCE, flags, flavour, kept_build
+from llamablock.fast.kernels.ggml_kernel import SOURCE, flags, flavour, kept_build
 from llamablock.util.files import atomic_write, user_cache_dir
 
 OP_SOURCE = Path(__file__).with_name("block_op.cpp")
@@ -77,7 +77,7 @@ def load() -> bool:
     try:
         try:
             path = built(flags())
-        except RuntimeError:  # a compiler without OpenMP, as for the ctypes library (fast/ggml_kernel.py)
+        except RuntimeError:  # a compiler without OpenMP, as for the ctypes library (fast/kernels/ggml_kernel.py)
             path = built(flags(threads=False))
         torch.ops.load_library(str(path))
     except (OSError, RuntimeError) as e:

@@ -1,28 +1,28 @@
-"""The fast engines: the static layout (llamablock.fast.static_decode) run eagerly or compiled.
+"""The fast engines: the static layout (llamablock.fast.compiled.static_decode) run eagerly or compiled.
 
     StaticEngine(model, fmt)     the static layout run eagerly: what the compiled engines are
                                  tested against
     InductorEngine(model, fmt)   its decode step compiled by torch.compile in this process
-                                 (prefill eager; llamablock.fast.inductor_engine, for benchmarks)
+                                 (prefill eager; llamablock.fast.compiled.inductor_engine, for benchmarks)
     AOTIEngine(model, fmt)       step and prefill compiled ahead of time by AOTInductor into
-                                 packages on disk that later processes load (llamablock.fast.aoti_step):
+                                 packages on disk that later processes load (llamablock.fast.compiled.aoti_step):
                                  the engine of `llamablock generate --compile`
 Each satisfies llamablock.runtime.engine's interface (prepare, prefill, step), batch 1, so
 `generate` takes any of them in place of the model. With `batch` B > 1 the step decodes B
 sequences, each at its own position (`step_rows`), and there is no compiled prefill: the server's
-batch engine (llamablock.fast.batch_compiled) prefills eagerly and fills the rows.
+batch engine (llamablock.fast.compiled.batch_compiled) prefills eagerly and fills the rows.
 
 `fmt` is "float32", "bfloat16" (the model's own dtype, checked) or "q8"/"q4": the fused weights
-of the static layout are quantized (llamablock.fast.quant) after fusing, so q, k and v share one
+of the static layout are quantized (llamablock.fast.kernels.quant) after fusing, so q, k and v share one
 int8 or int4 matrix. The float model is kept: a request longer than the cache rebuilds the static
 layout at the next power-of-two length (static_decode.cache_length) from it. "blocks" takes the
-model as fast/native.py loads a GGUF of Q4_0/Q4_1/Q8_0 blocks: its BlockLinear layers are fused
+model as fast/kernels/native.py loads a GGUF of Q4_0/Q4_1/Q8_0 blocks: its BlockLinear layers are fused
 as rows of blocks, never quantized again, and the programs call the block kernel as an operator
-(fast/block_op.py), so the compiled and the eager model compute with the same bytes.
+(fast/kernels/block_op.py), so the compiled and the eager model compute with the same bytes.
 
 Compilation uses inductor with freezing (weights become constants, prepacked for the CPU's GEMMs)
 and, with `autotune`, max-autotune restricted to its C++ GEMM templates, which fuse the int8 and
-int4 scales into the matmul (llamablock.fast.build_options; `llamablock bench decode` measures each
+int4 scales into the matmul (llamablock.fast.compiled.build_options; `llamablock bench decode` measures each
 choice). Where a setting cannot build on this CPU, AOTIEngine tries the next of
 build_options.attempts and, when none builds, runs that program eagerly: one line (`notify`) says
 what failed and what runs instead, never a traceback. `inductor` adds inductor settings (e.g.
@@ -38,19 +38,19 @@ import time
 
 import torch
 
-from llamablock.fast import block_op
-from llamablock.fast.build_options import attempts
-from llamablock.fast.formats import FORMATS, PACKED, load_dtype
-from llamablock.fast.quant import PREFILL_ROWS, quantize_model
-from llamablock.fast.static_decode import (
+from llamablock.fast.compiled.build_options import attempts
+from llamablock.fast.compiled.static_decode import (
     StaticDecoder,
     cache_length,
     unsupported_reason,
 )
+from llamablock.fast.formats import FORMATS, PACKED, load_dtype
+from llamablock.fast.kernels import block_op
+from llamablock.fast.kernels.quant import PREFILL_ROWS, quantize_model
 
 # The compiled prefill takes prompts of PREFILL_MIN to L - 1 tokens (L the cache length; a longer
 # one would leave no slot to decode into) and pads shorter ones at their end to PREFILL_MIN. Why a
-# minimum: q8/q4 layers switch to dequantized bfloat16 GEMMs at llamablock.fast.quant.PREFILL_ROWS
+# minimum: q8/q4 layers switch to dequantized bfloat16 GEMMs at llamablock.fast.kernels.quant.PREFILL_ROWS
 # rows, a branch on the length that a program for every length cannot hold (export would fix it).
 PREFILL_MIN = PREFILL_ROWS
 
@@ -72,7 +72,7 @@ class StaticEngine:
             raise ValueError(f"format {fmt} needs the model loaded in {want}, not {dtype}")
         if model.embed.weight.device.type != "cpu":
             raise ValueError(f"the compiled engine runs on the CPU; the model is on {model.embed.weight.device}")
-        from llamablock.fast.file_blocks import BlockLinear
+        from llamablock.fast.kernels.file_blocks import BlockLinear
 
         kind = BlockLinear if fmt == "blocks" else torch.nn.Linear
         if any(not isinstance(getattr(layer.attn, "wq", None), kind) for layer in model.layers):
@@ -129,7 +129,7 @@ class StaticEngine:
     @torch.no_grad()
     def step_rows(self, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         """A batch engine's step (batch B > 1): ids (B, 1), row i at position pos[i] of its own
-        cache row (pos (B,) long) -> logits (B, V). llamablock.fast.batch_compiled fills the rows."""
+        cache row (pos (B,) long) -> logits (B, V). llamablock.fast.compiled.batch_compiled fills the rows."""
         self._ids.copy_(ids)
         self._pos.copy_(pos)
         return self._step(self._ids, self._pos)
@@ -195,14 +195,14 @@ class StaticEngine:
 
 
 class AOTIEngine(StaticEngine):
-    """Step and prefill as AOTInductor programs (llamablock.fast.aoti_step), loaded from the disk
+    """Step and prefill as AOTInductor programs (llamablock.fast.compiled.aoti_step), loaded from the disk
     cache or compiled on first use at each cache length.
 
     The prefill is one program for every prompt length PREFILL_MIN .. L - 1 (shorter prompts are
     padded at their end); `compile_prefill=False` prefills eagerly, and so does a context too short
     for the program's lengths. Each program's library carries its own copy of the frozen weights.
     `huge_pages` (default on) moves the step's copy of the weights into 2 MiB pages when it is
-    loaded (llamablock.fast.huge_pages; `llamablock bench huge_pages` measures it side by side).
+    loaded (llamablock.fast.compiled.huge_pages; `llamablock bench huge_pages` measures it side by side).
     A program whose settings fail to build falls back through build_options.attempts, then to the
     eager static layout; `notify` gets one line each time (default: printed on stderr), and
     `describe()` says what runs.
@@ -303,7 +303,7 @@ class AOTIEngine(StaticEngine):
     def _first_that_builds(self, method: str, static, example: tuple, lengths, huge: bool, what: str, key: str):
         """The AOTInductor program of `static.<method>`, with the first of build_options.attempts that
         builds (one line per failure to `notify`), recorded in `running[key]`; None (eager) when none does."""
-        from llamablock.fast.aoti_step import AOTIProgram, BuildFailed, weights_name
+        from llamablock.fast.compiled.aoti_step import AOTIProgram, BuildFailed, weights_name
 
         self._digest = self._digest or weights_name(self.static, self.weights_id)  # one for every program
         tried = attempts(self.fmt, method, self.autotune, self.inductor)

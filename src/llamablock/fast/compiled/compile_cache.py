@@ -8,8 +8,8 @@ empty at boot; `use_persistent_cache` points it at the user's cache directory in
     $XDG_CACHE_HOME/llamablock/inductor   (default ~/.cache/llamablock/inductor)
 
 torch reads the variable each time it needs the directory, so this works after torch is imported
-(the command line calls it at start-up; tests/fast/test_compiled_decode.py checks torch sees it). A
-TORCHINDUCTOR_CACHE_DIR the user set wins. llamablock.fast.aoti_step keeps its packages in the
+(the command line calls it at start-up; tests/fast/compiled/test_compiled_decode.py checks torch sees it). A
+TORCHINDUCTOR_CACHE_DIR the user set wins. llamablock.fast.compiled.aoti_step keeps its packages in the
 `llamablock-aoti/` subdirectory. `--no-compile` avoids the cache entirely. `llamablock bench
 compile_cache` measures a second run's start-up against the first's.
 """

@@ -1,4 +1,4 @@
-"""fast/kquant.py: a Q4_K tensor's own ids in the int4 layer.
+"""fast/kernels/kquant.py: a Q4_K tensor's own ids in the int4 layer.
 
 Reference: the `gguf` package's numpy dequantization of Q4_K (gguf.quants.dequantize), the
 file's exact weights. The ids and group scales must reproduce it bit for bit; the packed layer
@@ -14,9 +14,9 @@ from gguf_tiny import random_kquant_blocks, write_tiny_gguf
 from hf_reference import tiny_hf_model
 
 import llamablock
-from llamablock.fast.kquant import q4k_groups, q4k_linear
-from llamablock.fast.native import load_gguf_native
-from llamablock.fast.quant import Int4Linear
+from llamablock.fast.kernels.kquant import q4k_groups, q4k_linear
+from llamablock.fast.kernels.native import load_gguf_native
+from llamablock.fast.kernels.quant import Int4Linear
 
 BF16_U = 2.0**-8  # bfloat16's unit roundoff: 8 significant bits, rounded to nearest
 

@@ -22,7 +22,7 @@ compiled rows first.
 Exactness: the eager model and the static layout hold the same weights (q/k/v and gate/up are fused
 before quantizing, and q8/q4 quantize each output row on its own, so fusing changes no integer and
 no scale); they sum in other orders, so a row's logits equal its run alone to float rounding
-(tests/fast/test_batch_compiled.py states the tolerance).
+(tests/fast/compiled/test_batch_compiled.py states the tolerance).
 """
 
 from __future__ import annotations

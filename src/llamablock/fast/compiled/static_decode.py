@@ -14,7 +14,7 @@ that a compiler can turn the whole step into a few kernels:
     reading the unused slots costs at most the used ones again;
   * cos/sin of every position 0..L-1 computed once by the model's `Rotary`, looked up per step;
   * `step` has no checks and no Python branching on values, so it compiles to one graph
-    (llamablock.fast.compiled_decode).
+    (llamablock.fast.compiled.compiled_decode).
 Everything else is the block's own: its norms, output projections, down projection, activation,
 RoPE rotation, embedding and head are shared with the Decoder, not copied.
 
@@ -87,7 +87,7 @@ class Concatenated(nn.Module):
 def fuse_linears(parts: list[nn.Module]) -> nn.Module:
     """One layer whose output rows are `parts`' rows, in order (new tensors, no gradient): a Linear,
     or a BlockLinear of the file's blocks, whose rows are whole rows of blocks, when they share a type."""
-    from llamablock.fast.file_blocks import BlockLinear
+    from llamablock.fast.kernels.file_blocks import BlockLinear
 
     if any(isinstance(p, BlockLinear) for p in parts):
         if len({getattr(p, "type_name", None) for p in parts}) > 1:
@@ -181,7 +181,7 @@ class StaticDecoder(nn.Module):
     """`model`'s weights in the static layout, with a cache of `length` slots for `batch` rows.
 
     The fused matrices are new tensors; the norms, output projections, embedding and head are
-    shared with `model` (no copy). `step` is the function to compile (llamablock.fast.compiled_decode);
+    shared with `model` (no copy). `step` is the function to compile (llamablock.fast.compiled.compiled_decode);
     the cache is a plain attribute, not module state, so a compiled program can take it as input.
     """
 
@@ -232,7 +232,7 @@ class StaticDecoder(nn.Module):
     def step(self, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         """ids (b, 1) at position pos -> logits (b, V): pos a (1,) long tensor, every row at that
         position, or (b,), row i at pos[i] (the rows of a batch of sequences, each its slots before
-        its position filled; llamablock.fast.batch_compiled).
+        its position filled; llamablock.fast.compiled.batch_compiled).
 
         No checks and no Python-side branching on values here: this is the compiled graph.
         """

@@ -20,7 +20,7 @@
      Q4_0: d e sum (q - 8) p       Q4_1: d e sum q p + m e P     Q8_0: d e sum q p
    where q are the stored integers; the integer sums are exact.
 
-   Three builds (fast/ggml_kernel.py best_isa picks one per CPU): AVX-512 BW, AVX2 (with FMA, F16C),
+   Three builds (fast/kernels/ggml_kernel.py best_isa picks one per CPU): AVX-512 BW, AVX2 (with FMA, F16C),
    and portable C. Each computes the file's order of blocks and the groups of 8 rows below; the
    vector builds run the groups (ggml_kernel.GROUPING_ISAS), where the file's order leaves scalar
    work per block and row (`llamablock bench file_blocks` times both layouts in both builds). */
@@ -41,7 +41,7 @@ int lb_block_bytes(int type) {
     return type == Q4_0 ? 18 : type == Q4_1 ? 20 : type == Q8_0 ? 34 : 0;
 }
 
-/* Groups of 8 rows (fast/file_blocks.py group_rows, done once at load). The same bytes
+/* Groups of 8 rows (fast/kernels/file_blocks.py group_rows, done once at load). The same bytes
    as the file's, reordered so that one vector holds the same weights of 8 rows: per block b of a
    group, 8 blocks' worth of bytes,
      [d of rows 0..7, float16][m of rows 0..7, Q4_1 only][chunks of 32 bytes: chunk c is rows 0..7's
@@ -209,7 +209,7 @@ static inline __m128 halves(const uint8_t *blk) {
 
 /* One weight row against R activation rows (R = 1 for decode, 4 in prefill): each block is unpacked
    once for all R, and every row's sums are made in the same order whatever R is, so a row's result
-   does not depend on the rows computed beside it (tests/fast/test_file_blocks.py checks it bit for
+   does not depend on the rows computed beside it (tests/fast/kernels/test_file_blocks.py checks it bit for
    bit). R is a constant at each call, so the compiler unrolls the row loops and keeps acc and terms
    in registers. */
 static inline void dot_rows(const int R, int type, const uint8_t *w, const int16_t *xq, const float *es, int64_t k,

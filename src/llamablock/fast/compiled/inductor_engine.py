@@ -1,6 +1,6 @@
 """The static layout's decode step compiled by torch.compile in this process (prefill eager).
 
-Re-traced in every new process, so `generate` uses AOTIEngine (llamablock.fast.compiled_decode)
+Re-traced in every new process, so `generate` uses AOTIEngine (llamablock.fast.compiled.compiled_decode)
 instead; benchmarks use this one to compare settings without packages on disk
 (`llamablock bench decode`).
 """
@@ -12,8 +12,8 @@ import time
 
 import torch
 
-from llamablock.fast.build_options import attempts
-from llamablock.fast.compiled_decode import StaticEngine
+from llamablock.fast.compiled.build_options import attempts
+from llamablock.fast.compiled.compiled_decode import StaticEngine
 
 
 class InductorEngine(StaticEngine):
@@ -58,7 +58,7 @@ class InductorEngine(StaticEngine):
         except Exception as e:  # inductor's errors have no common base class short of Exception
             if not first:
                 raise
-            from llamablock.fast.aoti_step import one_line
+            from llamablock.fast.compiled.aoti_step import one_line
 
             failed = self._tries.pop(0)
             instead = self._tries[0].name if self._tries else "the static layout run eagerly"

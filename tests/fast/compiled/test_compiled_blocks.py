@@ -1,5 +1,5 @@
 """The compiled engine over a file's own blocks (format "blocks"): the block kernel as an operator
-(fast/block_op.py) inside AOTInductor programs.
+(fast/kernels/block_op.py) inside AOTInductor programs.
 
 Reference: the eager native model, whose layers call the same C function through ctypes (checked
 against the file's exact weights in test_file_blocks.py). Tolerance: inductor reorders the float32
@@ -20,9 +20,9 @@ import torch
 from gguf_tiny import write_tiny_gguf
 from hf_reference import tiny_hf_model
 
-from llamablock.fast import block_op, ggml_kernel
-from llamablock.fast.compiled_decode import AOTIEngine
-from llamablock.fast.native import load_gguf_native, own_format
+from llamablock.fast.compiled.compiled_decode import AOTIEngine
+from llamablock.fast.kernels import block_op, ggml_kernel
+from llamablock.fast.kernels.native import load_gguf_native, own_format
 from llamablock.fast.plan import load_in_format
 from llamablock.io.source import open_source
 from llamablock.runtime.engine import EagerEngine
@@ -75,9 +75,9 @@ def test_the_compiled_blocks_follow_the_eager_blocks(tmp_path):
 
 FRESH = r"""
 import sys, torch
-from llamablock.fast import aoti_step, builds
-from llamablock.fast.compiled_decode import AOTIEngine
-from llamablock.fast.native import load_gguf_native
+from llamablock.fast.compiled import aoti_step, builds
+from llamablock.fast.compiled.compiled_decode import AOTIEngine
+from llamablock.fast.kernels.native import load_gguf_native
 from llamablock.runtime.generate import generate
 model, _ = load_gguf_native(sys.argv[1])
 aoti_step.weights_digest = None  # named by the file's identity: the weights are never hashed
@@ -105,7 +105,7 @@ def test_a_file_s_identity_names_its_packages_without_hashing_the_weights(tmp_pa
     """A compiled start from a file names its packages by the file's identity and the blocks' layout;
     a file written again (a new modification time) or a folder (whose time does not follow its
     files) is named by the weights' hash instead."""
-    from llamablock.fast import aoti_step, builds
+    from llamablock.fast.compiled import aoti_step, builds
     from llamablock.fast.plan import build, decide
 
     f = _tiny(tmp_path)

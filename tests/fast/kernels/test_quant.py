@@ -1,4 +1,4 @@
-"""Weight-only int8/int4 layers (llamablock.fast.quant) against the dequantized float matmul.
+"""Weight-only int8/int4 layers (llamablock.fast.kernels.quant) against the dequantized float matmul.
 
 Bounds, and where they come from:
   * rounding to nearest on a grid of step s moves each weight by at most s / 2 (closed form);
@@ -20,7 +20,7 @@ import pytest
 import torch
 from torch import nn
 
-from llamablock.fast.quant import Int4Linear, Int8Linear, quantize_model, weight_bytes
+from llamablock.fast.kernels.quant import Int4Linear, Int8Linear, quantize_model, weight_bytes
 from llamablock.model import Decoder
 from llamablock.presets import preset
 
@@ -147,7 +147,7 @@ def test_smollm2_perplexity_q8_q4_close_to_float32():
 
 def test_dtype_choices_for_the_commands():
     from llamablock.fast.formats import load_dtype
-    from llamablock.fast.quant import apply_dtype
+    from llamablock.fast.kernels.quant import apply_dtype
 
     assert load_dtype("float32") == torch.float32 and load_dtype("q4") == torch.bfloat16
     with pytest.raises(ValueError, match="--dtype must be one of float32, bfloat16, q8, q4"):
@@ -160,7 +160,7 @@ def test_dtype_choices_for_the_commands():
 
 def _gemm_from_prefill_rows(monkeypatch):
     """Make every CPU switch to the dequantized GEMM at PREFILL_ROWS rows (an AVX2 CPU never does)."""
-    from llamablock.fast import quant
+    from llamablock.fast.kernels import quant
 
     monkeypatch.setattr(quant, "prefill_rows", lambda fmt: quant.PREFILL_ROWS)
 
@@ -173,7 +173,7 @@ def test_prefill_path_equals_dequantized_matmul(cls, monkeypatch):
     Bound: the float32 dequantized weight is rounded to bf16 once (2^-8 relative) and the
     product once more (2^-8), hence 2 * 2^-8 * (|x| @ |W|^T).
     """
-    from llamablock.fast.quant import PREFILL_ROWS
+    from llamablock.fast.kernels.quant import PREFILL_ROWS
 
     _gemm_from_prefill_rows(monkeypatch)
 
@@ -200,7 +200,7 @@ def test_commands_take_dtype_q8_q4(capsys, tmp_path):
 
     from llamablock import cli
     from llamablock.fast.formats import load_dtype
-    from llamablock.fast.quant import apply_dtype
+    from llamablock.fast.kernels.quant import apply_dtype
     from llamablock.io.loading import load_model_and_tokenizer
 
     gguf = tmp_path / "tiny.gguf"
@@ -229,8 +229,8 @@ def test_commands_take_dtype_q8_q4(capsys, tmp_path):
 # (n, k): whole 64-row blocks, a shorter last block (48, 16 rows), fewer rows than a block.
 @pytest.mark.parametrize("n,k", [(192, 576), (1536, 576), (240, 64), (16, 32), (32, 64)])
 def test_int4_ids_read_back_from_the_packed_copy(n, k):
-    """fast/int4pack.py reads the kernel's private layout: it must give back the very ids packed."""
-    from llamablock.fast import int4pack
+    """fast/kernels/int4pack.py reads the kernel's private layout: it must give back the very ids packed."""
+    from llamablock.fast.kernels import int4pack
 
     assert int4pack.layout() is not None  # x86 and ARM builds: one of the candidates
     q = torch.randint(0, 16, (n, k), dtype=torch.int32)
@@ -240,8 +240,8 @@ def test_int4_ids_read_back_from_the_packed_copy(n, k):
 
 def test_int4_without_a_readable_layout_keeps_its_nibble_copy(monkeypatch):
     """Where the packed layout cannot be read back, Int4Linear keeps the nibble copy: same results."""
-    from llamablock.fast import int4pack
-    from llamablock.fast.quant import PREFILL_ROWS
+    from llamablock.fast.kernels import int4pack
+    from llamablock.fast.kernels.quant import PREFILL_ROWS
 
     w = torch.randn(192, 576)
     read_back = Int4Linear(w)
