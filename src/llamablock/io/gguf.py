@@ -30,16 +30,15 @@ own metadata, fused tensors and stored norms io/gguf_families.py reads.
 from __future__ import annotations
 
 import os
-import struct
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from llamablock.config import ModelConfig
 from llamablock.families import GGUF_ARCHS
 from llamablock.io import gguf_families as fam
 from llamablock.io.empty import empty_decoder
+from llamablock.io.gguf_fast_reader import reader_choice
 from llamablock.io.gguf_meta import REQUIRED, Metadata, number, read_metadata
 from llamablock.io.gguf_read import (  # noqa: F401 (public here)
     SUPPORTED_TYPES,
@@ -65,58 +64,10 @@ from llamablock.rope import permute_qk
 # and whether the file's q/k rows are in llama.cpp's interleaved ("NORM") rope order.
 ARCHITECTURES = {arch: (f.name, f.gguf_interleaved) for arch, f in GGUF_ARCHS.items()}
 
-def _plain_reader_class():
-    """gguf.GGUFReader, with the same fields, parsed in a fraction of the time.
-
-    The reader slices its memory map into numpy views, several per metadata item: about 250,000 for
-    SmolLM2's 49,152-token vocabulary and 48,900 merges, most of a warm start's parse time
-    (cProfile, gguf 0.19, numpy 2). Two changes keep its fields and their `contents()`:
-      * the byte view is a plain ndarray over the map, not a np.memmap, whose every slice ran
-        memmap.__array_finalize__ in Python;
-      * an array of numbers is one view of all its values, and an array of strings one memoryview
-        slice per string (`contents()` needs only `.tobytes()` of each), its lengths read with
-        int.from_bytes, not a numpy view each.
-    tests/io/test_gguf_reader.py compares every field's contents with the plain reader's on the
-    embedded model; `llamablock bench startup` times the parse.
-    """
-    import gguf
-
-    array, string = gguf.GGUFValueType.ARRAY, gguf.GGUFValueType.STRING
-
-    class PlainReader(gguf.GGUFReader):
-        def _build_fields(self, offs, count):
-            self.data = self.data.view(np.ndarray)
-            return super()._build_fields(offs, count)
-
-        def _get_field_parts(self, orig_offs, raw_type):
-            if raw_type != array or self.byte_order != "I":
-                return super()._get_field_parts(orig_offs, raw_type)
-            itype, alen = self._get(orig_offs, np.uint32), self._get(orig_offs + 4, np.uint64)
-            if itype.size != 1 or alen.size != 1:
-                raise ValueError(f"the array at byte {orig_offs:,} runs past the end of the file")
-            sub, n, offs = gguf.GGUFValueType(int(itype[0])), int(alen[0]), orig_offs + 12
-            nptype = self.gguf_scalar_to_np.get(sub)
-            if nptype is not None:
-                values = self._get(offs, nptype, n)
-                if values.size != n:
-                    raise ValueError(f"the array at byte {orig_offs:,} runs past the end of the file")
-                return 12 + int(values.nbytes), [itype, alen, values], [2], [array, sub]
-            if sub != string:  # arrays of arrays: the reader's own walk
-                return super()._get_field_parts(orig_offs, raw_type)
-            mv, parts, length = memoryview(self.data), [itype, alen], struct.Struct("<Q").unpack_from
-            for _ in range(n):  # struct.error past the end of the file
-                start = offs + 8
-                offs = start + length(mv, offs)[0]
-                parts.append(mv[start:offs])
-            if offs > len(mv):
-                raise ValueError(f"the array of strings at byte {orig_offs:,} runs past the end of the file")
-            return offs - orig_offs, parts, list(range(2, 2 + n)), [array, string]
-
-    return PlainReader
-
 
 def open_gguf(path: str | Path):
-    """A `gguf.GGUFReader`, with clear errors for a missing, non-GGUF or truncated file."""
+    """A `gguf.GGUFReader`, with clear errors for a missing, non-GGUF or truncated file; its class
+    is `reader_choice().reader` (io/gguf_fast_reader.py: the faster parse on a checked gguf version)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"GGUF file not found: {path}")
@@ -125,7 +76,7 @@ def open_gguf(path: str | Path):
     if magic != b"GGUF":
         raise ValueError(f"{path} is not a GGUF file (it starts with {magic!r}, a GGUF file starts with b'GGUF')")
     try:
-        reader = _plain_reader_class()(path)
+        reader = reader_choice().reader(path)
     except Exception as e:  # the reader raises ValueError, IndexError, struct errors... on a torn header
         raise ValueError(f"{path} is not a readable GGUF file (truncated or corrupt?): {type(e).__name__}: {e}") from None
     size = os.path.getsize(path)

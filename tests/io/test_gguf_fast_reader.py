@@ -1,4 +1,4 @@
-"""io/gguf.py's reader: the fields of gguf.GGUFReader, parsed a faster way (`_plain_reader_class`).
+"""io/gguf_fast_reader.py: the fields of gguf.GGUFReader, parsed a faster way (`fast_reader_class`).
 
 Reference: the `gguf` package's own GGUFReader, unchanged, on the same files. Every field's
 contents and types must be equal, and a file cut inside an array must be refused, not read short.
