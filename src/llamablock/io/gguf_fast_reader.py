@@ -90,6 +90,8 @@ def fast_reader_class() -> type:
             if itype.size != 1 or alen.size != 1:
                 raise ValueError(f"the array at byte {orig_offs:,} runs past the end of the file")
             sub, n, offs = gguf.GGUFValueType(int(itype[0])), int(alen[0]), orig_offs + 12
+            if n == 0:  # the package types an empty array [ARRAY] alone, with no item type
+                return super()._get_field_parts(orig_offs, raw_type)
             nptype = self.gguf_scalar_to_np.get(sub)
             if nptype is not None:
                 values = self._get(offs, nptype, n)
