@@ -25,9 +25,9 @@ CLAIM = "cut the cold build time where it costs little speed: autotuning's build
 CHILD = r"""
 import json, sys, time, torch
 torch.set_num_threads(1)
-from llamablock.fast.compiled.compiled_decode import AOTIEngine
+from llamablock.fast.compiled.aoti_engine import AOTIEngine
 from llamablock.runtime.generate import generate
-from llamablock.fast.kernels.native import own_format
+from llamablock.fast.plan import own_format
 from llamablock.fast.formats import load_dtype
 from llamablock.io.loading import load_decoder
 from llamablock.io.source import open_source

@@ -3,7 +3,7 @@
 The target: compilation is paid once, so a second run of the same command should start
 decoding within 10 s. Two child processes run one after the other with the same, initially
 empty, inductor cache directory (TORCHINDUCTOR_CACHE_DIR, as llamablock.fast.compiled.compile_cache sets for
-the command line). Each loads the model, builds llamablock.fast.compiled.compiled_decode.AOTIEngine,
+the command line). Each loads the model, builds llamablock.fast.compiled.aoti_engine.AOTIEngine,
 prefills a prompt and decodes one token; it reports the seconds from process start to that first
 decoded token, and how many of them went to compiling (the first step at this cache length).
 Full: SmolLM2-135M in q8 with autotuning, as `llamablock generate --compile --dtype q8`.
@@ -24,7 +24,7 @@ CHILD = r"""
 import time
 t_start = time.perf_counter()
 import json, sys, torch
-from llamablock.fast.compiled.compiled_decode import AOTIEngine
+from llamablock.fast.compiled.aoti_engine import AOTIEngine
 quick = sys.argv[1] == "quick"
 if quick:
     from llamablock.config import ModelConfig

@@ -114,11 +114,11 @@ def _models(quick: bool):
 
 
 class _Compiled:
-    """A compiled engine of llamablock.fast.compiled.compiled_decode: the static layout, its step compiled."""
+    """A compiled engine of llamablock.fast.compiled.static_engine: the static layout, its step compiled."""
 
     def __init__(self, model, fmt: str, steps: int, autotune: bool, backend: str = "aoti", compile_prefill: bool = True,
                  **inductor):
-        from llamablock.fast.compiled.compiled_decode import AOTIEngine
+        from llamablock.fast.compiled.aoti_engine import AOTIEngine
         from llamablock.fast.compiled.inductor_engine import InductorEngine
 
         if backend == "inductor":
@@ -276,7 +276,7 @@ from llamablock.fast.compiled.compile_cache import use_persistent_cache
 from llamablock.fast.kernels.malloc import tune_allocator
 tune_allocator(); use_persistent_cache()
 import llamablock
-from llamablock.fast.compiled.compiled_decode import AOTIEngine
+from llamablock.fast.compiled.aoti_engine import AOTIEngine
 fmt, ids, new = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
 engine = AOTIEngine(llamablock.load_pretrained(None, torch.bfloat16), fmt)
 engine.prepare(len(ids) + new + 1)
@@ -356,7 +356,7 @@ def run(quick: bool = False) -> list[Section]:
         pr = f"{100 * (ppl[fmt] / ppl['float32'] - 1):+.2f}%" if pp else ""
         sec.rows.append([k, f"{wb / 2**20:.0f}", f"{d:.1f}", f"{1 / dec[k]['min']:.1f}", dx, f"{bw / wb:.0f}",
                          p, px, pp, pr])
-    from llamablock.fast.compiled.compiled_decode import PREFILL_MIN
+    from llamablock.fast.compiled.static_engine import PREFILL_MIN
 
     for k in compiled:  # compile seconds read after the prefill timing: it may have compiled a longer cache
         secs, compiled_prefill = runners[k].engine.compile_seconds, runners[k].engine.compile_prefill
@@ -364,7 +364,7 @@ def run(quick: bool = False) -> list[Section]:
                                  " and the C++ GEMM templates (step_options)")
         prefill = (f"is compiled too (one program for every prompt length; prompts under {PREFILL_MIN} tokens padded)"
                    if compiled_prefill else "is the static layout's, eager")
-        sec.notes.append(f"{k}: llamablock.fast.compiled.compiled_decode (fused weights, static cache, compiled ahead of time by "
+        sec.notes.append(f"{k}: llamablock.fast.compiled.static_engine (fused weights, static cache, compiled ahead of time by "
                          f"AOTInductor with freezing{gemm}); its prefill "
                          f"{prefill}. Compiling took {secs:.0f} s in all (each program at "
                          "each cache length this run used: the prefill's may be longer than the decode rows'), not "

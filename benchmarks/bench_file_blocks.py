@@ -83,22 +83,19 @@ def _layer_table(repeats: int) -> Section:
 
 def _models():
     """(label, model) for the default load with and without the block kernel: the same file."""
-    from llamablock.fast.kernels import ggml_kernel
+    import dataclasses
+
+    from llamablock.fast.machine import this_machine
     from llamablock.fast.plan import load_in_format
     from llamablock.io.source import open_source
 
-    source = open_source(None)
+    source, here = open_source(None), this_machine()
     blocks, _ = load_in_format(source, "auto")
-    layout = "groups of 8 rows" if ggml_kernel.groups_rows() else "the file's order"
-    other = "the file's order" if ggml_kernel.groups_rows() else "groups of 8 rows"
-    kernel, groups_rows = ggml_kernel.kernel, ggml_kernel.groups_rows
-    try:
-        ggml_kernel.groups_rows = lambda: not groups_rows()  # the other layout of the same blocks
-        other_model, _ = load_in_format(source, "auto")
-        ggml_kernel.kernel = lambda: None  # the loader's fallback: the blocks re-quantized into packed layers
-        packed, _ = load_in_format(source, "auto")
-    finally:
-        ggml_kernel.kernel, ggml_kernel.groups_rows = kernel, groups_rows
+    layout = "groups of 8 rows" if here.grouped else "the file's order"
+    other = "the file's order" if here.grouped else "groups of 8 rows"
+    # the other layout of the same blocks, and the loader's fallback (the blocks re-quantized into packed layers)
+    other_model, _ = load_in_format(source, "auto", machine=dataclasses.replace(here, grouped=not here.grouped))
+    packed, _ = load_in_format(source, "auto", machine=here.without_kernel("turned off by the benchmark"))
     return source, [(f"the file's blocks (block kernel, {layout})", blocks),
                     ("re-quantized (packed q4, q8 head)", packed), (f"the file's blocks in {other}", other_model)]
 
@@ -149,7 +146,7 @@ def _decode_table(models, repeats: int) -> Section:
 def _compiled_table(source, repeats: int, ceiling: float) -> Section:
     """The compiled engines (`llamablock compile`'s AOTIEngine, autotuned) over the file's blocks and
     over the re-quantized q4 layers: one decode step each, interleaved. Compiles on first use."""
-    from llamablock.fast.compiled.compiled_decode import AOTIEngine
+    from llamablock.fast.compiled.aoti_engine import AOTIEngine
     from llamablock.fast.plan import load_in_format
     from llamablock.io.loading import load_decoder
     from llamablock.util.timing import time_calls

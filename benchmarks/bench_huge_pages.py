@@ -31,7 +31,7 @@ import json, sys, torch
 from llamablock.fast.compiled.compile_cache import use_persistent_cache
 from llamablock.fast.kernels.malloc import tune_allocator
 tune_allocator(); use_persistent_cache()
-from llamablock.fast.compiled.compiled_decode import AOTIEngine
+from llamablock.fast.compiled.aoti_engine import AOTIEngine
 from llamablock.fast.compiled.huge_pages import huge_bytes
 from llamablock.util.timing import time_calls
 fmt, quick, prompt, steps, repeats = sys.argv[1], sys.argv[2] == "quick", *map(int, sys.argv[3:6])

@@ -59,7 +59,7 @@ def run(quick: bool = False) -> list[Section]:
                     if first is None and b < a:
                         first = m
                 sec.rows.append([fmt, f"{n} x {k}", *cells, f"{first} rows" if first else f"beyond {rows[-1]}"])
-            chosen = prefill_rows(fmt)
+            chosen = prefill_rows(fmt, this_cpu().kind)
             sec.notes.append(f"{fmt}: llamablock.fast.kernels.quant switches at "
                              f"{f'{chosen} rows' if chosen else 'no row count (the kernel throughout)'} on this CPU "
                              f"kind (PREFILL_BY_CPU).")

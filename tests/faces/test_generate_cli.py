@@ -41,13 +41,14 @@ def test_generate_streams_and_summarizes(capsys, tiny_gguf):
     assert "7 prompt tokens, 5 new tokens" in err and "decode" in err  # a b c space d e f
 
 
-def test_generate_verbose_names_the_cpu_first(capsys, tiny_gguf):
+def test_generate_verbose_prints_the_plan_first(capsys, tiny_gguf):
+    """The plan, before anything else, names the CPU, its kind and the block kernel's build."""
     from llamablock.fast.kernels.ggml_kernel import best_isa
     from llamablock.util.cpu import this_cpu
 
     code, _, err = _run(capsys, "generate", "--model", tiny_gguf, "--prompt", "abc", "--max-new-tokens", "2", "--verbose")
-    assert code == 0 and err.startswith(f"[cpu: {this_cpu().describe()}; kind {this_cpu().kind}; "
-                                        f"block kernel: its {best_isa()} build]")
+    assert code == 0 and err.startswith("plan: eager engine on cpu")
+    assert f"machine: {this_cpu().describe()}; kind {this_cpu().kind}; block kernel: its {best_isa()} build" in err
 
 
 def test_generate_json(capsys, tiny_gguf):

@@ -149,7 +149,7 @@ def test_a_gguf_with_zero_key_length_is_named(tmp_path):
 
 
 def test_an_unknown_dtype_label_is_named(tmp_path):
-    from llamablock.fast.kernels.native import dir_format
+    from llamablock.fast.formats import dir_format
 
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "torch_dtype": 5}))
     with pytest.raises(ValueError, match="torch_dtype must be one of"):

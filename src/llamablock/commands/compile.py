@@ -1,6 +1,6 @@
 """`llamablock compile`: build the compiled engine for a model once, so that `generate` uses it.
 
-The engine (llamablock.fast.compiled.compiled_decode.AOTIEngine) compiles its decode step and prefill for
+The engine (llamablock.fast.compiled.aoti_engine.AOTIEngine) compiles its decode step and prefill for
 one model file, format and cache length; this command does it ahead of time, stage by stage,
 with the elapsed time and the previous build's total, and records it (llamablock.fast.compiled.builds) so
 that `llamablock generate` picks the compiled engine by default from then on. `--batch B` builds
@@ -63,8 +63,7 @@ def run(args) -> int:
               "(the lines above say why): `llamablock generate` runs the eager engine; another --dtype may build",
               flush=True)
         return 0
-    builds.record(source.path, fmt, engine.length, engine.packages(), seconds, autotune=not args.no_autotune,
-                  batch=args.batch)
+    builds.record_engine(source.path, engine, seconds)
     user = (f"`llamablock generate --model {args.model or source.path.name}`" if args.batch == 1 else
             f"`llamablock serve --model {args.model or source.path.name} --parallel {args.batch}`")
     print(f"  [{time.perf_counter() - start:6.1f} s] done: {engine.describe()}; {seconds:.0f} s compiling, the rest "

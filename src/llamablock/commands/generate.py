@@ -3,7 +3,7 @@
 Ends with one summary line on stderr: prompt tokens, new tokens, prefill and decode tokens/s
 (decode = forward passes after the prefill, divided by their wall time). `--json` prints the
 token ids and the text instead, as one JSON object. `--compile` decodes with
-llamablock.fast.compiled.compiled_decode.AOTIEngine (AOTInductor packages, compiled once per model, format
+llamablock.fast.compiled.aoti_engine.AOTIEngine (AOTInductor packages, compiled once per model, format
 and cache length, then loaded); its compile time is reported in the summary, never counted as
 decode time.
 """
@@ -54,7 +54,7 @@ def add_arguments(p) -> None:
                         "weights, bfloat16 activations (default: %(default)s)")
     p.add_argument("--engine", choices=("auto", "eager", "compiled"), default="auto",
                    help="compiled: decode and prefill with the static layout compiled ahead of time "
-                        "(llamablock.fast.compiled.compiled_decode, AOTInductor; BENCHMARKS.md compares its speed), compiling "
+                        "(llamablock.fast.compiled.static_engine, AOTInductor; BENCHMARKS.md compares its speed), compiling "
                         "once per model, format and cache length (minutes) if `llamablock compile` has not; eager: the "
                         "Decoder; auto: compiled when it is built for this model and format, else eager (default: auto)")
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
@@ -64,15 +64,17 @@ def add_arguments(p) -> None:
                         "the packed q8/q4 formats and the compiled engine run on the CPU")
     p.add_argument("--json", action="store_true", help="print token ids and text as JSON instead of streaming")
     p.add_argument("--verbose", action="store_true",
-                   help="print the CPU's features and kind, and the block kernel's build for it (the choices that "
-                        "depend on them) on stderr first")
+                   help="print the plan on stderr before loading: each stored type's format, the activations, the "
+                        "block kernel's binding and layout, the engine, how a server would decode, the context and "
+                        "RoPE scaling, and the machine facts they follow from (CPU features and kind, kernel build)")
 
 
-def _summary(g, engine, hint: str | None = None) -> str:
-    compiled = f", compiled decode ({engine.compile_seconds:.0f} s compiling)" if hasattr(engine, "compile_seconds") else ""
+def _summary(g, engine, plan) -> str:
+    """The closing line: the run's counts and rates, and from the plan the engine and its note."""
+    compiled = f", compiled decode ({engine.compile_seconds:.0f} s compiling)" if plan.engine == "compiled" else ""
     return (f"[{g.prompt_tokens} prompt tokens, {len(g.tokens)} new tokens, prefill {g.prefill_tokens_per_s:.1f} tok/s, "
             f"decode {g.decode_tokens_per_s:.1f} tok/s, stop: {g.stop_reason}{compiled}, weights: {engine.describe()}"
-            f"{'; ' + hint if hint else ''}]")
+            f"{'; ' + plan.note if plan.note else ''}]")
 
 
 def _budget(args, plan, n_prompt: int, context: int) -> int:
@@ -117,7 +119,7 @@ def _one(source, plan, engine, text: str, args, sampling, chat_history=None):
                          ensure_ascii=False))
     else:
         print(flush=True)
-        print(_summary(g, engine, plan.note), file=sys.stderr, flush=True)
+        print(_summary(g, engine, plan), file=sys.stderr, flush=True)
     return g
 
 
@@ -183,17 +185,11 @@ def run(args) -> int:
 
     device = resolve_device(args.device)
     engine = args.engine if args.compile is None else ("compiled" if args.compile else "eager")
-    if device != "cpu" and engine == "compiled":
-        raise UsageError(f"the compiled engine runs on the CPU; use --device cpu, or --engine eager on {device}")
-    if args.verbose:
-        from llamablock.fast.kernels.ggml_kernel import best_isa
-        from llamablock.util.cpu import this_cpu
-
-        print(f"[cpu: {this_cpu().describe()}; kind {this_cpu().kind}; block kernel: its {best_isa()} build]",
-              file=sys.stderr, flush=True)
     source = open_source(args.model)
     sampling = sampling_for(given, source.generation, chat=args.chat, greedy=args.greedy)
     plan = decide(source, args.dtype, engine, device)
+    if args.verbose:  # before a single weight is read
+        print(plan.describe(), file=sys.stderr, flush=True)
     running = build(source, plan).engine
     history = [{"role": "system", "content": args.system}] if args.system else []
     if args.prompt is not None:

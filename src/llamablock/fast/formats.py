@@ -35,3 +35,11 @@ def load_dtype(fmt: str) -> torch.dtype:
     if fmt not in FORMATS:
         raise ValueError(f"--dtype must be one of {', '.join(FORMATS)}, got {fmt!r}")
     return torch.float32 if fmt in ("float32", "blocks") else torch.bfloat16
+
+
+def dir_format(label: str, where: str) -> str:
+    """The format of a directory's torch_dtype label (float16 runs as bfloat16); `where` names the
+    file in the error."""
+    if label not in TORCH_DTYPES:
+        raise ValueError(f"{where} torch_dtype must be one of {sorted(TORCH_DTYPES)}, got {label!r}")
+    return TORCH_DTYPES[label]

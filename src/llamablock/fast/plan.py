@@ -1,78 +1,214 @@
-"""How a command runs its model, decided once (`decide`), and the engine built from it (`build`).
+"""How a command runs its model, decided whole before any weight is read (`decide`), and the engine
+built by obeying it (`build`).
 
 Every command that runs a model begins the same way (gpt-fast's main(): resolve once, load once,
 compile in one `if`):
 
     source = open_source(args.model)                          # io/source.py: read once
-    plan = decide(source, args.dtype, args.engine, device)    # engine, format, device, and why
+    plan = decide(source, args.dtype, args.engine, device)    # every choice, and why
     built = build(source, plan)                               # the weights read once
 
-The rules:
+`decide` reads the source's header facts, the builds index (fast/compiled/builds.py) and this
+process's Machine record (fast/machine.py); nothing else reads process-wide state, and the
+layers are handed what the plan says (tests/fast/test_plan.py states the rules as a table):
 - Device: the packed formats and the compiled engine run on the CPU; elsewhere the engine is
-  eager and `auto` is the float format (fast/kernels/native.py float_format).
-- Engine: `compiled` when asked; `auto` is compiled when fast/compiled/builds.py records a build of this
-  file in this format by this llamablock and torch (`llamablock compile` made it), else eager,
-  with a note that says how to build it (or that the build is another version's).
-- Format: the eager engine's `auto` is every tensor in its stored format (fast/kernels/native.py); the
-  compiled engine's is the file's majority format (native.own_format), since it quantizes its
-  fused q/k/v itself.
+  eager and `auto` is the float format (float32 for an all-F32 file or a float32 directory).
+- Engine: `compiled` when asked; `auto` is compiled when the builds index records a build of
+  this file in this format by this llamablock and torch (`llamablock compile` made it), else
+  eager, with a note that says how to build it (or that the build is another version's).
+- Formats (eager `auto` on a GGUF): each stored type in its own precision. Q4_0, Q4_1 and Q8_0 as
+  the file's blocks where the block kernel built (else re-quantized, and the plan says why),
+  other 4-bit types q4 (Q4_K keeping its ids), 5- and 6-bit q8, F16/BF16 bfloat16. Activations
+  are float32 for an all-F32 file or one whose quantized matrices are all blocks, else bfloat16
+  (the packed kernels' dtype). The output head stays 8-bit where its type would be packed, as
+  in quantize_model; a tied embedding stored quantized is the head's rows (one copy).
+- The compiled engine runs one format: the file's blocks where every layer matrix is a kept
+  block type, else the one most layer matrices map to (it quantizes its fused q/k/v itself).
+- Blocks: the eager layers call the kernel through ctypes, compiled programs through the torch
+  operator; rows are held in groups of 8 where this CPU's build is faster so.
 """
 
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+import dataclasses
+from collections import Counter
+from dataclasses import dataclass, field
 
+import torch
 from torch import nn
 
+from llamablock.fast import machine as machines
 from llamablock.fast.compiled import builds
-from llamablock.fast.formats import CHOICES, PACKED, load_dtype
-from llamablock.fast.kernels import ggml_kernel
-from llamablock.fast.kernels.native import float_format, kept_types, native_decoder, own_format
+from llamablock.fast.formats import CHOICES, FORMATS, GGUF_TYPES, PACKED, dir_format, load_dtype
+from llamablock.fast.kernels.ggml_kernel import BLOCK_BYTES
+from llamablock.fast.kernels.native import native_decoder
 from llamablock.fast.kernels.quant import apply_dtype
+from llamablock.fast.machine import Machine
 from llamablock.io.loading import load_decoder
 from llamablock.io.source import ModelSource
 from llamablock.runtime.engine import EagerEngine
 
 ENGINES = ("auto", "eager", "compiled")
+FLOATS = frozenset({"F32", "F16", "BF16"})
 
 
 @dataclass(frozen=True)
 class Plan:
     engine: str  # "eager" or "compiled"
-    fmt: str  # the weights' format (formats.FORMATS), or "auto" for the eager engine's per-tensor choice
+    fmt: str  # the --dtype asked for; the compiled engine's one format; "auto": each stored type's own
     device: str
+    formats: dict = field(default_factory=dict)  # stored type (a GGUF's, or "*" for a directory) -> format
+    activations: str = "float32"  # the dtype of activations, norms and float weights
+    head: str = "float32"  # the output head's format
+    binding: str | None = None  # how block layers call the kernel: "ctypes", "operator", or None (no blocks)
+    grouped: bool = False  # block layers hold their rows in groups of 8
+    prefill: dict = field(default_factory=dict)  # packed format -> rows from which it dequantizes (None: never)
+    context: int = 0  # tokens the model runs at most (its config's max_seq_len)
+    scaling: str = "none"  # the RoPE scaling in force (its config's)
     built: int | None = None  # the recorded build's cache length (compiled), else None
     autotune: bool = True  # the recorded build's setting: its packages' names hash it
     note: str | None = None  # said with the summary: why eager where a compiled engine could run
     batch: int = 1  # sequences the compiled step decodes at once (a server's --parallel)
+    reasons: tuple[str, ...] = ()  # why a stored type runs other than as stored
+    machine: str = ""  # the Machine record's description, for --verbose
+
+    @property
+    def serving(self) -> str:
+        """How a server decodes its rows: "compiled batch" (the compiled step, one row bucket per
+        count of rows, --parallel 1 included) or "batch" (the eager batch engine)."""
+        return "compiled batch" if self.engine == "compiled" else "batch"
+
+    def weights(self) -> str:
+        """One line: each stored type's format, the head's, the activations, and how blocks are called."""
+        kinds = ", ".join(f"{t} -> {f}" if t != "*" else f for t, f in sorted(self.formats.items()))
+        blocks = (f"; the block kernel through {self.binding}{', rows in groups of 8' if self.grouped else ''}"
+                  if self.binding else "")
+        return f"{kinds}; output head {self.head}; activations {self.activations}{blocks}"
+
+    def describe(self) -> str:
+        """What the run will do, before it loads: what `--verbose` prints."""
+        built = f", built for {self.built} tokens" if self.built else ""
+        lines = [f"plan: {self.engine} engine on {self.device}{built}, batch {self.batch}; a server decodes with the "
+                 f"{self.serving} engine",
+                 f"  weights: {self.weights()}",
+                 f"  context: {self.context} tokens, RoPE scaling {self.scaling}"]
+        if any(f in PACKED for f in (*self.formats.values(), self.head)) and self.prefill:
+            lines.append("  packed prefill: " + ", ".join(f"{f} dequantizes from {r} rows" if r is not None else
+                                                          f"{f} never dequantizes" for f, r in self.prefill.items()))
+        lines += [f"  {why}" for why in self.reasons] + ([f"  {self.note}"] if self.note else [])
+        if self.machine:
+            lines.append(f"  machine: {self.machine}")
+        return "\n".join(lines)
 
 
-def decide(source: ModelSource, fmt: str = "auto", engine: str = "auto", device: str = "cpu",
-           batch: int = 1) -> Plan:
+def matrix_types(source: ModelSource, layers_only: bool = False) -> set[str]:
+    """The stored types of a GGUF's matrices (of its blocks' layer matrices alone with
+    `layers_only`): the one definition of "a layer matrix" (`blk.N.*.weight`)."""
+    return {kind for name, kind in source.stored.items()
+            if not layers_only or (name.startswith("blk.") and name.endswith(".weight"))}
+
+
+def float_format(source: ModelSource) -> str:
+    """float32 for an all-F32 GGUF or a float32 directory, else bfloat16: `auto` off the CPU."""
+    if source.kind != "gguf":
+        return dir_format(source.stored["*"], source.where)
+    return "float32" if matrix_types(source) <= {"F32"} else "bfloat16"
+
+
+def own_format(source: ModelSource, machine: Machine | None = None) -> str:
+    """The one format a compiled engine runs `source` in under `auto`: "blocks" for a GGUF whose layer
+    matrices are all kept blocks, else the format most of them map to, or a directory's dtype."""
+    if source.kind != "gguf":
+        return dir_format(source.stored["*"], source.where)
+    stored = matrix_types(source, layers_only=True)
+    if stored and stored <= (machine or machines.this_machine()).kept:
+        return "blocks"  # the file's own blocks, which the compiled engine fuses as they are
+    layers = Counter(GGUF_TYPES.get(kind, "float32") for name, kind in source.stored.items()
+                     if name.startswith("blk.") and name.endswith(".weight"))
+    return layers.most_common(1)[0][0] if layers else "float32"
+
+
+def _own_precision(source: ModelSource, machine: Machine, binding: str) -> dict:
+    """Plan fields for a GGUF run in its own precision (the module docstring's rules)."""
+    types, kept = matrix_types(source), machine.kept
+    packed = types - kept - FLOATS
+    act = "float32" if types <= {"F32"} or (types & kept and not packed) else "bfloat16"
+    formats = {t: "blocks" if t in kept else act if t in FLOATS else GGUF_TYPES.get(t, act) for t in types}
+    if source.cfg.tie_embeddings:  # the head is the embedding's rows
+        embed = source.stored.get("token_embd.weight")
+        head = (("blocks" if embed in kept else "q8") if GGUF_TYPES.get(embed) in PACKED else
+                "q8" if act == "bfloat16" else act)
+    else:
+        f = formats.get(source.stored.get("output.weight"), act)
+        head = "blocks" if f == "blocks" else "q8" if f in PACKED else act
+    blocks = "blocks" in (*formats.values(), head)
+    requantized = sorted(types & set(BLOCK_BYTES) - kept)
+    reasons = (f"{', '.join(requantized)} re-quantized: {machine.why_not}",) if requantized else ()
+    return dict(formats=formats, activations=act, head=head, binding=binding if blocks else None,
+                grouped=blocks and machine.grouped, reasons=reasons)
+
+
+def _in_format(source: ModelSource, fmt: str, machine: Machine, binding: str = "ctypes") -> dict:
+    """Plan fields for every weight in one format `fmt` (fast/formats.py FORMATS)."""
+    if fmt == "blocks":
+        layers = matrix_types(source, layers_only=True)
+        if source.kind != "gguf" or not layers or not layers <= machine.kept:
+            why = (f"{source.where} is not a GGUF file" if source.kind != "gguf" else
+                   f"the block kernel is not available here ({machine.why_not})" if not machine.kept else
+                   f"its layer matrices are {', '.join(sorted(layers))}")
+            raise ValueError(f"--dtype blocks runs a GGUF whose layer matrices are all "
+                             f"{', '.join(sorted(BLOCK_BYTES))}, and {why}; use --dtype auto")
+        return _own_precision(source, machine, binding)
+    act = str(load_dtype(fmt)).removeprefix("torch.")
+    types = matrix_types(source) if source.kind == "gguf" else {"*"}
+    return dict(formats={t: fmt for t in types}, activations=act, head="q8" if fmt in PACKED else fmt)
+
+
+def decide(source: ModelSource, fmt: str = "auto", engine: str = "auto", device: str = "cpu", batch: int = 1,
+           machine: Machine | None = None) -> Plan:
     """The plan for running `source`: `fmt` one of formats.CHOICES, `engine` one of ENGINES,
     `device` a resolved device name (util/devices.resolve_device); `batch` the sequences a compiled
-    step decodes at once (its builds are recorded apart)."""
+    step decodes at once (its builds are recorded apart); `machine` this process's (fast/machine.py)
+    unless a test simulates another. A plan that cannot run is refused here (ValueError), before
+    anything is loaded."""
     if engine not in ENGINES:
         raise ValueError(f"--engine must be one of {', '.join(ENGINES)}, got {engine!r}")
+    if fmt not in CHOICES:
+        raise ValueError(f"--dtype must be one of {', '.join(CHOICES)}, got {fmt!r}")
+    cfg = source.cfg
+    common = dict(context=cfg.max_seq_len, scaling=(cfg.rope_scaling or {}).get("rope_type", "none"), batch=batch)
     if device != "cpu":
         if engine == "compiled":
             raise ValueError(f"the compiled engine runs on the CPU; use --device cpu, or --engine eager on {device}")
-        return Plan("eager", fmt, device)
-    if engine == "eager":
-        return Plan("eager", fmt, device)
+        if fmt in PACKED or fmt == "blocks":
+            raise ValueError(f"--dtype {fmt} runs on the CPU only (PyTorch's packed int8/int4 kernels and the block "
+                             f"kernel); use --device cpu, or bfloat16 on {device}")
+        f = float_format(source) if fmt == "auto" else fmt
+        types = matrix_types(source) if source.kind == "gguf" else {"*"}
+        return Plan("eager", f, device, {t: f for t in types}, f, f, **common)
+    machine = machine or machines.this_machine()
+    common.update(machine=machine.describe(), prefill=dict(machine.prefill))
     built = None
-    if engine == "compiled" or builds.any_build(source.path):  # else the format is not needed
-        compiled_fmt = own_format(source) if fmt == "auto" else fmt
+    if engine != "eager" and (engine == "compiled" or builds.any_build(source.path)):
+        compiled_fmt = own_format(source, machine) if fmt == "auto" else fmt
         built = builds.built_length(source.path, compiled_fmt, batch)
-    if engine == "auto" and built is None:
-        flags = (f" --model {source.given}" if source.given else "") + (f" --batch {batch}" if batch > 1 else "")
-        command, user = f"`llamablock compile{flags}`", "generate" if batch == 1 else "serve"
-        note = (f"eager engine: the compiled one was built by another llamablock or torch; {command} builds it "
-                "again" if builds.stale_build(source.path) else
-                f"eager engine: {command} builds the compiled one once, then {user} uses it")
-        return Plan("eager", fmt, device, note=note)
-    return Plan("compiled", compiled_fmt, device, built, builds.autotuned(source.path, compiled_fmt), batch=batch)
+    if engine == "eager" or (engine == "auto" and built is None):
+        note = None if engine == "eager" else _not_built(source, batch)
+        fields = (_own_precision(source, machine, "ctypes") if fmt == "auto" and source.kind == "gguf" else
+                  _in_format(source, dir_format(source.stored["*"], source.where) if fmt == "auto" else fmt, machine))
+        return Plan("eager", fmt, device, note=note, **fields, **common)
+    fields = _in_format(source, compiled_fmt, machine, binding="operator")
+    return Plan("compiled", compiled_fmt, device, built=built, autotune=builds.autotuned(source.path, compiled_fmt),
+                **fields, **common)
+
+
+def _not_built(source: ModelSource, batch: int) -> str:
+    flags = (f" --model {source.given}" if source.given else "") + (f" --batch {batch}" if batch > 1 else "")
+    command, user = f"`llamablock compile{flags}`", "generate" if batch == 1 else "serve"
+    if builds.stale_build(source.path):
+        return f"eager engine: the compiled one was built by another llamablock or torch; {command} builds it again"
+    return f"eager engine: {command} builds the compiled one once, then {user} uses it"
 
 
 @dataclass
@@ -81,64 +217,83 @@ class Built:
     engine: object  # what generation runs (runtime/engine.py's interface)
 
 
+def _binding(plan: Plan, notify=None):
+    """The function block layers call: the ctypes kernel, or the torch operator that compiled programs
+    can trace (built here on first use; where it cannot be, the ctypes kernel with one line, and the
+    compiled engine runs those programs eagerly)."""
+    from llamablock.fast.kernels import block_op, ggml_kernel
+
+    if plan.binding != "operator":
+        return ggml_kernel.matmul
+    if block_op.load():
+        return block_op.linear
+    (notify or print)(f"the block operator did not build ({block_op.why_not()}): the programs cannot call the blocks")
+    return ggml_kernel.matmul
+
+
+def _native(source: ModelSource, plan: Plan, notify=None) -> tuple[nn.Module, dict]:
+    """(model, {format: tensors}) of a GGUF in the plan's per-type formats."""
+    return native_decoder(source.index, source.cfg, plan.formats, getattr(torch, plan.activations), head=plan.head,
+                          binding=_binding(plan, notify), grouped=plan.grouped, prefill=plan.prefill)
+
+
+def load_model(source: ModelSource, plan: Plan, notify=None) -> tuple[nn.Module, str]:
+    """(model, what) as `plan` says, the weights read once; `what` says in one line which formats
+    the weights run in, for the command line to print."""
+    if plan.device != "cpu":
+        return load_decoder(source, load_dtype(plan.fmt)).to(plan.device), f"{plan.fmt} on {plan.device}"
+    if source.kind == "gguf" and (plan.fmt in ("auto", "blocks")):
+        model, used = _native(source, plan, notify)
+        what = ", ".join(f"{n} tensors {f}" for f, n in sorted(used.items()))
+        what += "".join(f" ({why})" for why in plan.reasons)
+        return model, "blocks" if plan.fmt == "blocks" and plan.engine == "eager" else f"the file's own precision: {what}"
+    fmt = plan.fmt if plan.fmt in FORMATS else next(iter(plan.formats.values()))
+    if plan.engine == "compiled":  # the engine quantizes its fused weights itself
+        return load_decoder(source, load_dtype(fmt)), fmt
+    return apply_dtype(load_decoder(source, load_dtype(fmt)), fmt, plan.prefill), fmt
+
+
 def build(source: ModelSource, plan: Plan, notify=None) -> Built:
     """The model and engine of `plan`, reading the weights once. A compiled engine is not prepared
     here (`prepare` does it, loading or compiling its programs); `notify` gets its build lines."""
+    model, what = load_model(source, plan, notify)
     if plan.engine == "eager":
-        model, what = load_in_format(source, plan.fmt, plan.device)
         return Built(model, EagerEngine(model, what))
-    from llamablock.fast.compiled.compiled_decode import AOTIEngine
+    from llamablock.fast.compiled.aoti_engine import AOTIEngine
 
-    model = load_in_format(source, "blocks")[0] if plan.fmt == "blocks" else load_decoder(source, load_dtype(plan.fmt))
     return Built(model, AOTIEngine(model, plan.fmt, autotune=plan.autotune, notify=notify, batch=plan.batch,
-                                   weights_id=builds.weights_identity(source.path, plan.fmt)))
+                                   prefill=plan.prefill,
+                                   weights_id=builds.weights_identity(source.path, plan.fmt, plan.grouped)))
 
 
-def eager_beside(built: Built) -> nn.Module:
+def eager_beside(built: Built, plan: Plan) -> nn.Module:
     """An eager model beside a compiled engine, from the weights already read (a server runs the
     requests its engine does not cover on it): the engine's float model itself, or a quantized copy
     of it for q8/q4. That is the dequantize-then-quantize path, whose logits equal the native
     load's for a file of one format (tests/fast/kernels/test_native.py); a file mixing formats runs every
     weight in the engine's one format here, where the native load keeps each tensor's own."""
     fmt = built.engine.fmt
-    return apply_dtype(copy.deepcopy(built.model), fmt) if fmt in PACKED else built.model
+    return apply_dtype(copy.deepcopy(built.model), fmt, plan.prefill) if fmt in PACKED else built.model
 
 
-def load_in_format(source: ModelSource, fmt: str = "auto", device: str = "cpu") -> tuple[nn.Module, str]:
-    """(model, what) for `source` with its weights in `fmt` (one of formats.CHOICES) on `device`;
-    `what` says in one line which formats the weights run in, for the command line to print. The
-    packed formats run on the CPU only: elsewhere `auto` runs the float format, and q8/q4 are refused."""
-    if fmt not in CHOICES:
-        raise ValueError(f"--dtype must be one of {', '.join(CHOICES)}, got {fmt!r}")
-    if device != "cpu":
-        if fmt in PACKED:
-            raise ValueError(f"--dtype {fmt} runs on the CPU only (PyTorch's packed int8/int4 kernels); "
-                             f"use --device cpu, or bfloat16 on {device}")
-        fmt = float_format(source) if fmt == "auto" else fmt
-        return load_decoder(source, load_dtype(fmt)).to(device), f"{fmt} on {device}"
-    if fmt == "blocks":
-        return _file_blocks(source), "blocks"
-    if fmt == "auto" and source.kind == "gguf":
-        model, used = native_decoder(source.index, source.cfg)
-        what = ", ".join(f"{n} tensors {f}" for f, n in sorted(used.items()))
-        blocks = sorted(set(source.stored.values()) & set(ggml_kernel.BLOCK_BYTES))
-        if blocks and not kept_types():  # they ran re-quantized: say why
-            what += f" ({', '.join(blocks)} re-quantized: {ggml_kernel.why_not()})"
-        return model, f"the file's own precision: {what}"
-    fmt = own_format(source) if fmt == "auto" else fmt
-    return apply_dtype(load_decoder(source, load_dtype(fmt)), fmt), fmt
+def load_in_format(source: ModelSource, fmt: str = "auto", device: str = "cpu",
+                   machine: Machine | None = None) -> tuple[nn.Module, str]:
+    """(model, what) of the eager plan for `source` in `fmt`: the one-call form for benchmarks and tests."""
+    return load_model(source, decide(source, fmt, "eager", device, machine=machine))
 
 
-def _file_blocks(source: ModelSource) -> nn.Module:
-    """The native model of a GGUF whose every layer matrix is a kept block type (`--dtype blocks`)."""
-    layers = {kind for name, kind in source.stored.items() if name.startswith("blk.") and name.endswith(".weight")}
-    if source.kind != "gguf" or not layers or not layers <= kept_types():
-        why = (f"{source.where} is not a GGUF file" if source.kind != "gguf" else
-               f"the block kernel is not available here ({ggml_kernel.why_not()})" if not kept_types() else
-               f"its layer matrices are {', '.join(sorted(layers))}")
-        raise ValueError(f"--dtype blocks runs a GGUF whose layer matrices are all Q4_0, Q4_1 or Q8_0, and {why}; "
-                         "use --dtype auto")
-    return native_decoder(source.index, source.cfg)[0]
+def load_gguf_native(path, rope_layout: str = "half", engine: str = "eager") -> tuple[nn.Module, dict]:
+    """(model, {format: tensors}) of a GGUF file by path in its own precision, its q/k rows in `rope_layout`,
+    as the `engine` ("eager", or "compiled": block layers bound to the operator programs call)
+    would load it: the one-call form for tests and benchmarks."""
+    from llamablock.io.source import open_source
+
+    source = open_source(path, tokenizer=False)
+    source = dataclasses.replace(source, cfg=source.cfg.replace(rope_layout=rope_layout))
+    plan = decide(source, "auto", "eager")
+    if engine == "compiled":
+        plan = dataclasses.replace(plan, engine="compiled", binding=plan.binding and "operator")
+    return _native(source, plan)
 
 
 def prepare(engine, source: ModelSource, total_tokens: int) -> float:
@@ -147,7 +302,5 @@ def prepare(engine, source: ModelSource, total_tokens: int) -> float:
     seconds = engine.prepare(total_tokens) or 0.0
     running = getattr(engine, "running", None)
     if running is not None and running.get("step") != "eager":  # a step run eagerly is no build to choose
-        builds.record(source.path, engine.fmt, engine.length, engine.packages(), seconds, autotune=engine.autotune,
-                      batch=engine.batch)
+        builds.record_engine(source.path, engine, seconds)
     return seconds
-

@@ -20,10 +20,9 @@ import torch
 from gguf_tiny import write_tiny_gguf
 from hf_reference import tiny_hf_model
 
-from llamablock.fast.compiled.compiled_decode import AOTIEngine
+from llamablock.fast.compiled.aoti_engine import AOTIEngine
 from llamablock.fast.kernels import block_op, ggml_kernel
-from llamablock.fast.kernels.native import load_gguf_native, own_format
-from llamablock.fast.plan import load_in_format
+from llamablock.fast.plan import load_gguf_native, load_in_format, own_format
 from llamablock.io.source import open_source
 from llamablock.runtime.engine import EagerEngine
 from llamablock.runtime.generate import generate
@@ -62,7 +61,7 @@ def _logits(engine, ids, steps):
 
 @pytest.mark.slow
 def test_the_compiled_blocks_follow_the_eager_blocks(tmp_path):
-    model, _ = load_gguf_native(_tiny(tmp_path))
+    model, _ = load_gguf_native(_tiny(tmp_path), engine="compiled")  # its blocks call the operator
     engine = AOTIEngine(model, "blocks", autotune=False)
     gen = torch.Generator().manual_seed(0)
     with torch.no_grad():
@@ -76,12 +75,14 @@ def test_the_compiled_blocks_follow_the_eager_blocks(tmp_path):
 FRESH = r"""
 import sys, torch
 from llamablock.fast.compiled import aoti_step, builds
-from llamablock.fast.compiled.compiled_decode import AOTIEngine
-from llamablock.fast.kernels.native import load_gguf_native
+from llamablock.fast.compiled.aoti_engine import AOTIEngine
+from llamablock.fast.machine import this_machine
+from llamablock.fast.plan import load_gguf_native
 from llamablock.runtime.generate import generate
-model, _ = load_gguf_native(sys.argv[1])
+model, _ = load_gguf_native(sys.argv[1], engine="compiled")
 aoti_step.weights_digest = None  # named by the file's identity: the weights are never hashed
-engine = AOTIEngine(model, "blocks", autotune=False, weights_id=builds.weights_identity(sys.argv[1], "blocks"))
+weights_id = builds.weights_identity(sys.argv[1], "blocks", this_machine().grouped)
+engine = AOTIEngine(model, "blocks", autotune=False, weights_id=weights_id)
 tokens = generate(engine, [5, 17, 3, 88, 42, 9, 61], 8).tokens
 print(engine.compile_seconds > 0, ",".join(map(str, tokens)))
 """
@@ -110,8 +111,9 @@ def test_a_file_s_identity_names_its_packages_without_hashing_the_weights(tmp_pa
 
     f = _tiny(tmp_path)
     source = open_source(f)
-    engine = build(source, decide(source, "blocks", "compiled")).engine
-    assert engine.weights_id == builds.weights_identity(f, "blocks")
+    plan = decide(source, "blocks", "compiled")
+    engine = build(source, plan).engine
+    assert engine.weights_id == builds.weights_identity(f, "blocks", plan.grouped)
     monkeypatch.setattr(aoti_step, "weights_digest", lambda static: pytest.fail("the weights were hashed"))
     assert aoti_step.weights_name(engine.static, engine.weights_id) == aoti_step.weights_name(None, engine.weights_id)
     before = builds.weights_identity(f, "blocks")
@@ -131,8 +133,10 @@ def test_auto_compiles_the_files_own_blocks_where_it_can(tmp_path, monkeypatch):
     q5 = gguf.quants.quantize(torch.randn(64, 128).numpy(), gguf.GGMLQuantizationType.Q5_0)
     mixed = {"blk.0.ffn_down.weight": (q5, "Q5_0")}
     assert own_format(open_source(_tiny(tmp_path / "mixed", raw_blocks=mixed))) == "q4"  # the packed majority
-    monkeypatch.setattr(ggml_kernel, "kernel", lambda: None)
-    assert own_format(open_source(_tiny(tmp_path))) == "q4"  # no kernel: the packed format, as before
+    from llamablock.fast import machine
+
+    no_kernel = machine.this_machine().without_kernel("turned off by the test")
+    assert own_format(open_source(_tiny(tmp_path)), no_kernel) == "q4"  # no kernel: the packed format, as before
 
 
 def test_dtype_blocks_is_refused_where_it_cannot_run(tmp_path):

@@ -18,11 +18,7 @@ from hf_reference import tiny_hf_model
 
 import llamablock
 from llamablock.config import ModelConfig
-from llamablock.fast.compiled.compiled_decode import (
-    PREFILL_MIN,
-    AOTIEngine,
-    StaticEngine,
-)
+from llamablock.fast.compiled.aoti_engine import AOTIEngine
 from llamablock.fast.compiled.inductor_engine import InductorEngine
 from llamablock.fast.compiled.static_decode import (
     MIN_CACHE,
@@ -30,6 +26,7 @@ from llamablock.fast.compiled.static_decode import (
     cache_length,
     unsupported_reason,
 )
+from llamablock.fast.compiled.static_engine import PREFILL_MIN, StaticEngine
 from llamablock.kv_cache import KVCache
 from llamablock.model import Decoder
 from llamablock.runtime.engine import EagerEngine
@@ -214,7 +211,7 @@ def test_persistent_compile_cache_location(monkeypatch, tmp_path):
 
 _FRESH_PROCESS = r"""
 import sys, torch, llamablock
-from llamablock.fast.compiled.compiled_decode import AOTIEngine
+from llamablock.fast.compiled.aoti_engine import AOTIEngine
 model = llamablock.load_pretrained(sys.argv[1], torch.bfloat16)
 engine = AOTIEngine(model, "bfloat16")  # autotuned: bfloat16 GEMM templates may use AMX
 with torch.no_grad():

@@ -58,7 +58,7 @@ def test_the_compiled_steps_weights_move_into_huge_pages_and_give_the_same_logit
     if _thp_mode() in (None, "never"):
         pytest.skip(f"transparent huge pages are unavailable here ({THP}: {_thp_mode()})")
     from llamablock.config import ModelConfig
-    from llamablock.fast.compiled.compiled_decode import AOTIEngine
+    from llamablock.fast.compiled.aoti_engine import AOTIEngine
     from llamablock.model import Decoder
 
     cfg = ModelConfig(vocab_size=16384, d_model=128, n_layers=1, n_heads=4, n_kv_heads=2, max_seq_len=256,

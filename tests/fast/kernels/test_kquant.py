@@ -15,8 +15,8 @@ from hf_reference import tiny_hf_model
 
 import llamablock
 from llamablock.fast.kernels.kquant import q4k_groups, q4k_linear
-from llamablock.fast.kernels.native import load_gguf_native
 from llamablock.fast.kernels.quant import Int4Linear
+from llamablock.fast.plan import load_gguf_native
 
 BF16_U = 2.0**-8  # bfloat16's unit roundoff: 8 significant bits, rounded to nearest
 

@@ -14,6 +14,7 @@ measured in child processes (peak resident set growth over an interpreter with t
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -26,18 +27,21 @@ from hf_reference import tiny_hf_model
 from torch import nn
 
 import llamablock
-from llamablock.fast.kernels.native import dir_format, load_gguf_native, own_format
+from llamablock.fast.formats import dir_format
 from llamablock.fast.kernels.quant import Int4Linear, Int8Embedding, Int8Linear, apply_dtype
-from llamablock.fast.plan import load_in_format
+from llamablock.fast.plan import load_gguf_native, load_in_format, own_format
 from llamablock.io.resolve import resolve_model
 from llamablock.io.source import open_source
 
 
 @pytest.fixture(autouse=True)
 def _packed_path(monkeypatch):
-    from llamablock.fast.kernels import ggml_kernel
+    from llamablock.fast import machine
+    from llamablock.fast.kernels.quant import PREFILL_ROWS
 
-    monkeypatch.setattr(ggml_kernel, "kernel", lambda: None)
+    no_kernel = machine.this_machine().without_kernel("turned off by the test")  # the GEMM from PREFILL_ROWS on every CPU:
+    no_kernel = dataclasses.replace(no_kernel, prefill={"q8": PREFILL_ROWS, "q4": PREFILL_ROWS})  # as apply_dtype's
+    monkeypatch.setattr(machine, "this_machine", lambda: no_kernel)
 
 
 def _tiny(tmp_path, qtype, tied=False, **kw):
@@ -92,9 +96,8 @@ def test_a_mixed_file_keeps_each_tensors_format(tmp_path):
 @pytest.mark.parametrize("tied", [False, True])
 @pytest.mark.parametrize("qtype,fmt", [("Q8_0", "q8"), ("Q4_1", "q4")])
 def test_straight_load_equals_dequantize_then_quantize(tmp_path, qtype, fmt, tied, monkeypatch):
-    from llamablock.fast.kernels import quant
 
-    monkeypatch.setattr(quant, "prefill_rows", lambda fmt: quant.PREFILL_ROWS)  # 40 rows: the GEMM on every CPU
+    # 40 rows: the GEMM on every CPU (the fixture's machine)
     f = _tiny(tmp_path, qtype, tied)
     native, _ = load_gguf_native(f)
     assert isinstance(native.embed, Int8Embedding) == tied
@@ -124,9 +127,8 @@ def test_a_tied_quantized_embedding_is_the_heads_int8_rows(tmp_path):
 
 @pytest.mark.slow
 def test_smollm2_straight_load_equals_the_old_path_and_runs_in_q4(monkeypatch):
-    from llamablock.fast.kernels import quant
 
-    monkeypatch.setattr(quant, "prefill_rows", lambda fmt: quant.PREFILL_ROWS)  # the long text: the GEMM
+    # the long text: the GEMM (the fixture's machine)
     source = open_source(None)
     (native, what), tok = load_in_format(source, "auto"), source.tokenizer
     assert "210 tensors q4" in what and own_format(source) == "q4"

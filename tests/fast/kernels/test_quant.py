@@ -158,13 +158,6 @@ def test_dtype_choices_for_the_commands():
     assert isinstance(apply_dtype(plain, "float32").layers[0].attn.wq, nn.Linear)
 
 
-def _gemm_from_prefill_rows(monkeypatch):
-    """Make every CPU switch to the dequantized GEMM at PREFILL_ROWS rows (an AVX2 CPU never does)."""
-    from llamablock.fast.kernels import quant
-
-    monkeypatch.setattr(quant, "prefill_rows", lambda fmt: quant.PREFILL_ROWS)
-
-
 @pytest.mark.parametrize("cls", [Int8Linear, Int4Linear])
 def test_prefill_path_equals_dequantized_matmul(cls, monkeypatch):
     """From the switch on (here PREFILL_ROWS rows), the layer dequantizes and runs the bf16 GEMM:
@@ -175,7 +168,7 @@ def test_prefill_path_equals_dequantized_matmul(cls, monkeypatch):
     """
     from llamablock.fast.kernels.quant import PREFILL_ROWS
 
-    _gemm_from_prefill_rows(monkeypatch)
+    # a layer's default crossover is PREFILL_ROWS on every CPU (an AVX2 machine's plan says never)
 
     q = cls(torch.randn(192, 576))
     deq = q.dequantized()
@@ -249,7 +242,7 @@ def test_int4_without_a_readable_layout_keeps_its_nibble_copy(monkeypatch):
     kept = Int4Linear(w)
     assert read_back.nibbles is None and kept.nibbles is not None
     assert torch.equal(read_back.ids(), kept.ids())
-    _gemm_from_prefill_rows(monkeypatch)  # the prefill path reads the ids back
+    # a layer's default crossover is PREFILL_ROWS on every CPU: the prefill path reads the ids back
     x = torch.randn(PREFILL_ROWS + 3, 576).bfloat16()
     assert torch.equal(read_back(x), kept(x)) and torch.equal(read_back(x[:2]), kept(x[:2]))
 
@@ -259,14 +252,18 @@ def test_int4_without_a_readable_layout_keeps_its_nibble_copy(monkeypatch):
     ("AVX-512", "q4", 255, False), ("AVX-512", "q4", 256, True), ("AVX-512", "q8", 64, True),
     ("AMX", "q4", 32, True), ("NEON", "q4", 31, False), ("NEON", "q4", 32, True)])  # NEON: not measured
 def test_the_prefill_switch_follows_the_cpu_kind(monkeypatch, kind, fmt, rows, gemm):
-    """PREFILL_BY_CPU, each kind simulated: whether a layer dequantizes for `rows` rows."""
+    """PREFILL_BY_CPU, each kind simulated: whether a layer built with that machine's crossover (the
+    plan's Machine record) dequantizes for `rows` rows."""
+    from llamablock.fast.machine import machine_for
     from llamablock.util import cpu
 
     isa = {"AVX2": "AVX2", "NEON": "DEFAULT"}.get(kind, "AVX512")
     features = {"AMX": {"amx_bf16"}, "NEON": {"neon"}}.get(kind, set())
-    monkeypatch.setattr(cpu, "this_cpu", lambda: cpu.CPU("simulated", 2, isa, frozenset(features)))
-    assert cpu.this_cpu().kind == kind
-    layer = (Int4Linear if fmt == "q4" else Int8Linear)(torch.randn(64, 64))
+    simulated = cpu.CPU("simulated", 2, isa, frozenset(features))
+    assert simulated.kind == kind
+    crossover = machine_for(simulated, kernel=True).prefill[fmt]
+    layer = Int4Linear(torch.randn(64, 64), crossover=crossover) if fmt == "q4" else Int8Linear(torch.randn(64, 64),
+                                                                                                crossover=crossover)
     used = []
     deq = "unpacked" if fmt == "q4" else "dequantized"
     real = getattr(layer, deq)

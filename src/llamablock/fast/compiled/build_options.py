@@ -10,7 +10,7 @@ Why a list: the C++ GEMM templates exist only for some CPUs. On an AVX2 CPU with
 is no template for the int4 matmul, and a max-autotune restricted to the templates ends in
 inductor's NoValidChoicesError ("No choices exist for backend"); ATen beside the templates always
 offers its own kernel, and inductor's defaults choose no GEMM at all. The compiled engine
-(llamablock.fast.compiled.compiled_decode.AOTIEngine) tries each in turn and, when all fail, runs the same
+(llamablock.fast.compiled.aoti_engine.AOTIEngine) tries each in turn and, when all fail, runs the same
 static layout eagerly; `tests/fast/kernels/test_build_fallback.py` simulates the missing template.
 """
 

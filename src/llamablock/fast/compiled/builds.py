@@ -38,14 +38,12 @@ def _file(path: Path) -> str:
     return f"{Path(path).resolve()}|{st.st_size}|{st.st_mtime_ns}"
 
 
-def weights_identity(path: Path, fmt: str) -> str | None:
+def weights_identity(path: Path, fmt: str, grouped: bool = False) -> str | None:
     """What determines the weights a compiled engine of the file at `path` in `fmt` holds: the
-    file's identity, the format, and the blocks' layout on this CPU (ggml_kernel.groups_rows); the
-    code that reads them is in the package's name already (aoti_step.package_key). None for a
-    folder, whose own modification time does not follow a weight file edited in place."""
-    from llamablock.fast.kernels import ggml_kernel
-
-    return f"{_file(path)}|{fmt}|rows grouped {ggml_kernel.groups_rows()}" if Path(path).is_file() else None
+    file's identity, the format, and the blocks' layout the plan chose (`grouped`: rows in groups
+    of 8); the code that reads them is in the package's name already (aoti_step.package_key).
+    None for a folder, whose own modification time does not follow a weight file edited in place."""
+    return f"{_file(path)}|{fmt}|rows grouped {grouped}" if Path(path).is_file() else None
 
 
 def _code() -> str:
@@ -89,6 +87,12 @@ def record(path: Path, fmt: str, length: int, packages: list[Path], seconds: flo
     f = _index_file()
     f.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(f, lambda p: p.write_text(json.dumps(index, indent=1)))
+
+
+def record_engine(path: Path, engine, seconds: float) -> None:
+    """Record the compiled `engine` of the file at `path` as built (its format, cache length, batch,
+    packages and autotune setting): the one call every command that builds makes."""
+    record(path, engine.fmt, engine.length, engine.packages(), seconds, autotune=engine.autotune, batch=engine.batch)
 
 
 def any_build(path: Path) -> bool:

@@ -1,6 +1,6 @@
 """The static layout's decode step compiled by torch.compile in this process (prefill eager).
 
-Re-traced in every new process, so `generate` uses AOTIEngine (llamablock.fast.compiled.compiled_decode)
+Re-traced in every new process, so `generate` uses AOTIEngine (llamablock.fast.compiled.static_engine)
 instead; benchmarks use this one to compare settings without packages on disk
 (`llamablock bench decode`).
 """
@@ -13,7 +13,7 @@ import time
 import torch
 
 from llamablock.fast.compiled.build_options import attempts
-from llamablock.fast.compiled.compiled_decode import StaticEngine
+from llamablock.fast.compiled.static_engine import StaticEngine
 
 
 class InductorEngine(StaticEngine):

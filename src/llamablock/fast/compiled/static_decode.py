@@ -14,7 +14,7 @@ that a compiler can turn the whole step into a few kernels:
     reading the unused slots costs at most the used ones again;
   * cos/sin of every position 0..L-1 computed once by the model's `Rotary`, looked up per step;
   * `step` has no checks and no Python branching on values, so it compiles to one graph
-    (llamablock.fast.compiled.compiled_decode).
+    (llamablock.fast.compiled.static_engine).
 Everything else is the block's own: its norms, output projections, down projection, activation,
 RoPE rotation, embedding and head are shared with the Decoder, not copied.
 
@@ -93,10 +93,10 @@ def fuse_linears(parts: list[nn.Module]) -> nn.Module:
         if len({getattr(p, "type_name", None) for p in parts}) > 1:
             return Concatenated(parts)
         bias = None if parts[0].bias is None else torch.cat([p.bias for p in parts])
+        kind, k, binding = parts[0].type_name, parts[0].in_features, parts[0].binding  # the plan's, kept
         if all(p.grouped for p in parts):  # whole groups of 8 rows: their bytes join as they are
-            return BlockLinear(parts[0].type_name, torch.cat([p.blocks for p in parts]), parts[0].in_features, bias,
-                               grouped=True)
-        return BlockLinear(parts[0].type_name, torch.cat([p.file_rows() for p in parts]), parts[0].in_features, bias)
+            return BlockLinear(kind, torch.cat([p.blocks for p in parts]), k, bias, grouped=True, binding=binding)
+        return BlockLinear(kind, torch.cat([p.file_rows() for p in parts]), k, bias, binding=binding)
     weight = torch.cat([p.weight.detach() for p in parts])  # (sum of outs, in)
     fused = nn.Linear(weight.shape[1], weight.shape[0], bias=parts[0].bias is not None,
                       device=weight.device, dtype=weight.dtype)
@@ -181,7 +181,7 @@ class StaticDecoder(nn.Module):
     """`model`'s weights in the static layout, with a cache of `length` slots for `batch` rows.
 
     The fused matrices are new tensors; the norms, output projections, embedding and head are
-    shared with `model` (no copy). `step` is the function to compile (llamablock.fast.compiled.compiled_decode);
+    shared with `model` (no copy). `step` is the function to compile (llamablock.fast.compiled.static_engine);
     the cache is a plain attribute, not module state, so a compiled program can take it as input.
     """
 

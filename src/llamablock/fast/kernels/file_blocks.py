@@ -15,9 +15,12 @@ sizes in torch (`llamablock bench file_blocks` times both).
 (tests/fast/kernels/test_file_blocks.py): d * q + m, in float32, rounded once as gguf's numpy code does.
 Block layouts are ggml_dot.c's comment.
 
-Where the kernel's build for this CPU is faster on them (ggml_kernel.groups_rows), a layer holds
-its bytes in groups of 8 rows (`group_rows`, ggml_dot.c's grouped layout): the same bytes
-reordered once at load, so nothing is rounded and `file_rows()` gives the file's order back.
+Where the plan says so (fast/plan.py: the kernel's build for this CPU is faster on them), a layer
+holds its bytes in groups of 8 rows (`group_rows`, the kernel's grouped layout): the same bytes
+reordered once at load, so nothing is rounded and `file_rows()` gives the file's order back. A
+layer calls the kernel through the binding it is given (ggml_kernel.matmul by ctypes, or
+block_op.linear, the torch operator that compiled programs can trace): the same C function, so
+the same numbers, and the layer never looks at what else the process has loaded.
 """
 
 from __future__ import annotations
@@ -25,8 +28,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from llamablock.fast.kernels import block_op, ggml_kernel
-from llamablock.fast.kernels.ggml_kernel import BLOCK_BYTES, GROUP, GROUPED, TYPE_IDS
+from llamablock.fast.kernels import ggml_kernel
+from llamablock.fast.kernels.ggml_kernel import BLOCK_BYTES, GROUP
 
 
 def dequantize_blocks(type_name: str, blocks: torch.Tensor) -> torch.Tensor:
@@ -87,28 +90,25 @@ def ungroup_rows(type_name: str, grouped: torch.Tensor) -> torch.Tensor:
 class BlockLinear(nn.Module):
     """y = x W^T (+ b) with W the file's blocks of `type_name` (Q4_0, Q4_1 or Q8_0), never re-quantized.
 
-    `blocks` are the file's rows; `grouped` True says they are group_rows' already (a fused
-    layer's parts), False keeps the file's order, None groups them where the kernel is faster so."""
+    `blocks` are the file's rows in the file's order, or with `grouped` in group_rows' groups of 8
+    rows (the loader groups them where the plan says so). `binding` is
+    the function that multiplies, called as binding(type_name, blocks, x (m, k), grouped=...) ->
+    (m, n) float32 (default: the ctypes kernel)."""
 
     def __init__(self, type_name: str, blocks: torch.Tensor, in_features: int, bias: torch.Tensor | None = None,
-                 grouped: bool | None = None):
+                 grouped: bool = False, binding=None):
         super().__init__()
         if type_name not in BLOCK_BYTES:
             raise ValueError(f"block type must be one of {', '.join(BLOCK_BYTES)}, got {type_name!r}")
         if in_features % 32 or blocks.shape[-1] != in_features // 32 * BLOCK_BYTES[type_name]:
             raise ValueError(f"{type_name} rows of {in_features} weights are {in_features // 32} blocks of "
                              f"{BLOCK_BYTES[type_name]} bytes; got rows of {blocks.shape[-1]} bytes")
-        if grouped is None:
-            grouped = blocks.shape[0] % GROUP == 0 and ggml_kernel.groups_rows()
-            if grouped:
-                blocks = group_rows(type_name, blocks)
-        elif grouped and blocks.shape[0] % GROUP:
+        if grouped and blocks.shape[0] % GROUP:
             raise ValueError(f"grouped rows come in groups of {GROUP}; got {blocks.shape[0]} rows")
         self.register_buffer("blocks", blocks.contiguous())  # (n, k/32 * bytes) uint8, grouped or the file's
         self.register_buffer("bias", None if bias is None else bias.detach().float())
         self.type_name, self.in_features, self.out_features = type_name, in_features, blocks.shape[0]
-        self.grouped = grouped
-        self._type_id = TYPE_IDS[type_name] + (GROUPED if grouped else 0)
+        self.grouped, self.binding = grouped, binding or ggml_kernel.matmul
 
     def file_rows(self) -> torch.Tensor:
         """The file's bytes in the file's order: (n, k / 32 * bytes) uint8."""
@@ -119,11 +119,7 @@ class BlockLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
-        if block_op.LOADED:  # the operator a compiled program can trace; the same C function
-            y = torch.ops.llamablock.block_linear(x.reshape(-1, shape[-1]), self.blocks, self._type_id)
-        else:
-            y = ggml_kernel.matmul(self.type_name, self.blocks, x.reshape(-1, shape[-1]),
-                                   grouped=self.grouped)  # (m, n) float32
+        y = self.binding(self.type_name, self.blocks, x.reshape(-1, shape[-1]), grouped=self.grouped)  # (m, n) float32
         if self.bias is not None:
             y = y + self.bias
         return y.reshape(*shape[:-1], self.out_features).to(x.dtype)

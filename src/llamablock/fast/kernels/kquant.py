@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from llamablock.fast.kernels.quant import Int4Linear
+from llamablock.fast.kernels.quant import PREFILL_ROWS, Int4Linear
 
 Q4_K_BYTES = 144  # per 256 weights: d, dmin (float16), 12 bytes of scales and mins, 128 bytes of ids
 
@@ -42,8 +42,9 @@ def q4k_groups(rows: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, 
     return torch.from_numpy(q), torch.from_numpy(scale), torch.from_numpy(offset)
 
 
-def q4k_linear(rows: torch.Tensor, k: int) -> Int4Linear:
-    """The int4 layer of a Q4_K tensor's rows, its ids kept (module docstring)."""
+def q4k_linear(rows: torch.Tensor, k: int, crossover: int | None = PREFILL_ROWS) -> Int4Linear:
+    """The int4 layer of a Q4_K tensor's rows, its ids kept (module docstring); `crossover` as
+    Int4Linear's."""
     q, scale, offset = q4k_groups(rows, k)
     s = scale.to(torch.bfloat16).float()  # z from the rounded s: (q - 8) s + z then errs only by z's rounding
-    return Int4Linear.from_ids(q, s, 8 * s - offset)
+    return Int4Linear.from_ids(q, s, 8 * s - offset, crossover=crossover)

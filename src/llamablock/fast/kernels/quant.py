@@ -22,11 +22,12 @@ Why these choices (`llamablock bench decode` measures speed and perplexity per f
 Prefill: the packed kernels work row by row of x, so their time grows linearly with the number
 of tokens, while dequantizing to bfloat16 and calling the ordinary matmul costs a fixed
 dequantization plus a GEMM whose per-row cost depends on the CPU (fast with AMX or AVX-512 BF16,
-emulated with AVX2). From `prefill_rows(fmt)` rows on, a layer dequantizes its weight for that
-call (a transient bfloat16 copy, freed after) and runs the bfloat16 GEMM; decode (one row)
-always reads only the small integers. The crossover is a choice per CPU kind (PREFILL_BY_CPU,
-`llamablock bench prefill_crossover` measures it); inside a compiled program it is PREFILL_ROWS,
-so that one program holds every prompt length from there on (fast/compiled/compiled_decode.py). int4
+emulated with AVX2). From `crossover` rows on (a layer's argument), a layer dequantizes its
+weight for that call (a transient bfloat16 copy, freed after) and runs the bfloat16 GEMM; decode
+(one row) always reads only the small integers. The crossover is a choice per CPU kind
+(PREFILL_BY_CPU, `llamablock bench prefill_crossover` measures it), made by the plan from its
+Machine record (fast/machine.py) and handed to each layer; inside a compiled program it is PREFILL_ROWS,
+so that one program holds every prompt length from there on (fast/compiled/static_engine.py). int4
 reads the ids for this back out of the kernel's packed copy (fast/kernels/int4pack.py), so a layer holds
 its weights once.
 Error per weight: rounding to nearest gives |W - dequant(W)| <= s / 2 (s the row or group
@@ -54,18 +55,17 @@ PREFILL_BY_CPU = {"AMX": {"q8": PREFILL_ROWS, "q4": PREFILL_ROWS}, "AVX-512": {"
                   "AVX2": {"q8": None, "q4": None}}
 
 
-def prefill_rows(fmt: str) -> int | None:
-    """Rows of x from which a `fmt` layer (q8 or q4) runs the dequantized GEMM here; None for never."""
+def prefill_rows(fmt: str, kind: str) -> int | None:
+    """Rows of x from which a `fmt` layer (q8 or q4) runs the dequantized GEMM on a CPU of `kind`
+    (util/cpu.py); None for never. PREFILL_ROWS on kinds not measured."""
+    return PREFILL_BY_CPU.get(kind, {}).get(fmt, PREFILL_ROWS)
+
+
+def _dequantizes(rows: int, crossover: int | None) -> bool:
+    """For `rows` >= PREFILL_ROWS (the callers test that first, so a decode step pays no call). A
+    compiled program holds every length from PREFILL_ROWS on, so it switches there."""
     if torch.compiler.is_compiling():
-        return PREFILL_ROWS
-    from llamablock.util.cpu import this_cpu
-
-    return PREFILL_BY_CPU.get(this_cpu().kind, {}).get(fmt, PREFILL_ROWS)
-
-
-def _dequantizes(rows: int, fmt: str) -> bool:
-    """For `rows` >= PREFILL_ROWS (the callers test that first, so a decode step pays no call)."""
-    crossover = prefill_rows(fmt)
+        crossover = PREFILL_ROWS
     return crossover is not None and rows >= crossover
 
 
@@ -90,10 +90,12 @@ def _chunks(weight):
 
 class Int8Linear(nn.Module):
     """y = x W^T (+ b) with W stored as int8 rows and one bfloat16 scale per row. `weight`: an
-    (n, k) tensor, or a RowChunks, quantized as read, for a table too large to hold in float."""
+    (n, k) tensor, or a RowChunks, quantized as read, for a table too large to hold in float.
+    `crossover`: rows of x from which it dequantizes for a GEMM (None: never; the plan's Machine)."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, crossover: int | None = PREFILL_ROWS):
         super().__init__()
+        self.crossover = crossover
         _check_2d(weight)
         n, k = weight.shape
         q = torch.empty(n, k, dtype=torch.int8)
@@ -121,7 +123,7 @@ class Int8Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x2 = x.reshape(-1, shape[-1]).to(torch.bfloat16)  # (m, k)
-        if not self.kernel or (x2.shape[0] >= PREFILL_ROWS and _dequantizes(x2.shape[0], "q8")):
+        if not self.kernel or (x2.shape[0] >= PREFILL_ROWS and _dequantizes(x2.shape[0], self.crossover)):
             y = x2 @ self.dequantized().to(torch.bfloat16).T  # (m, n), bf16 GEMM
         else:
             y = torch.ops.aten._weight_int8pack_mm(x2, self.qweight, self.scales)  # (m, n)
@@ -134,10 +136,13 @@ class Int8Linear(nn.Module):
 
 
 class Int4Linear(nn.Module):
-    """y = x W^T (+ b) with W in 4-bit groups of `group_size` inputs, bf16 scale and zero each."""
+    """y = x W^T (+ b) with W in 4-bit groups of `group_size` inputs, bf16 scale and zero each;
+    `crossover` as Int8Linear's."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, group_size: int = 32):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, group_size: int = 32,
+                 crossover: int | None = PREFILL_ROWS):
         super().__init__()
+        self.crossover = crossover
         _check_2d(weight)
         n, k = weight.shape
         if group_size not in (32, 64, 128, 256):
@@ -156,12 +161,14 @@ class Int4Linear(nn.Module):
         self._pack(q, scale, zero, bias, group_size)
 
     @classmethod
-    def from_ids(cls, q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group_size: int = 32) -> Int4Linear:
+    def from_ids(cls, q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group_size: int = 32,
+                 crossover: int | None = PREFILL_ROWS) -> Int4Linear:
         """A layer of given ids q (n, k) in 0..15 and per-group scale and zero (n, k / group_size), the
         kernel's weight (q - 8) * scale + zero with both rounded to bfloat16: for a file whose 4-bit
         groups are already this affine form (Q4_K, fast/kernels/kquant.py), kept instead of re-derived."""
         self = cls.__new__(cls)
         nn.Module.__init__(self)
+        self.crossover = crossover
         self._pack(q.to(torch.int32), scale.float().to(torch.bfloat16).float(), zero.float().to(torch.bfloat16).float(),
                    None, group_size)
         return self
@@ -204,7 +211,7 @@ class Int4Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x2 = x.reshape(-1, shape[-1]).to(torch.bfloat16)  # (m, k)
-        if x2.shape[0] >= PREFILL_ROWS and _dequantizes(x2.shape[0], "q4"):
+        if x2.shape[0] >= PREFILL_ROWS and _dequantizes(x2.shape[0], self.crossover):
             y = x2 @ self.unpacked().to(torch.bfloat16).T  # (m, n), bf16 GEMM
         else:
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2, self.packed, self.group_size, self.scales_zeros)
@@ -243,22 +250,26 @@ class Int8Embedding(nn.Module):
         return f"{self.num_embeddings}, {self.embedding_dim}, int8 rows shared with the head"
 
 
-def quantize_linear(linear: nn.Linear, fmt: str, group_size: int = 32) -> nn.Module:
+def quantize_linear(linear: nn.Linear, fmt: str, group_size: int = 32, prefill: dict | None = None) -> nn.Module:
+    """`prefill`: {format: crossover} (fast/machine.py Machine.prefill); PREFILL_ROWS where absent."""
+    crossover = (prefill or {}).get(fmt, PREFILL_ROWS)
     if fmt == "q8":
-        return Int8Linear(linear.weight, linear.bias)
+        return Int8Linear(linear.weight, linear.bias, crossover)
     if fmt == "q4":
-        return Int4Linear(linear.weight, linear.bias, group_size)
+        return Int4Linear(linear.weight, linear.bias, group_size, crossover)
     raise ValueError(f"quantization format must be one of {', '.join(PACKED)}, got {fmt!r}")
 
 
 @torch.no_grad()
-def quantize_model(model: nn.Module, fmt: str, group_size: int = 32, head: str = "q8") -> nn.Module:
+def quantize_model(model: nn.Module, fmt: str, group_size: int = 32, head: str = "q8",
+                   prefill: dict | None = None) -> nn.Module:
     """Replace every nn.Linear of `model` in place; return the model.
 
     `head` is the format of the output projection `model.head` (8-bit by default, see above).
     A q4 layer whose input width is not a multiple of `group_size` falls back to q8. Embedding
     tables and norms are untouched (an embedding lookup reads one row per token, not the table).
     For speed, load the model in bfloat16 first: the remaining layers then run in bfloat16 too.
+    `prefill` as quantize_linear's.
     """
     if fmt not in PACKED:
         raise ValueError(f"quantization format must be one of {', '.join(PACKED)}, got {fmt!r}")
@@ -272,7 +283,7 @@ def quantize_model(model: nn.Module, fmt: str, group_size: int = 32, head: str =
             f = head if child is head_module else fmt
             if f == "q4" and child.in_features % group_size:
                 f = "q8"
-            setattr(parent, name, quantize_linear(child, f, group_size))
+            setattr(parent, name, quantize_linear(child, f, group_size, prefill))
     return model
 
 
@@ -289,6 +300,6 @@ def weight_bytes(model: nn.Module) -> int:
     return total
 
 
-def apply_dtype(model: nn.Module, fmt: str) -> nn.Module:
+def apply_dtype(model: nn.Module, fmt: str, prefill: dict | None = None) -> nn.Module:
     """Quantize a model loaded with `formats.load_dtype(fmt)` when `fmt` is q8 or q4; else leave it."""
-    return quantize_model(model, fmt) if fmt in PACKED else model
+    return quantize_model(model, fmt, prefill=prefill) if fmt in PACKED else model

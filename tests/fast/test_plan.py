@@ -1,0 +1,164 @@
+"""The plan's rules as a table: (stored types, device, flags, builds present, kernel built, CPU kind)
+-> what the run will do, decided without loading a model (fast/plan.py's docstring states the
+rules; each row names the one it checks). Then that the layers obey the plan: the binding it
+chose is the one a layer calls, whatever else the process has loaded.
+
+The sources are header facts only (a path that does not exist, a tiny config, the stored types),
+and the machines are simulated (fast/machine.py machine_for), so every row runs on any machine.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from llamablock.fast.compiled import builds
+from llamablock.fast.machine import machine_for
+from llamablock.fast.plan import decide
+from llamablock.io.source import ModelSource
+from llamablock.presets import preset
+from llamablock.util.cpu import CPU
+
+CPUS = {"AMX": CPU("sim", 2, "AVX512", frozenset({"avx512_f", "amx_bf16"})),
+        "AVX-512": CPU("sim", 2, "AVX512", frozenset({"avx512_f"})),
+        "AVX2": CPU("sim", 2, "AVX2", frozenset({"avx2"})), "other": CPU("sim", 2, "DEFAULT", frozenset())}
+NO_CC = "no C compiler (cc) on the PATH"
+
+# What llama-quantize and the converters write: the matrices' stored types by tensor name.
+Q4_1_TIED = {"token_embd.weight": "Q8_0", "blk.0.attn_q.weight": "Q4_1", "blk.0.ffn_down.weight": "Q4_1"}
+Q4_0_Q6K_HEAD = {"token_embd.weight": "Q4_0", "output.weight": "Q6_K", "blk.0.attn_q.weight": "Q4_0",
+                 "blk.0.ffn_down.weight": "Q4_0"}
+Q4_K_M = {"token_embd.weight": "Q6_K", "output.weight": "Q6_K", "blk.0.attn_q.weight": "Q4_K",
+          "blk.0.ffn_down.weight": "Q6_K"}
+F32_ONLY = {"token_embd.weight": "F32", "output.weight": "F32", "blk.0.attn_q.weight": "F32"}
+F16_TIED = {"token_embd.weight": "F16", "blk.0.attn_q.weight": "F16"}
+Q5_MAJORITY = {"token_embd.weight": "Q8_0", "blk.0.attn_q.weight": "Q5_0", "blk.0.attn_k.weight": "Q5_0",
+               "blk.0.ffn_down.weight": "Q4_0"}
+
+
+def _source(stored: dict, tied: bool = False, kind: str = "gguf") -> ModelSource:
+    cfg = preset("llama-2024-small", tie_embeddings=tied, max_seq_len=512)
+    return ModelSource(None, Path("/nonexistent/model.gguf"), kind, cfg, stored, where="model.gguf")
+
+
+def _plan(stored, *, tied=False, kind="gguf", device="cpu", fmt="auto", engine="auto", built=None, stale=False,
+          kernel=True, cpu="AVX-512", monkeypatch=None):
+    recorded = built is not None or stale
+    monkeypatch.setattr(builds, "any_build", lambda path: recorded)
+    monkeypatch.setattr(builds, "built_length", lambda path, f, batch=1: built)
+    monkeypatch.setattr(builds, "stale_build", lambda path: stale)
+    monkeypatch.setattr(builds, "autotuned", lambda path, f: True)
+    machine = machine_for(CPUS[cpu], kernel, NO_CC)
+    return decide(_source(stored, tied, kind), fmt, engine, device, machine=machine)
+
+
+# (row id, source and flags, the plan's fields expected); "reason"/"note": a phrase the line holds
+TABLE = [
+    ("own blocks, grouped on AVX-512", dict(stored=Q4_1_TIED, tied=True),
+     dict(engine="eager", formats={"Q4_1": "blocks", "Q8_0": "blocks"}, activations="float32", head="blocks",
+          binding="ctypes", grouped=True, note="llamablock compile")),
+    ("own blocks, grouped on AVX2", dict(stored=Q4_1_TIED, tied=True, cpu="AVX2"),
+     dict(formats={"Q4_1": "blocks", "Q8_0": "blocks"}, grouped=True, prefill={"q8": None, "q4": None})),
+    ("own blocks, the file's order on a portable build", dict(stored=Q4_1_TIED, tied=True, cpu="other"),
+     dict(binding="ctypes", grouped=False)),
+    ("no kernel: blocks re-quantized, and why", dict(stored=Q4_1_TIED, tied=True, kernel=False),
+     dict(formats={"Q4_1": "q4", "Q8_0": "q8"}, activations="bfloat16", head="q8", binding=None, grouped=False,
+          reason=f"Q4_1, Q8_0 re-quantized: {NO_CC}")),
+    ("a Q6_K head pulls bfloat16 activations; the head stays 8-bit", dict(stored=Q4_0_Q6K_HEAD),
+     dict(formats={"Q4_0": "blocks", "Q6_K": "q8"}, activations="bfloat16", head="q8", binding="ctypes")),
+    ("Q4_K_M: 4-bit to q4, 6-bit to q8", dict(stored=Q4_K_M),
+     dict(formats={"Q4_K": "q4", "Q6_K": "q8"}, activations="bfloat16", head="q8", binding=None,
+          prefill={"q8": 64, "q4": 256})),
+    ("all F32: float32 throughout", dict(stored=F32_ONLY),
+     dict(formats={"F32": "float32"}, activations="float32", head="float32", binding=None)),
+    ("a tied F16 table: bfloat16 and a q8 head", dict(stored=F16_TIED, tied=True),
+     dict(formats={"F16": "bfloat16"}, activations="bfloat16", head="q8")),
+    ("a directory runs its torch_dtype", dict(stored={"*": "float32"}, kind="transformers"),
+     dict(formats={"*": "float32"}, activations="float32", head="float32")),
+    ("off the CPU: the float format, eager", dict(stored=Q4_1_TIED, tied=True, device="cuda"),
+     dict(engine="eager", formats={"Q4_1": "bfloat16", "Q8_0": "bfloat16"}, activations="bfloat16", binding=None)),
+    ("--dtype q8 on a GGUF: every matrix q8", dict(stored=Q4_1_TIED, tied=True, fmt="q8"),
+     dict(formats={"Q4_1": "q8", "Q8_0": "q8"}, activations="bfloat16", head="q8", binding=None)),
+    ("--dtype blocks: the own precision, checked", dict(stored=Q4_1_TIED, tied=True, fmt="blocks"),
+     dict(fmt="blocks", formats={"Q4_1": "blocks", "Q8_0": "blocks"}, binding="ctypes")),
+    ("--engine eager: no note", dict(stored=Q4_1_TIED, tied=True, engine="eager", built=512),
+     dict(engine="eager", note=None)),
+    ("auto with a build: compiled over the file's blocks, through the operator",
+     dict(stored=Q4_1_TIED, tied=True, built=512),
+     dict(engine="compiled", fmt="blocks", built=512, binding="operator", serving="compiled batch")),
+    ("auto with another version's build: eager, and why", dict(stored=Q4_1_TIED, tied=True, stale=True),
+     dict(engine="eager", note="built by another llamablock or torch", serving="batch")),
+    ("compiled without a kernel: the packed majority", dict(stored=Q4_1_TIED, tied=True, engine="compiled",
+                                                            kernel=False),
+     dict(engine="compiled", fmt="q4", formats={"Q4_1": "q4", "Q8_0": "q4"}, binding=None)),
+    ("compiled on a mixed file: the majority format", dict(stored=Q5_MAJORITY, engine="compiled"),
+     dict(engine="compiled", fmt="q8", activations="bfloat16", head="q8")),
+    ("AMX: the packed GEMM from 32 rows", dict(stored=Q4_K_M, cpu="AMX"), dict(prefill={"q8": 32, "q4": 32})),
+]
+
+
+@pytest.mark.parametrize("row, given, want", TABLE, ids=[r[0] for r in TABLE])
+def test_the_plan_table(row, given, want, monkeypatch):
+    plan = _plan(**given, monkeypatch=monkeypatch)
+    for key, value in want.items():
+        if key == "reason":
+            assert any(value in why for why in plan.reasons), plan.reasons
+        elif key == "note" and value is not None:
+            assert value in (plan.note or ""), plan.note
+        else:
+            assert getattr(plan, key) == value, f"{row}: {key} is {getattr(plan, key)!r}, not {value!r}"
+
+
+@pytest.mark.parametrize("given, message", [
+    (dict(stored=Q4_1_TIED, device="cuda", engine="compiled"), "the compiled engine runs on the CPU"),
+    (dict(stored=Q4_1_TIED, device="cuda", fmt="q8"), "--dtype q8 runs on the CPU only"),
+    (dict(stored=Q4_1_TIED, fmt="blocks", kernel=False), re.escape(f"the block kernel is not available here ({NO_CC})")),
+    (dict(stored={"*": "float32"}, kind="transformers", fmt="blocks"), "is not a GGUF file"),
+    (dict(stored=Q5_MAJORITY, fmt="blocks"), "its layer matrices are Q4_0, Q5_0"),
+    (dict(stored=Q4_1_TIED, engine="fast"), "--engine must be one of auto, eager, compiled"),
+    (dict(stored=Q4_1_TIED, fmt="int3"), "--dtype must be one of auto"),
+])
+def test_a_plan_that_cannot_run_is_refused_before_loading(given, message, monkeypatch):
+    with pytest.raises(ValueError, match=message):
+        _plan(**given, monkeypatch=monkeypatch)
+
+
+def test_describe_says_every_choice(monkeypatch):
+    plan = _plan(Q4_0_Q6K_HEAD, monkeypatch=monkeypatch)
+    text = plan.describe()
+    for part in ("plan: eager engine on cpu", "Q4_0 -> blocks", "Q6_K -> q8", "output head q8", "activations bfloat16",
+                 "the block kernel through ctypes, rows in groups of 8", "context: 512 tokens", "RoPE scaling none",
+                 "q8 dequantizes from 64 rows", "batch engine", "llamablock compile", "kind AVX-512"):
+        assert part in text, (part, text)
+
+
+def test_the_binding_the_plan_chose_is_the_one_a_layer_calls(tmp_path):
+    """Eager layers call the ctypes kernel and a compiled engine's the operator, whatever else the
+    process has loaded: loading the operator first does not change an eager layer."""
+    from gguf_tiny import write_tiny_gguf
+    from hf_reference import tiny_hf_model
+
+    from llamablock.fast.kernels import block_op, ggml_kernel
+    from llamablock.fast.kernels.file_blocks import BlockLinear
+    from llamablock.fast.plan import load_gguf_native
+
+    f = tmp_path / "tiny.gguf"
+    write_tiny_gguf(f, tiny_hf_model("llama", n_heads=4, n_kv=2, hidden_size=64, intermediate_size=128, head_dim=16),
+                    qtype="Q8_0")
+    if ggml_kernel.kernel() is None:
+        pytest.skip(f"the block kernel does not build here ({ggml_kernel.why_not()})")
+    operator = block_op.load()
+    eager, _ = load_gguf_native(f)
+    layers = [m for m in eager.modules() if isinstance(m, BlockLinear)]
+    assert layers and all(m.binding is ggml_kernel.matmul for m in layers)
+    if operator:
+        compiled, _ = load_gguf_native(f, engine="compiled")
+        assert all(m.binding is block_op.linear for m in compiled.modules() if isinstance(m, BlockLinear))
+    calls = []
+    spy = BlockLinear("Q8_0", layers[0].blocks, layers[0].in_features, grouped=layers[0].grouped,
+                      binding=lambda *a, **k: calls.append(k) or ggml_kernel.matmul(*a, **k))
+    spy(torch.randn(2, layers[0].in_features))
+    assert calls == [{"grouped": layers[0].grouped}]
