@@ -8,8 +8,8 @@ computes it). For post-LN stages we also report the LayerNorm's output *before* 
 scale and shift, (h - mean) / sqrt(var + eps): that is the value the module says is "reset to
 mean 0 and variance 1", while the stream itself carries the learned gamma and beta.
 
-Stages are read with forward hooks on the model's own modules (model.py is unchanged and the
-logits are the model's): pre-LN's stream after attention is the input of norm2, after the
+Stages are read with forward hooks on the model's own modules (so model.py holds no tracing code,
+and the logits are the model's own): pre-LN's stream after attention is the input of norm2, after the
 feed-forward it is the block's output; post-LN's are the outputs of norm1 and norm2.
 
 `trace_pair(text, cache_dir=None)` trains the pair on first use (`TRACE_RECIPE`; that first
@@ -211,12 +211,6 @@ def plot_pair(result: dict, path: str | Path, token: int = -1) -> None:
     axes[0].set(ylabel="RMS of the residual stream", yscale="log", title="stream size by stage (last token)")
     axes[1].set(ylabel="variance over features", yscale="log", title="variance by stage (last token)")
     save_png(fig, path)
-
-
-def _stage_key(name: str) -> tuple[int, int]:
-    """'block 3 after feed-forward' -> (3, 1)."""
-    parts = name.split()
-    return int(parts[1]), 0 if "attention" in name else 1
 
 
 def _stage_key(name: str) -> tuple[int, int]:
