@@ -3,7 +3,7 @@
 A command turns its `--model` into a source first, and passes the source down: deciding how to
 run it (fast/plan.py) and loading its weights (io/loading.py `load_decoder`, fast/kernels/native.py) take
 the source, so nothing below resolves the name again, asks the Hub again or parses a header twice
-(tests/faces/test_one_way_in.py counts it). What a source holds, all but the weights:
+(tests/faces/test_compile_cli.py counts it: `ONE_EACH`). What a source holds, all but the weights:
     path        the file or folder the name means (io/resolve.py: a path, a training run's latest
                 checkpoint, a Hub snapshot, a model shipped in a Python package)
     kind        "gguf", "transformers" (config.json + safetensors) or "llamablock" (a checkpoint
