@@ -221,6 +221,3 @@ def export_run(run_dir: str | Path, out: str | Path, fmt: str = "auto") -> tuple
     """Export the latest checkpoint of a training run directory, its weights checksummed first."""
     model, _, state = load_checkpoint(resolve_model(run_dir), verify=True)
     return export_model(model, state["tokenizer"], out, fmt)
-
-
-# Readers ----------------------------------------------------------------------------------------
