@@ -13,6 +13,11 @@ Shapes, in every shape comment of the package:
     hd head width              r  rotary width (hd x partial_rotary_factor)
     d_ff  feed-forward width;  matmuls in fast/quant: x (m, k) @ W^T, W (n, k)
 
+The way in for running a checkpoint is two calls, as mlx-lm's `load` and `generate`:
+
+    engine, tok = llamablock.load("model.gguf")        # resolve, plan, read the weights once
+    print(llamablock.generate(engine, tok, "The capital of France is", 20).text)
+
 The public names below are imported on first use (PEP 562), so that `import llamablock.cli`
 (and `llamablock --help`) does not import torch.
 """
@@ -22,7 +27,7 @@ from __future__ import annotations
 import importlib
 
 __all__ = ["ModelConfig", "Decoder", "KVCache", "PRESETS", "preset", "config_from_hf", "config_to_hf",
-           "load_pretrained", "load_model_and_tokenizer", "save_pretrained"]
+           "load", "generate", "load_pretrained", "load_model_and_tokenizer", "save_pretrained"]
 _LAZY = {"ModelConfig": "llamablock.config", "Decoder": "llamablock.model", "KVCache": "llamablock.kv_cache",
          "PRESETS": "llamablock.presets", "preset": "llamablock.presets",
          "config_from_hf": "llamablock.io.hf_config", "config_to_hf": "llamablock.io.hf_config"}
@@ -38,6 +43,35 @@ def __getattr__(name: str):
 
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))
+
+
+def load(model=None, fmt: str = "auto", engine: str = "auto", device: str = "auto"):
+    """(engine, tokenizer) for a model name, GGUF file or checkpoint directory (None: the default
+    model), run as the command line runs it: one plan (fast/plan.py; `fmt` and `engine` as
+    `--dtype` and `--engine` take them, `device` as `--device`), the weights read once. A compiled
+    engine is made ready for its recorded build's length (or 512 tokens, `llamablock compile`'s
+    default). The engine's `plan` says what it does (`engine.plan.describe()`)."""
+    from llamablock.fast.plan import build, decide, prepare
+    from llamablock.io.source import open_source
+    from llamablock.util.devices import resolve_device
+
+    source = open_source(model)
+    plan = decide(source, fmt, engine, resolve_device(device))
+    running = build(source, plan).engine
+    if plan.engine == "compiled":
+        prepare(running, source, plan.built or min(512, source.cfg.max_seq_len))
+    running.plan = plan
+    return running, source.tokenizer
+
+
+def generate(engine, tokenizer, prompt: str, max_new_tokens: int = 64, sampling=None, **options):
+    """Continue `prompt` (text) on an engine from `load`: the Generation (its `text`, `tokens`, rates).
+    `sampling` a runtime.sampling.Sampling (None: greedy); `options` as runtime.generate.generate
+    takes them (seed, stop_strings, on_text)."""
+    from llamablock.runtime.generate import generate as run
+
+    return run(engine, tokenizer.encode(prompt), max_new_tokens, sampling, eos_ids=tokenizer.eos_ids,
+               tokenizer=tokenizer, **options)
 
 
 def load_pretrained(path=None, dtype=None):
