@@ -102,11 +102,15 @@ class Plan:
         return "\n".join(lines)
 
 
+def layer_matrices(source: ModelSource) -> list[str]:
+    """The stored type of each of a GGUF's layer matrices (`blk.N.*.weight`): the one definition of
+    "a layer matrix", which the compiled engine's format and `--dtype blocks` follow."""
+    return [kind for name, kind in source.stored.items() if name.startswith("blk.") and name.endswith(".weight")]
+
+
 def matrix_types(source: ModelSource, layers_only: bool = False) -> set[str]:
-    """The stored types of a GGUF's matrices (of its blocks' layer matrices alone with
-    `layers_only`): the one definition of "a layer matrix" (`blk.N.*.weight`)."""
-    return {kind for name, kind in source.stored.items()
-            if not layers_only or (name.startswith("blk.") and name.endswith(".weight"))}
+    """The stored types of a GGUF's matrices (of its layer matrices alone with `layers_only`)."""
+    return set(layer_matrices(source)) if layers_only else set(source.stored.values())
 
 
 def float_format(source: ModelSource) -> str:
@@ -124,8 +128,7 @@ def own_format(source: ModelSource, machine: Machine | None = None) -> str:
     stored = matrix_types(source, layers_only=True)
     if stored and stored <= (machine or machines.this_machine()).kept:
         return "blocks"  # the file's own blocks, which the compiled engine fuses as they are
-    layers = Counter(GGUF_TYPES.get(kind, "float32") for name, kind in source.stored.items()
-                     if name.startswith("blk.") and name.endswith(".weight"))
+    layers = Counter(GGUF_TYPES.get(kind, "float32") for kind in layer_matrices(source))
     return layers.most_common(1)[0][0] if layers else "float32"
 
 
