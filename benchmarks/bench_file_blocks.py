@@ -147,11 +147,11 @@ def _compiled_table(source, repeats: int, ceiling: float) -> Section:
     """The compiled engines (`llamablock compile`'s AOTIEngine, autotuned) over the file's blocks and
     over the re-quantized q4 layers: one decode step each, interleaved. Compiles on first use."""
     from llamablock.fast.compiled.aoti_engine import AOTIEngine
-    from llamablock.fast.plan import load_in_format
+    from llamablock.fast.plan import build, decide
     from llamablock.io.loading import load_decoder
     from llamablock.util.timing import time_calls
 
-    engines = {"the file's blocks (format blocks)": AOTIEngine(load_in_format(source, "blocks")[0], "blocks"),
+    engines = {"the file's blocks (format blocks)": build(source, decide(source, "blocks", "compiled")).engine,
                "re-quantized (format q4)": AOTIEngine(load_decoder(source, torch.bfloat16), "q4")}
     steps = {}
     for label, engine in engines.items():

@@ -41,9 +41,9 @@ if quick:
     cfg = ModelConfig(vocab_size=16384, d_model=128, n_layers=1, n_heads=4, n_kv_heads=2, max_seq_len=256)
     model = Decoder(cfg).eval()
 elif fmt == "blocks":  # the file's own blocks, as the default compiles a Q4_1 file
-    from llamablock.fast.plan import load_in_format
-    from llamablock.io.source import open_source
-    model = load_in_format(open_source(None, tokenizer=False), "blocks")[0].eval()
+    from llamablock.fast.plan import load_gguf_native
+    from llamablock.io.resolve import resolve_model
+    model = load_gguf_native(resolve_model(None), engine="compiled")[0].eval()  # its blocks call the operator
 else:
     import llamablock
     model = llamablock.load_pretrained(None, torch.float32 if fmt == "float32" else torch.bfloat16).eval()
