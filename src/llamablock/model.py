@@ -133,7 +133,7 @@ class Decoder(nn.Module):
             raise ValueError(f"the checkpoint's {bad} holds non-finite values (NaN or infinity); it is damaged")
         self.load_state_dict(state, strict=False, assign=True)
         if self.cfg.tie_embeddings:
-            self.head.weight = self.embed.weight  # assign=True replaced embed.weight's tensor
+            self.head.weight = self.embed.weight  # assign=True gives embed the checkpoint's tensor: tie to it
         return self.eval()
 
     def num_parameters(self) -> int:

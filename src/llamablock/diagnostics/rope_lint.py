@@ -14,8 +14,8 @@ happens and what to write instead. Rules (names are stable, for filtering):
     original-conflict     both places hold it, with different values: transformers' rotary
                           embedding re-standardizes and the top-level value wins
     factor-overridden     yarn factor != max_position_embeddings / original (ratio not 1):
-                          transformers 4.x before PR #40320 used the ratio instead; now factor
-                          is used, with a warning (ratio 1, Qwen2.5's published advice, is
+                          transformers 4.x before PR #40320 used the ratio instead; transformers 5
+                          uses factor, with a warning (ratio 1, Qwen2.5's published advice, is
                           silent here as in transformers)
     equal-freq-factors    llama3 low_freq_factor == high_freq_factor: a zero-width band (0/0 in
                           the reference formula); intended only for Llama 4

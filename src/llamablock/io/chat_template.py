@@ -3,7 +3,7 @@
 jinja2's sandbox limits what a template may touch, not how much it computes: a model file's
 template (untrusted text) could hang the loader or the server with `9 ** 999999999` (one C-level
 operation), or write gigabytes with `"x" * 10**9` or a loop. `BoundedSandbox` is
-`ImmutableSandboxedEnvironment` with its documented hooks used to refuse those before they run:
+`ImmutableSandboxedEnvironment` whose documented hooks refuse those before they run:
 
   * `**`, `*`, `+` and `%` go through `call_binop` (`intercepted_binops`): an integer past
     MAX_INT_BITS bits, or a string or list past MAX_CHARS, is refused before it is computed;

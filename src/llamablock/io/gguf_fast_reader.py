@@ -29,9 +29,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-# The gguf package versions whose reader internals this module was read against and whose fields
-# it was compared with (tests/io/test_gguf_fast_reader.py). Add a version only after that test
-# passes against it.
+# The gguf package versions whose reader internals this module matches: their private methods
+# read, their fields compared with the package's own (tests/io/test_gguf_fast_reader.py). List a
+# version only once that test passes against it.
 CHECKED_GGUF_VERSIONS: tuple[str, ...] = ("0.19.0",)
 
 

@@ -2,8 +2,9 @@
 
 GGUF types every value (uint32, float32, string, array...), but a careless or hostile writer can
 store an epsilon as the string "1e-5", a base as a string, or a scalar setting as an array. Python
-would convert the first two silently (`float("1e-5")`) and the loader used to drop arrays, so the
-default took the array's place; llama.cpp refuses such files when it reads the key with its type.
+would convert the first two silently (`float("1e-5")`), and a loader that skipped array fields would
+let a key's default take the array's place; llama.cpp refuses such files when it reads the key with
+its type.
 `number` reads a numeric key the same way: the value must already be a number of that kind.
 """
 

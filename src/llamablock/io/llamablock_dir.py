@@ -74,7 +74,7 @@ def load_checkpoint(path: Path, verify: bool = False) -> tuple[Decoder, object, 
     checked (typed, shapes bounded by the weights' headers) before any model is built; with
     `verify` it must record checksums and the weights must match theirs (export does; a resume
     checks both tensor files, training.checkpoint.verify). Without, checksums may be absent:
-    generate and serve still read a run saved before they were recorded."""
+    generate and serve read a run whose state.json records none."""
     state = checked_checkpoint(path, ("model.safetensors",)) if verify else checked_state(path, need_sums=False)
     cfg, tok, where = _state_parts(Path(path), state, tokenizer=True)
     return load_llamablock_weights(path, cfg, where), tok, state

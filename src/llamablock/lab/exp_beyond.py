@@ -11,8 +11,8 @@ change, at the ablation's learning rate and again at ten times it with a short w
                     sandwich-LN, Ding et al. 2021): bounds what each block adds to the stream.
 
 And the cache of windowed layers (Mistral; Gemma's local layers): `KVCache` keeps a ring of W slots
-for each, so a 32k-token Gemma 3 context no longer holds the whole context in every layer
-(about six times the cache it needs); counted on the meta device, with the calculator beside it.
+for each, so a 32k-token Gemma 3 context does not hold the whole context in every layer
+(which would take about six times the cache it needs); counted on the meta device, with the calculator beside it.
 
 The training verdicts need the baseline to suffer first: when the 2024 block loses no more than the noise at
 the high rate, there is nothing for the change to fix and the claim is not measurable here. These
