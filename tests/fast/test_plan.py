@@ -131,7 +131,7 @@ def test_describe_says_every_choice(monkeypatch):
     text = plan.describe()
     for part in ("plan: eager engine on cpu", "Q4_0 -> blocks", "Q6_K -> q8", "output head q8", "activations bfloat16",
                  "the block kernel through ctypes, rows in groups of 8", "context: 512 tokens", "RoPE scaling none",
-                 "q8 dequantizes from 64 rows", "batch engine", "llamablock compile", "kind AVX-512"):
+                 "q8 dequantizes from 64 rows", "batch engine", "llamablock compile", "kind AVX-512", "header: "):
         assert part in text, (part, text)
 
 

@@ -45,6 +45,7 @@ from llamablock.fast.kernels.ggml_kernel import BLOCK_BYTES
 from llamablock.fast.kernels.native import native_decoder
 from llamablock.fast.kernels.quant import apply_dtype
 from llamablock.fast.machine import Machine
+from llamablock.io.gguf_fast_reader import reader_choice
 from llamablock.io.loading import load_decoder
 from llamablock.io.source import ModelSource
 from llamablock.runtime.engine import EagerEngine
@@ -72,6 +73,7 @@ class Plan:
     batch: int = 1  # sequences the compiled step decodes at once (a server's --parallel)
     reasons: tuple[str, ...] = ()  # why a stored type runs other than as stored
     machine: str = ""  # the Machine record's description, for --verbose
+    reader: str = ""  # which GGUF header reader read the file, and why (io/gguf_fast_reader.py)
 
     @property
     def serving(self) -> str:
@@ -99,6 +101,8 @@ class Plan:
         lines += [f"  {why}" for why in self.reasons] + ([f"  {self.note}"] if self.note else [])
         if self.machine:
             lines.append(f"  machine: {self.machine}")
+        if self.reader:
+            lines.append(f"  header: {self.reader}")
         return "\n".join(lines)
 
 
@@ -180,7 +184,9 @@ def decide(source: ModelSource, fmt: str = "auto", engine: str = "auto", device:
     if fmt not in CHOICES:
         raise ValueError(f"--dtype must be one of {', '.join(CHOICES)}, got {fmt!r}")
     cfg = source.cfg
-    common = dict(context=cfg.max_seq_len, scaling=(cfg.rope_scaling or {}).get("rope_type", "none"), batch=batch)
+    scaling = cfg.rope_scaling or {}
+    common = dict(context=cfg.max_seq_len, scaling=scaling.get("rope_type") or scaling.get("type") or "none",
+                  batch=batch, reader=reader_choice().reason if source.kind == "gguf" else "")
     if device != "cpu":
         if engine == "compiled":
             raise ValueError(f"the compiled engine runs on the CPU; use --device cpu, or --engine eager on {device}")

@@ -50,7 +50,8 @@ PREFILL_ROWS = 32  # inside a compiled program, and on CPUs not measured: dequan
 # length. Read off `llamablock bench prefill_crossover` (BENCHMARKS.md, this CPU kind and its AVX2
 # kernels with ATEN_CPU_CAPABILITY=avx2): on AVX-512 without AMX the dequantization costs many
 # kernel rows, int4's several times int8's; on AVX2 the bf16 GEMM itself is slower per row than
-# either kernel. AMX keeps the constant it was chosen with.
+# either kernel. AMX runs the bf16 GEMM in hardware: PREFILL_ROWS, the shortest prompt a compiled
+# prefill takes.
 PREFILL_BY_CPU = {"AMX": {"q8": PREFILL_ROWS, "q4": PREFILL_ROWS}, "AVX-512": {"q8": 64, "q4": 256},
                   "AVX2": {"q8": None, "q4": None}}
 
