@@ -3,8 +3,8 @@ with `add_arguments(parser)` and `run(args) -> int`, and only the one that runs 
 `llamablock --help` and `--version` answer without importing torch.
 
 Every command that computes takes `--threads N` (set here, once, for torch's intra-op pool and
-restored afterwards); the default is llamablock.util.threads.default_threads (half the cores, at
-least one, for machines where other processes hold cores).
+restored afterwards); the default is llamablock.util.threads.default_threads (the physical
+cores, as llama.cpp).
 User mistakes (a ValueError or FileNotFoundError raised with a clear message) end the command
 with one line on stderr and exit status 2, never a traceback. Output piped into a reader that
 stops early (`| head`) ends quietly.
@@ -78,7 +78,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
             importlib.import_module(module).add_arguments(p)
             if name in COMPUTES:
                 p.add_argument("--threads", type=_threads, default=None, metavar="N",
-                               help=f"torch threads (default: half the CPU cores, at least 1; here {default_threads()})")
+                               help=f"torch threads (default: the physical CPU cores; here {default_threads()})")
     return parser
 
 

@@ -4,7 +4,6 @@ command that computes (and the default), output piped into a reader that stops e
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
@@ -12,6 +11,7 @@ import pytest
 import torch
 
 from llamablock import cli
+from llamablock.util.threads import physical_cores
 
 # The least each command needs to parse; `run` is replaced, so nothing is computed.
 REQUIRED = {"trace": ["--text", "ROMEO:"], "perplexity": ["somefile.txt"]}
@@ -40,7 +40,7 @@ def test_threads_reach_torch_in_every_computing_command(command, monkeypatch):
     assert cli.main([command, *REQUIRED.get(command, []), "--threads", "3"]) == 0
     assert seen == [3] and torch.get_num_threads() == before  # set for the command, restored after
     assert cli.main([command, *REQUIRED.get(command, [])]) == 0
-    assert seen[1] == cli.default_threads() == max(1, len(os.sched_getaffinity(0)) // 2)
+    assert seen[1] == cli.default_threads() == physical_cores()  # SMT siblings once (tests/util/test_threads.py)
 
 
 def test_bad_threads_is_one_line(capsys):
