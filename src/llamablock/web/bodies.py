@@ -1,7 +1,7 @@
 """The body of a JSON request to the OpenAI-compatible API, read within MAX_BODY bytes.
 
 Starlette's `request.body()` reads the whole body before anything can look at its size, so a
-chunked upload (which has no Content-Length) of a gigabyte was held in memory before the 413. Here
+chunked upload (which has no Content-Length) of a gigabyte would be held in memory before a 413. Here
 the Content-Length is checked first when there is one, then the stream is read chunk by chunk and
 abandoned at the first byte past the limit: uvicorn closes the connection after the 413, so the
 rest is never read.
