@@ -1,0 +1,171 @@
+/* The block kernel's shared part: GGML's weight blocks, one table of their traits, the two
+   layouts, the activations' 16-bit copy, and what every build defines.
+
+   Why a kernel of our own: PyTorch's packed CPU matmuls (aten._weight_int4pack_mm_for_cpu,
+   _weight_int8pack_mm) take their scales in the activations' dtype, and are fast only in
+   bfloat16, so a file's float16 scales cannot run there unrounded. The scheme is llama.cpp's
+   (ggml_vec_dot_q4_1_q8_1 and its kin, ggml-cpu quants.c): each row of x is quantized in blocks
+   of 32 with a float32 scale, and each weight block meets its activation block in an integer dot
+   product. Where llama.cpp quantizes x to 8 bits, x here takes 16 bits: 8 bits put an error of up
+   to 1/254 of each block's largest value on every activation, 16 bits 1/65,534 (`llamablock
+   perplexity --compare float32` measures the model's KL).
+
+   Blocks, as GGUF stores them (ggml-common.h), 32 weights each, d and m float16:
+     Q4_0  18 bytes: d, qs[16]       w[j] = d * ((qs[j] & 15) - 8),  w[j + 16] = d * ((qs[j] >> 4) - 8)
+     Q4_1  20 bytes: d, m, qs[16]    w[j] = d * (qs[j] & 15) + m,    w[j + 16] = d * (qs[j] >> 4) + m
+     Q8_0  34 bytes: d, qs[32] int8  w[j] = d * qs[j]
+   With activation block (e, p[32]) and P = sum p, a block's dot product is
+     Q4_0: d e sum (q - 8) p       Q4_1: d e sum q p + m e P     Q8_0: d e sum q p
+   where q are the stored integers; the integer sums are exact.
+
+   Layouts (lb_linear's `layout`): LB_ROWS is the file's order, row after row of blocks. LB_GROUPS
+   is groups of 8 rows (fast/kernels/file_blocks.py group_rows, done once at load), the same bytes
+   reordered so that one vector holds the same weights of 8 rows: per block b of a group, 8 blocks'
+   worth of bytes,
+     [head of rows 0..7: d of each (float16), then m of each (Q4_1)][chunks of 32 bytes: chunk c is
+     rows 0..7's qs bytes 4c..4c+3, row after row]
+   so the per-block scalar work of the file's order (a horizontal sum and a scale conversion per
+   row) is done for 8 rows in a few vector operations. The scheme is llama.cpp's repacked layouts'
+   (ggml-cpu/repack.cpp, block_q4_0x8), with x in 16 bits as above.
+
+   Sources: this header; linear.c (the entry point, the same in every build); one kernel file per
+   ISA, defining lb_quantize, lb_rows and lb_groups: x86.c (AVX2, AVX-512, AVX-512 VNNI, by the
+   compiler's flags) or generic.c (portable C). fast/kernels/build.py compiles linear.c and the
+   ISA's file. A new block type is a row of LB_TYPES, its case in each kernel file, and its name in
+   fast/kernels/ggml_kernel.py KEPT; Python takes the sizes from the gguf package and checks this
+   table against them when it loads a library (lb_block_bytes, lb_block_weights). */
+
+#ifndef LLAMABLOCK_BLOCKS_H
+#define LLAMABLOCK_BLOCKS_H
+
+#include <float.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum { LB_Q4_0 = 2, LB_Q4_1 = 3, LB_Q8_0 = 8 }; /* GGML's type ids (ggml.h enum ggml_type) */
+enum { LB_ROWS = 0, LB_GROUPS = 1 };            /* lb_linear's layout */
+enum { LB_GROUP = 8 };                          /* rows per group in LB_GROUPS */
+enum { LB_QK = 32 };                            /* activations per block of x's 16-bit copy */
+/* lb_linear's results: done; no memory for x's copy; a type or layout this library does not
+   compute; k not whole blocks, or n not whole groups */
+enum { LB_OK = 0, LB_NO_MEMORY = -1, LB_UNKNOWN = -2, LB_BAD_SHAPE = -3 };
+
+typedef struct {
+    int type;    /* GGML's type id */
+    int bytes;   /* bytes per block (ggml-common.h: sizeof(block_q4_0), ...) */
+    int weights; /* weights per block (QK4_0, QK4_1, QK8_0) */
+    int head;    /* bytes of float16 scales before the quants: d, then m where there is one */
+    int chunks;  /* LB_GROUPS: chunks of 32 bytes (8 rows x 4 quant bytes) per block */
+} lb_traits;
+
+/* The one table of the blocks this kernel computes, a row per type: X(type id, bytes, weights,
+   head, chunks). It makes LB_TYPES below, and each kernel file's switch over the types, which
+   compiles its kernels once per type with the traits as constants (an LB_INLINE function called
+   with &(const lb_traits){...}): the compiler then unrolls the loops over a block's chunks and
+   drops the other types' branches. */
+#define LB_TYPE_TABLE(X)     \
+    X(LB_Q4_0, 18, 32, 2, 4) \
+    X(LB_Q4_1, 20, 32, 4, 4) \
+    X(LB_Q8_0, 34, 32, 2, 8)
+
+#define LB_TRAITS_ROW(id, bytes, weights, head, chunks) {id, bytes, weights, head, chunks},
+static const lb_traits LB_TYPES[] = {LB_TYPE_TABLE(LB_TRAITS_ROW)};
+
+static inline const lb_traits *lb_find(int type) {
+    for (unsigned i = 0; i < sizeof LB_TYPES / sizeof LB_TYPES[0]; i++)
+        if (LB_TYPES[i].type == type) return &LB_TYPES[i];
+    return 0;
+}
+
+/* Bytes of a row of k weights in the file's order (a group of 8 rows is 8 such). */
+static inline int64_t lb_row_bytes(const lb_traits *t, int64_t k) { return k / t->weights * t->bytes; }
+
+/* x (m, k) quantized per block of 32: p = its integers, es its (e, e P) per block, ps its P, and
+   each integer's two bytes apart, p = 256 hi + lo with lo unsigned (for the AVX2 group kernel's
+   8-bit products). Row r's values start at r k, its blocks at r nb. */
+typedef struct {
+    int64_t k, nb; /* values and blocks of 32 per row */
+    int16_t *p;    /* (m, k) */
+    float *es;     /* (m, nb, 2): e = amax / 32767, and e P for Q4_1's m term */
+    int32_t *ps;   /* (m, nb) */
+    uint8_t *lo;   /* (m, k) */
+    int8_t *hi;    /* (m, k) */
+} lb_acts;
+
+/* y (m, n) = x (m, k) W^T for W (n, k) in blocks of `type` laid out as `layout`, x float32;
+   `threads` > 1 splits the weight rows (OpenMP, where the build has it). Returns an LB_ result;
+   y is written only on LB_OK. */
+int lb_linear(int type, int layout, const uint8_t *w, int64_t n, int64_t k, const float *x, int64_t m, float *y,
+              int threads);
+int lb_block_bytes(int type);   /* LB_TYPES' bytes per block, 0 for a type not computed here */
+int lb_block_weights(int type); /* LB_TYPES' weights per block, 0 likewise */
+
+/* Defined once per build by its ISA's kernel file, called by linear.c. lb_rows: weight rows
+   i0..i1-1 of w (the file's order, n rows) against rows r0..r1-1 of x, y[r n + i] for each.
+   lb_groups: the same over groups of 8 rows (i0 and i1 multiples of 8). A call takes a range of
+   weight rows so that the calls from linear.c stay few beside the work. Hidden: only the
+   lb_linear family above is the library's interface. */
+#if defined(__GNUC__)
+#define LB_HIDDEN __attribute__((visibility("hidden")))
+#define LB_INLINE inline __attribute__((always_inline))
+#else
+#define LB_HIDDEN
+#define LB_INLINE inline
+#endif
+LB_HIDDEN void lb_quantize(const float *x, int64_t m, const lb_acts *a);
+LB_HIDDEN void lb_rows(const lb_traits *t, const uint8_t *w, int64_t i0, int64_t i1, const lb_acts *a, int64_t r0,
+                       int64_t r1, float *y, int64_t n);
+LB_HIDDEN void lb_groups(const lb_traits *t, const uint8_t *w, int64_t i0, int64_t i1, const lb_acts *a, int64_t r0,
+                         int64_t r1, float *y, int64_t n);
+
+/* A float16 as float32, exact: every float16 is a float32. */
+static inline float lb_half(const uint8_t *h2) {
+    uint16_t h;
+    memcpy(&h, h2, 2);
+    uint32_t exp = (h >> 10) & 31, man = h & 1023, bits;
+    float f;
+    if (exp == 0) {
+        f = ldexpf((float)man, -24); /* zero or subnormal: man * 2^-24, exact */
+    } else {
+        bits = (exp == 31 ? 0x7f800000u : (exp + 112) << 23) | (man << 13);
+        memcpy(&f, &bits, 4);
+    }
+    return (h & 0x8000) ? -f : f;
+}
+
+/* Block b of x's copy from its 32 values v, in portable C: the reference that a vector version
+   must equal (x86.c quantize_block). */
+static inline void lb_quantize_block(const float *v, const lb_acts *a, int64_t b) {
+    float amax = 0.0f, finite = 0.0f;
+    for (int i = 0; i < LB_QK; i++) {
+        amax = fmaxf(amax, fabsf(v[i]));
+        finite += v[i] - v[i]; /* 0, or NaN where a value is NaN or infinite */
+    }
+    /* a block whose largest |x| is under about 1e-34 has no finite 1/e: it counts as zeros, as a
+       flush-to-zero unit would take it (its products are below float32's resolution of any others) */
+    float e = amax / 32767.0f, inv = e > 0.0f && 1.0f / e <= FLT_MAX ? 1.0f / e : 0.0f;
+    if (finite != 0.0f) e = NAN; /* the block's products are NaN, as a float matmul's would be */
+    int32_t sum = 0;
+    for (int i = 0; i < LB_QK; i++) {
+        int q = (int)lrintf(v[i] * inv);
+        q = q > 32767 ? 32767 : q < -32767 ? -32767 : q;
+        a->p[b * LB_QK + i] = (int16_t)q;
+        a->lo[b * LB_QK + i] = (uint8_t)(q & 255);
+        a->hi[b * LB_QK + i] = (int8_t)((q - (q & 255)) / 256); /* exact: q - lo is a multiple of 256 */
+        sum += q;
+    }
+    a->es[2 * b] = e;
+    a->es[2 * b + 1] = e * (float)sum;
+    a->ps[b] = sum;
+}
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,60 @@
+/* The block kernel's entry point and its table, the same in every build (blocks.h says what the
+   kernel computes): lb_linear checks its arguments, quantizes x once (lb_quantize), then walks the
+   weight rows in tiles of x, handing ranges of weight rows to the build's kernel (lb_rows,
+   lb_groups: x86.c or generic.c). Threads split the weight rows, never a row, so a row's sums come
+   in the same order whatever the thread count. */
+
+#include <stdlib.h>
+
+#include "blocks.h"
+
+int lb_block_bytes(int type) {
+    const lb_traits *t = lb_find(type);
+    return t ? t->bytes : 0;
+}
+
+int lb_block_weights(int type) {
+    const lb_traits *t = lb_find(type);
+    return t ? t->weights : 0;
+}
+
+/* x is taken TILE rows at a time, and within a tile the weight rows are the outer loop: a weight
+   row is read from memory once per tile and stays in the L1 cache for the tile's rows, whose 16-bit
+   copy (TILE k 2 bytes) stays in L2. Each thread takes one contiguous share of the weight rows (a
+   multiple of LB_GROUP rows), one kernel call a tile, as OpenMP's static schedule would share them. */
+#define TILE 32
+
+int lb_linear(int type, int layout, const uint8_t *w, int64_t n, int64_t k, const float *x, int64_t m, float *y,
+              int threads) {
+    const lb_traits *t = lb_find(type);
+    if (!t || (layout != LB_ROWS && layout != LB_GROUPS)) return LB_UNKNOWN;
+    if (k % t->weights || k % LB_QK || (layout == LB_GROUPS && n % LB_GROUP)) return LB_BAD_SHAPE;
+    /* one allocation for x's copies: p (int16), es (float pairs), ps (int32), then lo and hi (bytes) */
+    const size_t values = (size_t)(m * k), blocks = (size_t)(m * (k / LB_QK));
+    char *scratch = malloc(values * 2 + blocks * 2 * sizeof(float) + blocks * sizeof(int32_t) + values * 2);
+    if (!scratch) return LB_NO_MEMORY;
+    lb_acts a;
+    a.k = k;
+    a.nb = k / LB_QK;
+    a.p = (int16_t *)scratch;
+    a.es = (float *)(scratch + values * 2);
+    a.ps = (int32_t *)(a.es + blocks * 2);
+    a.lo = (uint8_t *)(a.ps + blocks);
+    a.hi = (int8_t *)(a.lo + values);
+    lb_quantize(x, m, &a);
+    const int parts = threads > 1 ? threads : 1;
+    const int64_t share = ((n + parts - 1) / parts + LB_GROUP - 1) / LB_GROUP * LB_GROUP;
+    for (int64_t r0 = 0; r0 < m; r0 += TILE) {
+        const int64_t r1 = r0 + TILE < m ? r0 + TILE : m;
+#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
+        for (int64_t i = 0; i < n; i += share) {
+            const int64_t i1 = i + share < n ? i + share : n;
+            if (layout == LB_GROUPS)
+                lb_groups(t, w, i, i1, &a, r0, r1, y, n);
+            else
+                lb_rows(t, w, i, i1, &a, r0, r1, y, n);
+        }
+    }
+    free(scratch);
+    return LB_OK;
+}

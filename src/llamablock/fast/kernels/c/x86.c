@@ -1,0 +1,303 @@
+/* The block kernel for x86 vector units: the "avx2" build (AVX2, FMA, F16C), the "avx512" build
+   (AVX-512 BW) and the "avx512vnni" build (the same with VNNI's dpwssd), chosen by the compiler's
+   flags (fast/kernels/build.py ISAS). The AVX-512 builds take a block's 32 products in one madd
+   where AVX2 takes two; VNNI fuses a madd and the add after it into one instruction on the same
+   integers, so its results are the plain AVX-512 build's bit for bit. Each build does both
+   layouts (blocks.h); the groups of 8 rows are the faster here, where the file's order leaves
+   scalar work per block and row (`llamablock bench file_blocks` times both). */
+
+#include <immintrin.h>
+
+#include "blocks.h"
+
+#if !defined(__AVX2__) || !defined(__FMA__) || !defined(__F16C__)
+#error "x86.c needs at least -mavx2 -mfma -mf16c (fast/kernels/build.py ISAS); generic.c is the portable build"
+#endif
+
+/* acc + the pairwise sums of 16-bit products a b in int32 lanes: one instruction with VNNI */
+#if defined(__AVX512VNNI__)
+#define MADD_ADD512(acc, a, b) _mm512_dpwssd_epi32(acc, a, b)
+#elif defined(__AVX512BW__)
+#define MADD_ADD512(acc, a, b) _mm512_add_epi32(acc, _mm512_madd_epi16(a, b))
+#endif
+
+static inline float hsum(__m256 a) {
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_movehdup_ps(h));
+    return _mm_cvtss_f32(h);
+}
+
+/* Block b of x's copy in AVX2, for its finite blocks (0 returned otherwise: blocks.h
+   lb_quantize_block then does the block, NaN scale and all). The same values as that code: amax
+   and 1/e are computed alike, cvtps rounds to nearest even as lrintf does, and the clamp and byte
+   split are exact. It runs before each call's parallel loop, on one thread, so it is worth
+   vectorizing. */
+static inline int quantize_block(const float *v, const lb_acts *a, int64_t b) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 x[4], amax8 = _mm256_setzero_ps(), finite8 = _mm256_setzero_ps();
+    for (int j = 0; j < 4; j++) {
+        x[j] = _mm256_loadu_ps(v + 8 * j);
+        amax8 = _mm256_max_ps(amax8, _mm256_andnot_ps(sign, x[j]));
+        finite8 = _mm256_add_ps(finite8, _mm256_sub_ps(x[j], x[j]));
+    }
+    if (hsum(finite8) != 0.0f) return 0;
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax8), _mm256_extractf128_ps(amax8, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    const float amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+    const float e = amax / 32767.0f, inv = e > 0.0f && 1.0f / e <= FLT_MAX ? 1.0f / e : 0.0f; /* as blocks.h */
+    const __m256 inv8 = _mm256_set1_ps(inv);
+    const __m256i top = _mm256_set1_epi32(32767), bottom = _mm256_set1_epi32(-32767);
+    __m256i q[4], sum8 = _mm256_setzero_si256();
+    for (int j = 0; j < 4; j++) {
+        q[j] = _mm256_cvtps_epi32(_mm256_mul_ps(x[j], inv8));
+        q[j] = _mm256_max_epi32(_mm256_min_epi32(q[j], top), bottom);
+        sum8 = _mm256_add_epi32(sum8, q[j]);
+    }
+    /* int32 -> int16 (exact after the clamp); packs interleaves 128-bit lanes, the permute undoes it */
+    const __m256i lo = _mm256_permute4x64_epi64(_mm256_packs_epi32(q[0], q[1]), 0xD8); /* values 0..15 */
+    const __m256i hi = _mm256_permute4x64_epi64(_mm256_packs_epi32(q[2], q[3]), 0xD8); /* values 16..31 */
+    _mm256_storeu_si256((__m256i *)(a->p + b * LB_QK), lo);
+    _mm256_storeu_si256((__m256i *)(a->p + b * LB_QK + 16), hi);
+    const __m256i byte = _mm256_set1_epi16(255);
+    const __m256i low_bytes = _mm256_packus_epi16(_mm256_and_si256(lo, byte), _mm256_and_si256(hi, byte));
+    const __m256i high_bytes = _mm256_packs_epi16(_mm256_srai_epi16(lo, 8), _mm256_srai_epi16(hi, 8));
+    _mm256_storeu_si256((__m256i *)(a->lo + b * LB_QK), _mm256_permute4x64_epi64(low_bytes, 0xD8));
+    _mm256_storeu_si256((__m256i *)(a->hi + b * LB_QK), _mm256_permute4x64_epi64(high_bytes, 0xD8));
+    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum8), _mm256_extracti128_si256(sum8, 1));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
+    const int32_t sum = _mm_cvtsi128_si32(_mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1)));
+    a->es[2 * b] = e;
+    a->es[2 * b + 1] = e * (float)sum;
+    a->ps[b] = sum;
+    return 1;
+}
+
+void lb_quantize(const float *x, int64_t m, const lb_acts *a) {
+    for (int64_t b = 0; b < m * a->nb; b++)
+        if (!quantize_block(x + b * LB_QK, a, b)) lb_quantize_block(x + b * LB_QK, a, b);
+}
+
+/* The vector primitives of each width: `unpack` a block's 32 integers q (the file's order), `sums`
+   of q p over a block as partial int32 sums converted to float, and `group_sums`, the 8 rows' exact
+   integer sums of one block of a group for activation row r. Each pair's product sum is exact in
+   int32 (|q| <= 128, |p| <= 32767), so is the block's (< 2^31); the float conversion rounds only
+   past 2^24. */
+#if defined(__AVX512BW__)
+/* AVX-512: q in one vector of 32 int16 (weights 0..15, then 16..31), its 32 products in one madd. */
+typedef __m512i block_ints;
+typedef __m512 row_acc;
+static inline block_ints unpack(int type, const uint8_t *qs) {
+    if (type == LB_Q8_0) return _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)qs));
+    __m128i raw = _mm_loadu_si128((const __m128i *)qs), low = _mm_set1_epi8(15); /* low nibbles first */
+    __m256i q = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_and_si128(raw, low)),
+                                        _mm_and_si128(_mm_srli_epi16(raw, 4), low), 1);
+    if (type == LB_Q4_0) q = _mm256_sub_epi8(q, _mm256_set1_epi8(8)); /* 0..15 - 8 fits int8 */
+    return type == LB_Q4_0 ? _mm512_cvtepi8_epi16(q) : _mm512_cvtepu8_epi16(q);
+}
+static inline row_acc sums(block_ints q, const int16_t *p) {
+    return _mm512_cvtepi32_ps(_mm512_madd_epi16(q, _mm512_loadu_si512((const void *)p)));
+}
+#define ACC_ZERO _mm512_setzero_ps()
+#define ACC_FMADD(s, v, acc) _mm512_fmadd_ps(_mm512_broadcastss_ps(s), v, acc)
+#define ACC_TOTAL(acc) _mm512_reduce_add_ps(acc)
+
+/* A 64-byte load is two chunks; each 16-bit lane pair is (row, 2 weights), so after the madds the
+   qword lanes are the rows, each as two int32 halves, added and narrowed to 8 int32. */
+static inline __m256i group_sums(const lb_traits *t, const uint8_t *qs, const lb_acts *a, int64_t r, int64_t b) {
+    const int16_t *p = a->p + r * a->k + b * LB_QK;
+    __m512i acc = _mm512_setzero_si512();
+    const __m512i low = _mm512_set1_epi8(15);
+    for (int c = 0; c < t->chunks; c += 2) {
+        __m512i raw = _mm512_loadu_si512((const void *)(qs + 32 * c));
+        if (t->type == LB_Q8_0) {
+            acc = MADD_ADD512(acc, _mm512_cvtepi8_epi16(_mm512_castsi512_si256(raw)),
+                              _mm512_set1_epi64(*(const int64_t *)(p + 4 * c)));
+            acc = MADD_ADD512(acc, _mm512_cvtepi8_epi16(_mm512_extracti64x4_epi64(raw, 1)),
+                              _mm512_set1_epi64(*(const int64_t *)(p + 4 * c + 4)));
+            continue;
+        }
+        for (int half = 0; half < 2; half++) { /* low nibbles: weights 0..15; high: 16..31 */
+            __m512i q = _mm512_and_si512(half ? _mm512_srli_epi16(raw, 4) : raw, low);
+            if (t->type == LB_Q4_0) q = _mm512_sub_epi8(q, _mm512_set1_epi8(8));
+            const int16_t *ph = p + 16 * half + 4 * c;
+            __m512i q0 = t->type == LB_Q4_0 ? _mm512_cvtepi8_epi16(_mm512_castsi512_si256(q))
+                                            : _mm512_cvtepu8_epi16(_mm512_castsi512_si256(q));
+            __m512i q1 = t->type == LB_Q4_0 ? _mm512_cvtepi8_epi16(_mm512_extracti64x4_epi64(q, 1))
+                                            : _mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64(q, 1));
+            acc = MADD_ADD512(acc, q0, _mm512_set1_epi64(*(const int64_t *)ph));
+            acc = MADD_ADD512(acc, q1, _mm512_set1_epi64(*(const int64_t *)(ph + 4)));
+        }
+    }
+    return _mm512_cvtepi64_epi32(_mm512_add_epi32(acc, _mm512_srli_epi64(acc, 32))); /* row r: qword r */
+}
+#else
+/* AVX2: q as two vectors of 16 int16 (lo: weights 0..15, hi: 16..31), Q4_0's offset of 8 taken off. */
+typedef struct {
+    __m256i lo, hi;
+} block_ints;
+typedef __m256 row_acc;
+static inline block_ints unpack(int type, const uint8_t *qs) {
+    block_ints q;
+    if (type == LB_Q8_0) {
+        q.lo = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)qs));
+        q.hi = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(qs + 16)));
+        return q;
+    }
+    __m128i raw = _mm_loadu_si128((const __m128i *)qs), low = _mm_set1_epi8(15); /* low nibbles first */
+    q.lo = _mm256_cvtepu8_epi16(_mm_and_si128(raw, low));
+    q.hi = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), low));
+    if (type == LB_Q4_0) {
+        q.lo = _mm256_sub_epi16(q.lo, _mm256_set1_epi16(8));
+        q.hi = _mm256_sub_epi16(q.hi, _mm256_set1_epi16(8));
+    }
+    return q;
+}
+static inline row_acc sums(block_ints q, const int16_t *p) {
+    __m256i a = _mm256_madd_epi16(q.lo, _mm256_loadu_si256((const __m256i *)p));
+    __m256i b = _mm256_madd_epi16(q.hi, _mm256_loadu_si256((const __m256i *)(p + 16)));
+    return _mm256_cvtepi32_ps(_mm256_add_epi32(a, b));
+}
+#define ACC_ZERO _mm256_setzero_ps()
+#define ACC_FMADD(s, v, acc) _mm256_fmadd_ps(_mm256_broadcastss_ps(s), v, acc)
+#define ACC_TOTAL(acc) hsum(acc)
+
+/* Q8_0 with 32-byte vectors: a chunk's low 16 bytes are rows 0..3, its high ones rows 4..7, each
+   row as two int32 lanes; one hadd adds the pairs (rows 0 1 4 5 | 2 3 6 7) and a permute orders
+   them. Widening bytes to 16 bits takes AVX2 a shuffle each, so the 4-bit types go below instead. */
+static inline __m256i group_sums_q8(const uint8_t *qs, const int16_t *p) {
+    __m256i lo = _mm256_setzero_si256(), hi = _mm256_setzero_si256();
+    for (int c = 0; c < 8; c++) {
+        const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
+        const __m256i pv = _mm256_set1_epi64x(*(const int64_t *)(p + 4 * c));
+        lo = _mm256_add_epi32(lo, _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm256_castsi256_si128(q)), pv));
+        hi = _mm256_add_epi32(hi, _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm256_extracti128_si256(q, 1)), pv));
+    }
+    return _mm256_permute4x64_epi64(_mm256_hadd_epi32(lo, hi), 0xD8);
+}
+
+/* Q4_0 and Q4_1 without widening: maddubs multiplies bytes, so each activation is taken as its two
+   bytes, sum q p = 256 sum q hi + sum q lo (lo 0..255, hi -128..127), q the unsigned nibble. A chunk
+   of 8 rows x 4 nibbles against the 4 activations' bytes broadcast gives each row's pair sums in
+   16-bit lanes (at most 2 * 15 * 128 for hi, 2 * 255 * 15 for lo), added in 16 bits while they
+   cannot overflow (8 of the hi sums, 4 of the lo ones), then madd makes each row one int32 lane,
+   in row order. Q4_0's offset is taken off as 8 P, P the activations' integer sum. Exact, as above. */
+static inline __m256i group_sums_q4(int type, const uint8_t *qs, const uint8_t *xl, const int8_t *xh, int32_t p) {
+    const __m256i low = _mm256_set1_epi8(15);
+    __m256i high_sum = _mm256_setzero_si256(), low_sums[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+    for (int c = 0; c < 4; c++) {
+        const __m256i raw = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
+        for (int half = 0; half < 2; half++) { /* low nibbles: weights 0..15; high: 16..31 */
+            const __m256i q = _mm256_and_si256(half ? _mm256_srli_epi16(raw, 4) : raw, low);
+            int32_t l, h;
+            memcpy(&l, xl + 16 * half + 4 * c, 4);
+            memcpy(&h, xh + 16 * half + 4 * c, 4);
+            high_sum = _mm256_add_epi16(high_sum, _mm256_maddubs_epi16(q, _mm256_set1_epi32(h)));
+            low_sums[half] = _mm256_add_epi16(low_sums[half], _mm256_maddubs_epi16(_mm256_set1_epi32(l), q));
+        }
+    }
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i s = _mm256_add_epi32(_mm256_madd_epi16(high_sum, _mm256_set1_epi16(256)),
+                                 _mm256_add_epi32(_mm256_madd_epi16(low_sums[0], ones),
+                                                  _mm256_madd_epi16(low_sums[1], ones)));
+    return type == LB_Q4_0 ? _mm256_sub_epi32(s, _mm256_set1_epi32(8 * p)) : s;
+}
+
+static inline __m256i group_sums(const lb_traits *t, const uint8_t *qs, const lb_acts *a, int64_t r, int64_t b) {
+    const int64_t at = r * a->k + b * LB_QK;
+    if (t->type == LB_Q8_0) return group_sums_q8(qs, a->p + at);
+    return group_sums_q4(t->type, qs, a->lo + at, a->hi + at, a->ps[r * a->nb + b]);
+}
+#endif
+
+/* (d, m) of one block as floats in the low lanes: its float16 d (and m) converted together. */
+static inline __m128 halves(const uint8_t *blk) {
+    int32_t dm;
+    memcpy(&dm, blk, 4); /* d, then m (Q4_1) or the first quants (their lane is not used) */
+    return _mm_cvtph_ps(_mm_cvtsi32_si128(dm));
+}
+
+/* One weight row against R activation rows from r (R = 1 for decode, 4 in prefill): each block is
+   unpacked once for all R, and every row's sums are made in the same order whatever R is, so a
+   row's result does not depend on the rows computed beside it (tests/fast/kernels/test_file_blocks.py
+   checks it bit for bit). R is a constant at each call, so the compiler unrolls the row loops and
+   keeps acc and terms in registers. */
+static inline void dot_rows(const int R, const lb_traits *t, const uint8_t *w, const lb_acts *a, int64_t r, float *out,
+                            int64_t out_stride) {
+    row_acc acc[4] = {ACC_ZERO, ACC_ZERO, ACC_ZERO, ACC_ZERO};
+    __m128 terms[4] = {_mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps()};
+    for (int64_t b = 0; b < a->nb; b++) {
+        const uint8_t *blk = w + b * t->bytes;
+        const block_ints q = unpack(t->type, blk + t->head);
+        const __m128 dm = halves(blk);
+        for (int i = 0; i < R; i++) {
+            const float *e = a->es + (r + i) * 2 * a->nb + 2 * b;
+            __m128 s = _mm_mul_ps(dm, _mm_castpd_ps(_mm_load_sd((const double *)e))); /* (d e, m e P) */
+            terms[i] = _mm_add_ps(terms[i], s); /* lane 1 sums Q4_1's m e P */
+            acc[i] = ACC_FMADD(s, sums(q, a->p + (r + i) * a->k + b * LB_QK), acc[i]);
+        }
+    }
+    for (int i = 0; i < R; i++) {
+        float total = ACC_TOTAL(acc[i]);
+        out[i * out_stride] =
+            t->type == LB_Q4_1 ? total + _mm_cvtss_f32(_mm_shuffle_ps(terms[i], terms[i], 1)) : total;
+    }
+}
+
+/* One group's 8 weight rows against R activation rows from r: out[i * out_stride + 0..7]. Each
+   block's 8 integer sums are exact; the float work per block is one product of scales and a fused
+   multiply-add (and Q4_1's m e P), the same sequence for a row whatever R is. */
+static inline void dot_group(const int R, const lb_traits *t, const uint8_t *g, const lb_acts *a, int64_t r,
+                             float *out, int64_t out_stride) {
+    const int64_t bytes = LB_GROUP * t->bytes, head = LB_GROUP * t->head;
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int64_t b = 0; b < a->nb; b++) {
+        const uint8_t *blk = g + b * bytes;
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
+        for (int i = 0; i < R; i++) {
+            const float *e = a->es + (r + i) * 2 * a->nb + 2 * b;
+            const __m256 s = _mm256_cvtepi32_ps(group_sums(t, blk + head, a, r + i, b));
+            acc[i] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_broadcast_ss(e)), s, acc[i]);
+            if (t->type == LB_Q4_1)
+                acc[i] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 2 * LB_GROUP))),
+                                         _mm256_broadcast_ss(e + 1), acc[i]);
+        }
+    }
+    for (int i = 0; i < R; i++) _mm256_storeu_ps(out + i * out_stride, acc[i]);
+}
+
+static LB_INLINE void rows(const lb_traits *t, const uint8_t *w, int64_t i0, int64_t i1, const lb_acts *a, int64_t r0,
+                           int64_t r1, float *y, int64_t n) {
+    const int64_t row = lb_row_bytes(t, a->k);
+    for (int64_t i = i0; i < i1; i++) {
+        int64_t r = r0;
+        for (; r + 4 <= r1; r += 4) dot_rows(4, t, w + i * row, a, r, y + r * n + i, n);
+        for (; r < r1; r++) dot_rows(1, t, w + i * row, a, r, y + r * n + i, n);
+    }
+}
+
+static LB_INLINE void groups(const lb_traits *t, const uint8_t *w, int64_t i0, int64_t i1, const lb_acts *a,
+                             int64_t r0, int64_t r1, float *y, int64_t n) {
+    const int64_t row = lb_row_bytes(t, a->k);
+    for (int64_t i = i0; i < i1; i += LB_GROUP) {
+        int64_t r = r0;
+        for (; r + 4 <= r1; r += 4) dot_group(4, t, w + i * row, a, r, y + r * n + i, n);
+        for (; r < r1; r++) dot_group(1, t, w + i * row, a, r, y + r * n + i, n);
+    }
+}
+
+/* Each type's kernels compiled with its traits as constants (blocks.h LB_TYPE_TABLE). */
+#define ROWS_OF(id, ...) \
+    case id: rows(&(const lb_traits){id, __VA_ARGS__}, w, i0, i1, a, r0, r1, y, n); break;
+#define GROUPS_OF(id, ...) \
+    case id: groups(&(const lb_traits){id, __VA_ARGS__}, w, i0, i1, a, r0, r1, y, n); break;
+
+void lb_rows(const lb_traits *t, const uint8_t *w, int64_t i0, int64_t i1, const lb_acts *a, int64_t r0, int64_t r1,
+             float *y, int64_t n) {
+    switch (t->type) { LB_TYPE_TABLE(ROWS_OF) }
+}
+
+void lb_groups(const lb_traits *t, const uint8_t *w, int64_t i0, int64_t i1, const lb_acts *a, int64_t r0, int64_t r1,
+               float *y, int64_t n) {
+    switch (t->type) { LB_TYPE_TABLE(GROUPS_OF) }
+}
