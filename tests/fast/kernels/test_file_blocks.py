@@ -1,4 +1,4 @@
-"""A GGUF's own Q4_0 / Q4_1 / Q8_0 blocks, kept (fast/kernels/file_blocks.py, fast/kernels/ggml_dot.c).
+"""A GGUF's own Q4_0 / Q4_1 / Q8_0 blocks, kept (fast/kernels/file_blocks.py, fast/kernels/c/).
 
 References, all independent of the code under test:
   * the `gguf` package's numpy dequantization (gguf.quants.dequantize): the blocks' exact weights,
@@ -20,14 +20,13 @@ from hf_reference import tiny_hf_model
 from torch import nn
 
 import llamablock
-from llamablock.fast.kernels import ggml_kernel
+from llamablock.fast.kernels import block_op, ggml_kernel
 from llamablock.fast.kernels.file_blocks import BlockEmbedding, BlockLinear, dequantize_blocks, group_rows, ungroup_rows
-from llamablock.fast.kernels.native import load_gguf_native
-from llamablock.util.cpu import cpu_from
+from llamablock.fast.plan import load_gguf_native
 
 TYPES = ("Q4_0", "Q4_1", "Q8_0")
-# the builds this CPU runs: the widest (ggml_kernel.best_isa) and every narrower one
-RUNS = {"avx512": ("avx512",), "avx2": ("avx2",), "portable": ()}[ggml_kernel.best_isa()] + ("avx2", "portable")
+# the builds this CPU runs: the widest (ggml_kernel.best_isa) and every narrower one (ISAS goes widest first)
+RUNS = list(ggml_kernel.ISAS)[list(ggml_kernel.ISAS).index(ggml_kernel.best_isa()):]
 
 
 def _random_blocks(type_name: str, n: int, k: int, seed: int = 0) -> np.ndarray:
@@ -57,39 +56,6 @@ def test_dequantize_equals_the_gguf_package_bit_for_bit(type_name, source):
     assert got.dtype == torch.float32 and torch.equal(got, want)
 
 
-AVX512_CAPS = {"avx2": True, "fma3": True, "f16c": True, "avx512_f": True, "avx512_bw": True, "avx512_vl": True}
-
-
-@pytest.mark.parametrize("isa, caps, want", [
-    ("AVX512", AVX512_CAPS, "avx512"),
-    ("AVX2", AVX512_CAPS, "avx2"),  # ATEN_CPU_CAPABILITY=avx2 on an AVX-512 machine: as on an AVX2 one
-    ("AVX512", {**AVX512_CAPS, "avx512_bw": False}, "avx2"),  # AVX-512 F without BW (Knights Landing)
-    ("AVX2", {"avx2": True, "fma3": True, "f16c": True}, "avx2"),
-    ("AVX2", {"avx2": True, "fma3": False, "f16c": True}, "portable"),  # no FMA: the AVX2 build would fault
-    ("DEFAULT", {"architecture": "aarch64"}, "portable"),
-])
-def test_the_build_follows_the_cpu(isa, caps, want):
-    assert ggml_kernel.best_isa(cpu_from(caps, isa), caps) == want
-
-
-def test_builds_of_old_sources_unused_for_weeks_are_deleted(tmp_path):
-    """Every edit of the kernel and every release leaves a library behind in the user's cache: the
-    same flags' builds unused for UNUSED_DAYS go, recent ones (another installed version's) and other
-    flags' stay, and the build in use is marked used."""
-    import os
-    import time
-
-    old = time.time() - (ggml_kernel.UNUSED_DAYS + 1) * 86400
-    stale = ["f1-stale", "f2-stale", "0123456789abcdef", "f1-current"]  # the third: a name from before flavours
-    files = {name: tmp_path / f"ggml_dot-{name}.so" for name in [*stale, "f1-recent"]}
-    for name, f in files.items():
-        f.write_bytes(b"")
-        if name in stale:
-            os.utime(f, (old, old))
-    path = ggml_kernel.kept_build(tmp_path, "ggml_dot", "f1", "current")
-    assert path == files["f1-current"] and time.time() - path.stat().st_mtime < 60
-    assert {f.name for f in tmp_path.iterdir()} == {"ggml_dot-f1-recent.so", "ggml_dot-f2-stale.so",
-                                                    "ggml_dot-f1-current.so"}
 
 
 def _bound(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -110,7 +76,7 @@ def _bound(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("type_name", TYPES)
 def test_grouping_rows_is_a_reordering_of_the_file_bytes(type_name):
     """group_rows only moves bytes: undone, it gives the file's rows; and each group holds exactly its
-    8 rows' bytes (a sorted comparison, independent of the order ggml_dot.c reads them in)."""
+    8 rows' bytes (a sorted comparison, independent of the order the kernel reads them in)."""
     raw = torch.from_numpy(_random_blocks(type_name, 24, 96, seed=5))
     grouped = group_rows(type_name, raw)
     assert grouped.shape == raw.shape and not torch.equal(grouped, raw)
@@ -144,7 +110,7 @@ def test_the_kernel_is_within_its_16_bit_activation_bound(type_name, isa, groupe
 @pytest.mark.parametrize("isa", list(ggml_kernel.ISAS))
 def test_the_largest_integers_do_not_overflow(type_name, isa, tmp_path):
     """Every quant at its largest magnitude against activations all at +-32767: the sums the AVX2
-    build keeps in 16 bits (ggml_dot.c group_sums_q4) are at their largest, and must not wrap."""
+    build keeps in 16 bits (c/x86.c group_sums_q4) are at their largest, and must not wrap."""
     if isa not in RUNS:
         pytest.skip(f"this CPU does not run the {isa} build")
     lib = ggml_kernel.load(tmp_path, isa)
@@ -164,7 +130,7 @@ def test_the_largest_integers_do_not_overflow(type_name, isa, tmp_path):
 @pytest.mark.parametrize("isa", list(ggml_kernel.ISAS))
 def test_tiny_activations_stay_within_the_bound_or_count_as_zero(isa, tmp_path):
     """A block of 1e-30 still has a finite 1/e and keeps its bound; a block of 1e-40 (subnormal)
-    has none and counts as zeros in every build (ggml_dot.c quantize_rows), not as garbage integers."""
+    has none and counts as zeros in every build (c/blocks.h lb_quantize_block), not as garbage integers."""
     if isa not in RUNS:
         pytest.skip(f"this CPU does not run the {isa} build")
     lib = ggml_kernel.load(tmp_path, isa)
@@ -213,9 +179,8 @@ def test_a_grouped_layer_and_its_embedding_are_the_file_s_weights(type_name):
     """A layer that groups its rows computes as the file's order does, within the kernel's bound, and
     its dequantization and the embedding rows read from it are the file's, bit for bit."""
     raw = torch.from_numpy(_random_blocks(type_name, 24, 96, seed=6))
-    plain, grouped = BlockLinear(type_name, raw, 96, grouped=False), BlockLinear(type_name, raw, 96)
-    if not ggml_kernel.groups_rows():
-        grouped = BlockLinear(type_name, group_rows(type_name, raw), 96, grouped=True)
+    plain = BlockLinear(type_name, raw, 96, grouped=False)
+    grouped = BlockLinear(type_name, group_rows(type_name, raw), 96, grouped=True)
     assert grouped.grouped and not plain.grouped
     assert torch.equal(grouped.dequantized(), dequantize_blocks(type_name, raw))
     ids = torch.tensor([[0, 7, 8, 23], [15, 16, 3, 3]])
@@ -236,6 +201,58 @@ def test_two_threads_compute_what_one_does():
     raw = torch.from_numpy(_random_blocks("Q4_1", 64, 128))
     x = torch.randn(2, 128)
     assert torch.equal(ggml_kernel.matmul("Q4_1", raw, x, threads=1), ggml_kernel.matmul("Q4_1", raw, x, threads=2))
+
+
+@pytest.mark.parametrize("isa", list(ggml_kernel.ISAS))
+def test_each_build_s_block_table_is_gguf_s(isa, tmp_path):
+    """The C table (c/blocks.h LB_TYPE_TABLE) that every build exports gives the gguf package's
+    (weights, bytes) for every kept type, and nothing for a type the kernel does not compute."""
+    if isa not in RUNS:
+        pytest.skip(f"this CPU does not run the {isa} build")
+    lib = ggml_kernel.load(tmp_path, isa)
+    for name in ggml_kernel.KEPT:
+        qtype = gguf.GGMLQuantizationType[name]
+        assert (lib.lb_block_weights(qtype.value), lib.lb_block_bytes(qtype.value)) == gguf.GGML_QUANT_SIZES[qtype]
+    assert lib.lb_block_bytes(gguf.GGMLQuantizationType.Q5_0.value) == 0
+
+
+def _extremes(type_name: str, n: int, k: int) -> torch.Tensor:
+    """Random blocks whose first half of rows has every quant at its largest magnitude."""
+    raw = torch.from_numpy(_random_blocks(type_name, n, k, seed=11)).reshape(n, k // 32, -1)
+    raw[: n // 2, :, 4 if type_name == "Q4_1" else 2:] = 0xFF if type_name != "Q8_0" else 0x80
+    return raw.reshape(n, -1)
+
+
+@pytest.mark.parametrize("grouped", [False, True])
+def test_the_vnni_build_is_the_avx512_build_bit_for_bit(grouped, tmp_path):
+    """VNNI's dpwssd adds the same 16-bit products into the same int32 lanes as madd then add, and
+    the float work around them is the same code: every output equal, prefill and decode."""
+    if "avx512vnni" not in RUNS:
+        pytest.skip("this CPU does not run the avx512vnni build (torch.cpu.get_capabilities: no avx512_vnni)")
+    vnni, plain = ggml_kernel.load(tmp_path, "avx512vnni"), ggml_kernel.load(tmp_path, "avx512")
+    x = torch.randn(37, 160, generator=torch.Generator().manual_seed(12)) * torch.logspace(-3, 2, 160)
+    x[3] = torch.tensor([1.0, -1.0]).repeat(80)  # every integer at +-32767
+    for type_name in TYPES:
+        raw = _extremes(type_name, 24, 160)
+        blocks = group_rows(type_name, raw) if grouped else raw
+        for rows in (x[:1], x[3:4], x):
+            got = ggml_kernel.matmul(type_name, blocks, rows, lib=vnni, grouped=grouped)
+            assert torch.equal(got, ggml_kernel.matmul(type_name, blocks, rows, lib=plain, grouped=grouped)), type_name
+
+
+@pytest.mark.parametrize("grouped", [False, True])
+def test_the_operator_and_the_ctypes_call_give_the_same_bits(grouped):
+    """A layer's binding is either ggml_kernel.matmul or block_op.linear (fast/kernels/file_blocks.py):
+    the same arguments give the same outputs, whichever the layer holds."""
+    assert block_op.load(), block_op.why_not()
+    x = torch.randn(37, 96, generator=torch.Generator().manual_seed(13))
+    for type_name in TYPES:
+        raw = _extremes(type_name, 16, 96)
+        blocks = group_rows(type_name, raw) if grouped else raw
+        for rows in (x[:1], x):
+            got = block_op.linear(type_name, blocks, rows, grouped=grouped)
+            assert got.dtype == torch.float32 and got.shape == (len(rows), 16)
+            assert torch.equal(got, ggml_kernel.matmul(type_name, blocks, rows, grouped=grouped)), type_name
 
 
 def _tiny(tmp_path, qtype, tied):
@@ -283,37 +300,16 @@ def test_a_16_bit_embedding_beside_blocks_keeps_float32_activations(tmp_path):
 
 def test_without_the_kernel_the_blocks_are_re_quantized(tmp_path, monkeypatch):
     """No compiler (or LLAMABLOCK_NO_KERNEL=1): PyTorch's packed layers, and the summary says why."""
+    from llamablock.fast import machine
     from llamablock.fast.kernels.quant import Int4Linear
     from llamablock.fast.plan import load_in_format
     from llamablock.io.source import open_source
 
-    monkeypatch.setattr(ggml_kernel, "kernel", lambda: None)
-    monkeypatch.setattr(ggml_kernel, "_why_not", ["no C compiler (cc) on the PATH"])
+    no_kernel = machine.this_machine().without_kernel("no C compiler (cc) on the PATH")
+    monkeypatch.setattr(machine, "this_machine", lambda: no_kernel)
     model, what = load_in_format(open_source(_tiny(tmp_path, "Q4_1", False)), "auto")
     assert isinstance(model.layers[0].attn.wq, Int4Linear)
     assert what.endswith("(Q4_1 re-quantized: no C compiler (cc) on the PATH)"), what
-
-
-def test_a_compiler_without_openmp_builds_the_one_thread_kernel(tmp_path, monkeypatch):
-    """Apple's clang has no -fopenmp: the kernel is built without it, and computes the same."""
-    import shutil
-
-    fake = tmp_path / "cc-without-openmp"
-    fake.write_text(f'#!/bin/sh\nfor a in "$@"; do [ "$a" = -fopenmp ] && exit 1; done\nexec {shutil.which("cc")} "$@"\n')
-    fake.chmod(0o755)
-    monkeypatch.setenv("CC", str(fake))
-    lib = ggml_kernel.load(tmp_path / "k")
-    assert len(list((tmp_path / "k").glob("*.so"))) == 1
-    raw = torch.from_numpy(_random_blocks("Q8_0", 16, 64))
-    x = torch.randn(2, 64)
-    assert torch.equal(ggml_kernel.matmul("Q8_0", raw, x, lib=lib), ggml_kernel.matmul("Q8_0", raw, x))
-
-
-def test_a_broken_compiler_is_one_reason_not_a_traceback(tmp_path, monkeypatch):
-    monkeypatch.setenv("CC", "false")  # a compiler that fails
-    with pytest.raises(RuntimeError, match="no output"):
-        ggml_kernel.load(tmp_path / "k")
-    assert not list((tmp_path / "k").glob("*.so"))  # nothing half written
 
 
 @pytest.mark.slow
