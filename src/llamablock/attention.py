@@ -30,7 +30,7 @@ from torch import nn
 
 from llamablock.alibi import ALiBi
 from llamablock.config import ModelConfig
-from llamablock.kv_cache import KVCache, pad_keys
+from llamablock.kv_cache import Cache, pad_keys
 from llamablock.norm import make_norm
 from llamablock.rope import Rotary
 
@@ -144,7 +144,7 @@ class Attention(nn.Module):
         else:
             self.q_norm = self.k_norm = None
 
-    def forward(self, x: torch.Tensor, inputs: AttentionInputs, cache: KVCache | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, inputs: AttentionInputs, cache: Cache | None = None) -> torch.Tensor:
         """x (b, t, D) -> (b, t, D)."""
         b, t, _ = x.shape
         q = self.wq(x).view(b, t, self.h, self.hd).transpose(1, 2)  # (b, h, t, hd)

@@ -20,12 +20,20 @@ Size: 2 x layers x n_kv x hd x L x bytes per element, times the batch.
 Both keep one pair of buffers per layer: a single buffer shared by all layers makes a compiled
 decode step copy the whole cache at every layer.
 
+`Cache` is what the attention (llamablock.attention) and the Decoder (llamablock.model) read and
+write of a cache: `length`, `update`, `bucketed`, `key_slots`, `advance`. KVCache satisfies it, and
+so does the server's batched cache (llamablock.runtime.batch.BatchKVCache);
+tests/components/test_cache_protocol.py checks every cache class of the package against it.
+StaticKVCache is not one: the static layout's own layers write it (fast/compiled/static_decode.py).
+
 A CPU workaround lives here too, beside the buffers it reads: in bfloat16 and float16 a decode
 step's keys are padded to a multiple of KEY_BUCKET slots (`KVCache.bucketed`), because oneDNN
 keeps a kernel for every shape it has run; the attention masks the padding (`pad_keys`).
 """
 
 from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
 
 import torch
 import torch.nn.functional as F
@@ -39,6 +47,21 @@ from llamablock.config import ModelConfig
 # 8,192-token context builds 32 pairs in all.
 KEY_BUCKET = 256
 _ONEDNN_DTYPES = (torch.bfloat16, torch.float16)  # CPU bmm by oneDNN (BMM_LIBRARY, benchmarks/bench_attention.py)
+
+
+@runtime_checkable
+class Cache(Protocol):
+    """What a layer's attention and the Decoder use of a KV cache (KVCache's methods say what each does)."""
+
+    length: int  # tokens already stored (a batch's frontier): new tokens go after them
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    def bucketed(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int | None]: ...
+
+    def key_slots(self) -> torch.Tensor | None: ...
+
+    def advance(self, t: int) -> None: ...
 
 
 def _buffers(cfg: ModelConfig, batch_size: int, length: int, dtype, device,
