@@ -55,13 +55,37 @@ def test_decoding_through_the_ring_equals_the_full_forward(prefill, late):
     assert cache.length == 30 and cache.keys[0].shape[2] == 5
 
 
-def test_batched_left_padded_generation_through_the_ring_equals_one_prompt_at_a_time():
-    from llamablock.runtime.generate import generate_batch
+@torch.no_grad()
+def _greedy_left_padded(model, prompts: list[list[int]], new: int) -> list[list[int]]:
+    """Greedy tokens of prompts left-padded into one KVCache (its sliding layers a ring): `pad_mask`
+    hides the padding and position_ids count each row's real tokens."""
+    b, width = len(prompts), max(map(len, prompts))
+    ids = torch.zeros(b, width, dtype=torch.long)  # (b, width), left-padded
+    real = torch.zeros(b, width + new, dtype=torch.bool)  # True on real tokens, by cache slot
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p):] = torch.tensor(p)
+        real[i, width - len(p): width] = True
+    cache = KVCache(model.cfg, b, width + new)
+    positions = (real[:, :width].cumsum(1) - 1).clamp(min=0)  # (b, width)
+    logits = model(ids, position_ids=positions, cache=cache, pad_mask=real[:, :width])[:, -1]
+    pos, out = real[:, :width].sum(1, keepdim=True), [[] for _ in prompts]  # pos (b, 1)
+    for step in range(new):
+        tok = logits.argmax(-1)  # (b,)
+        for i in range(b):
+            out[i].append(int(tok[i]))
+        if step == new - 1:
+            break
+        real[:, width + step] = True
+        logits = model(tok[:, None], position_ids=pos, cache=cache, pad_mask=real[:, : width + step + 1])[:, -1]
+        pos = pos + 1
+    return out
 
+
+def test_batched_left_padded_generation_through_the_ring_equals_one_prompt_at_a_time():
     model = _model()
     prompts = [[3, 4, 5, 6, 7, 8, 9, 10], [11, 12]]
-    batched = generate_batch(model, prompts, max_new_tokens=12, eos_ids=())
-    single = [generate_batch(model, [p], max_new_tokens=12, eos_ids=())[0] for p in prompts]
+    batched = _greedy_left_padded(model, prompts, 12)
+    single = [_greedy_left_padded(model, [p], 12)[0] for p in prompts]
     assert batched == single
 
 

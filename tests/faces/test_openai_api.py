@@ -23,11 +23,11 @@ httpx = pytest.importorskip("httpx")
 uvicorn = pytest.importorskip("uvicorn")
 
 from llamablock.cli import build_parser  # noqa: E402
-from llamablock.fast.compiled.compiled_decode import StaticEngine  # noqa: E402
+from llamablock.fast.compiled.static_engine import StaticEngine  # noqa: E402
 from llamablock.io.loading import load_model_and_tokenizer  # noqa: E402
 from llamablock.model import Decoder  # noqa: E402
 from llamablock.presets import preset  # noqa: E402
-from llamablock.runtime.batch import BatchEngine  # noqa: E402
+from llamablock.runtime.batch import EagerBatchEngine  # noqa: E402
 from llamablock.runtime.engine import EagerEngine  # noqa: E402
 from llamablock.runtime.generate import generate  # noqa: E402
 from llamablock.runtime.sampling import Sampling  # noqa: E402
@@ -41,7 +41,7 @@ GATE.set()
 WAIT = 30  # seconds any test waits for the server before failing (a hang guard, never a measurement)
 
 
-class GatedEngine(BatchEngine):
+class GatedEngine(EagerBatchEngine):
     """The batched eager engine, waiting on GATE before each decode step and counting its steps."""
 
     made: list["GatedEngine"] = []

@@ -19,7 +19,7 @@ from hf_reference import tiny_hf_model
 from prometheus_client.parser import text_string_to_metric_families
 
 from llamablock.io.loading import load_model_and_tokenizer
-from llamablock.runtime.batch import BatchEngine
+from llamablock.runtime.batch import EagerBatchEngine
 from llamablock.runtime.engine import EagerEngine
 from llamablock.runtime.generate import generate
 from llamablock.runtime.sampling import Sampling
@@ -28,7 +28,7 @@ from llamablock.web.scheduler import Busy, Job, Scheduler
 WAIT = 30  # seconds any wait may take before the test fails (a hang guard, never a measurement)
 
 
-class Turnstile(BatchEngine):
+class Turnstile(EagerBatchEngine):
     """A decode step takes one permit (`let(n)` gives n) and records its number of rows;
     `arrived` counts the steps begun, so arrived == len(batch_sizes) + 1 means the scheduler waits
     at a step whose rows are fixed."""
@@ -135,7 +135,7 @@ def test_requests_sent_together_are_prefilled_in_one_forward(tiny, loop, monkeyp
     model, tok = tiny
     groups = []
 
-    class Recording(BatchEngine):
+    class Recording(EagerBatchEngine):
         def prefill_next(self, waiting):
             joined = super().prefill_next(waiting)
             groups.append(len(joined))

@@ -17,7 +17,7 @@ from hf_reference import tiny_hf_model
 import llamablock
 from llamablock.model import Decoder
 from llamablock.presets import preset
-from llamablock.runtime.batch import BatchEngine
+from llamablock.runtime.batch import EagerBatchEngine
 
 # float32 keeps about 7 significant digits (epsilon 1.2e-7); summing the same terms in another order
 # (a batch's matmul blocks, a wider masked softmax) moves a result by a few epsilons per layer.
@@ -52,7 +52,7 @@ def _prompts(vocab: int, requests=REQUESTS) -> list[list[int]]:
 def test_batched_equals_alone(llama, name):
     model = _models(llama)[name]
     prompts = _prompts(model.cfg.vocab_size)
-    got = batched(BatchEngine(model, rows=2, chunk=16), prompts, REQUESTS)
+    got = batched(EagerBatchEngine(model, rows=2, chunk=16), prompts, REQUESTS)
     assert_each_alone(got, model, prompts, REQUESTS, LOGIT_RTOL)
 
 
@@ -72,7 +72,7 @@ def test_batched_equals_alone_quantized(llama, fmt):
 
     model = quantize_model(copy.deepcopy(llama).to(torch.bfloat16), fmt)
     prompts = _prompts(model.cfg.vocab_size, QUANT_REQUESTS)
-    got = batched(BatchEngine(model, rows=2, chunk=64), prompts, QUANT_REQUESTS)
+    got = batched(EagerBatchEngine(model, rows=2, chunk=64), prompts, QUANT_REQUESTS)
     assert_each_alone(got, model, prompts, QUANT_REQUESTS, QUANT_RTOL)
 
 
@@ -81,7 +81,7 @@ def test_prompts_that_arrive_together_are_prefilled_in_one_forward(llama):
     prefill); a prompt that would push the group past `chunk` tokens waits for the next one. The
     rows joined this way are the ones test_batched_equals_alone checks against EagerEngine (its
     REQUESTS 0 and 1 arrive together)."""
-    engine = BatchEngine(llama, rows=4, chunk=16)
+    engine = EagerBatchEngine(llama, rows=4, chunk=16)
     forwards = []
     hook = llama.register_forward_pre_hook(lambda m, args, kw: forwards.append(args[0].shape), with_kwargs=True)
     try:
@@ -96,7 +96,7 @@ def test_prompts_that_arrive_together_are_prefilled_in_one_forward(llama):
 
 def test_rows_move_shift_and_grow(llama):
     """The layout operations actually happen in the run above (else the test proves less)."""
-    engine = BatchEngine(llama, rows=1, chunk=4)
+    engine = EagerBatchEngine(llama, rows=1, chunk=4)
     engine.FIRST = 8
     short = engine.add([1, 2], 20)
     assert engine.prefill(short) is not None and engine.cache.length == 2
@@ -115,7 +115,7 @@ def test_rows_move_shift_and_grow(llama):
 
 def test_late_key_rope_decodes_one_sequence_at_a_time():
     cfg = preset("llama-2024-small", rope_scaling={"rope_type": "dynamic", "factor": 2.0})
-    engine = BatchEngine(Decoder(cfg).eval(), rows=4)
+    engine = EagerBatchEngine(Decoder(cfg).eval(), rows=4)
     assert engine.max_rows == 1
     assert engine.prefill(engine.add([1, 2, 3], 4)) is not None
     with pytest.raises(ValueError, match="one at a time|1 sequence at a time"):

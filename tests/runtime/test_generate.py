@@ -54,7 +54,7 @@ def test_seed_reproduces_and_differs(tiny):
 def test_batch_of_different_lengths_equals_each_alone(tiny):
     prompts = [PROMPT, [7, 8], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12], [33]]
     alone = [generate(EagerEngine(tiny), p, max_new_tokens=12).tokens for p in prompts]
-    assert generate_batch(tiny, prompts, max_new_tokens=12, pad_id=0) == alone
+    assert generate_batch(tiny, prompts, max_new_tokens=12) == alone
 
 
 def test_batch_rows_stop_at_their_own_eos(tiny):

@@ -2,27 +2,30 @@
 own row of a batched KV cache, joining and leaving between steps (what llama.cpp's server calls
 slots and vLLM "continuous batching", Yu et al., Orca, OSDI 2022).
 
-Layout: right-aligned rows, the left padding of `generate_batch` kept up to date. Every row's
-newest token sits in the same cache slot, `frontier - 1`; a row of n tokens holds slots
-[frontier - n, frontier) and the slots before it are padding that `pad_mask` hides. So a decode
-step writes every row's new key and value in slot `frontier`, one cache update for the batch, as
-the Decoder's KVCache does; each row's position id is its own length, so RoPE turns each row at
-its own positions, and the masks that read slot distances (causal order, a sliding window,
-ALiBi) read the row's own token distances (llamablock.attention builds them from cache slots).
+Layout: right-aligned rows, left-padded. Every row's newest token sits in the same cache slot,
+`frontier - 1`; a row of n tokens holds slots [frontier - n, frontier) and the slots before it
+are padding that `pad_mask` hides. So a decode step writes every row's new key and value in slot
+`frontier`, one cache update for the batch, as the Decoder's KVCache does; each row's position
+id is its own length, so RoPE turns each row at its own positions, and the masks that read slot
+distances (causal order, a sliding window, ALiBi) read the row's own token distances
+(llamablock.attention builds them from cache slots).
 
     add      a new sequence, prefilled alone in a cache of its own, `chunk` tokens per `prefill`
              call, so a scheduler can run the other rows' decode steps between its chunks
     prefill  its next chunk; after the last, the sequence joins: its cache is copied into the
-             next free row (a prompt longer than the frontier shifts the rows right first)
+             next free row (a prompt longer than the frontier shifts the rows right first), unless
+             the `place` callback takes it elsewhere (the compiled rows of
+             llamablock.fast.compiled.batch_compiled, which holds this engine)
     prefill_next  what a scheduler calls: the prompts that arrived together and fit in `chunk`
-             tokens (padding included) in one forward, left-padded as `generate_batch` pads
-             them, else the next chunk of the oldest. A forward's fixed costs (a packed layer's
-             dequantization past fast.quant.prefill_rows, the per-layer overhead) are
-             then paid once for all of them: four clients that arrive at once get their first
-             tokens after one prefill, not four (`llamablock bench serve`'s first-token times).
+             tokens (padding included) in one forward, left-padded to the longest, else the next
+             chunk of the oldest. A forward's fixed costs (a packed layer's dequantization past
+             fast.quant.prefill_rows, the per-layer overhead) are then paid once for all of them:
+             four clients that arrive at once get their first tokens after one prefill, not four
+             (`llamablock bench serve`'s first-token times).
     step     one token for every row: logits (b, V), rows in the order of `rows`
     remove   a row leaves: the last row moves into its place, so the rows in use are always
              0..b-1 and the cache hands attention a view of them, never a gathered copy
+It satisfies llamablock.runtime.engine.BatchEngine, the interface the server's scheduler runs.
 
 The buffers grow by doubling as EagerEngine's cache does; when they are full, padding that all
 rows share (a long row has left) is dropped first by shifting left. With no row left they are
@@ -41,20 +44,20 @@ which would take the batch's longest row: such a model gets one row at a time (`
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
 from llamablock.config import ModelConfig
 from llamablock.kv_cache import KVCache
-from llamablock.runtime.generate import check_request
+from llamablock.runtime.request import check_request
 
 
 class BatchKVCache:
     """Keys and values (P, n_kv, L, hd) per layer for P rows, of which the first `rows` are in use.
-    It offers what attention reads of a KVCache: `keys`/`values` (views of the rows in use), `bucketed`,
-    `length` (the frontier), `update`, `advance`, and no ring (`key_slots` None): a sliding-window
-    layer keeps every slot and its window is a mask."""
+    A llamablock.kv_cache.Cache: `length` is the frontier, `update` writes the rows in use (views,
+    `keys`/`values`), and there is no ring (`key_slots` None): a sliding-window layer keeps every
+    slot and its window is a mask."""
 
     ring = None
     # A decode step's keys padded to a bucket for oneDNN, as in a KVCache: the method reads only
@@ -117,15 +120,19 @@ class Row:
         return self.ids.shape[1]
 
 
-class BatchEngine:
-    """The eager Decoder with a BatchKVCache: sequences join and leave between decode steps."""
+class EagerBatchEngine:
+    """The eager Decoder with a BatchKVCache: sequences join and leave between decode steps.
+    `place(row, src, i, end) -> bool`, when given, is asked first where each prefilled row goes: True
+    when it took the row's keys and values (slots [end - n, end) of row i of `src`) elsewhere."""
 
     FIRST = 256  # cache slots allocated before the first growth, as EagerEngine
 
-    def __init__(self, model, rows: int = 4, chunk: int = 256):
+    def __init__(self, model, rows: int = 4, chunk: int = 256,
+                 place: Callable[[Row, BatchKVCache, int, int], bool] | None = None):
         if rows <= 0 or chunk <= 0:
             raise ValueError(f"rows and chunk must be positive integers, got {rows!r}, {chunk!r}")
         self.model, self.cfg, self.chunk, self.start_rows = model, model.cfg, chunk, rows
+        self.place = place
         rotary = model.rotary
         # Length-dependent RoPE would turn every row at the longest row's frequencies: one at a time.
         self.max_rows = 1 if rotary is not None and rotary.late_keys else None
@@ -139,6 +146,9 @@ class BatchEngine:
     @property
     def dtype(self) -> torch.dtype:
         return self.model.embed.weight.dtype
+
+    def describe(self) -> str:
+        return "the eager engine"
 
     def add(self, prompt_ids: Sequence[int], max_new_tokens: int) -> Row:
         """A new sequence, to be prefilled (`prefill`) before it joins the batch."""
@@ -247,7 +257,9 @@ class BatchEngine:
 
     def _join(self, row: Row, src: BatchKVCache, i: int, end: int) -> None:
         """The row's prefilled keys and values, slots [end - n, end) of row i of `src`, into the next
-        free row of the batch, ending at the frontier."""
+        free row of the batch, ending at the frontier (or where `place` puts it)."""
+        if self.place is not None and self.place(row, src, i, end):
+            return
         if self.max_rows is not None and len(self.rows) >= self.max_rows:
             raise ValueError(f"this model's RoPE follows the sequence length (Rotary.late_keys): it decodes "
                              f"{self.max_rows} sequence at a time")

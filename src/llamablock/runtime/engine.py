@@ -1,4 +1,4 @@
-"""The engine interface that generation talks to, and the eager engines behind it.
+"""The engine interfaces that generation and serving talk to, and the eager engines behind them.
 
 An engine runs one sequence of batch 1 through a model with a cache:
 
@@ -16,16 +16,36 @@ An engine runs one sequence of batch 1 through a model with a cache:
 against; `RecomputeEngine` keeps no cache and runs the whole sequence at every step (the
 definition that a cache must reproduce). The compiled engines of llamablock.fast satisfy the
 same interface, so `generate` never imports them (mlx-lm's models never import its generate).
+
+A batch engine decodes several sequences ("rows") together, each joining and leaving between
+steps: what the server's scheduler runs (llamablock.web.scheduler), whatever the engine.
+
+    engine.device, engine.max_rows    where token ids are made; the most rows at once (None: any)
+    engine.rows                       the sequences decoding, in the order `step` takes and returns
+    engine.add(prompt_ids, n)         a new sequence (a Row), to be prefilled before it joins
+    engine.prefill_next(waiting)      one prefill forward for some of the waiting rows ->
+                                      [(row, logits (1, V))] for those that joined the batch
+    engine.step(tokens (b,))          one token per row -> logits (b, V)
+    engine.remove(row)                the row leaves (finished or cancelled)
+    engine.describe()                 how the rows run, in a few words (the server's start-up line)
+A Row (llamablock.runtime.batch) is read for its `prompt_tokens`, `length` (tokens in the cache)
+and `index` (its place in the batch; None until it joins).
+
+`EagerBatchEngine` (llamablock.runtime.batch) runs the eager Decoder; CompiledBatchEngine
+(llamablock.fast.compiled.batch_compiled) a compiled step, its rows beside the eager engine's.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol, Sequence, runtime_checkable
 
 import torch
 
 from llamablock.config import ModelConfig
 from llamablock.kv_cache import KVCache
+
+if TYPE_CHECKING:
+    from llamablock.runtime.batch import Row
 
 
 class Engine(Protocol):
@@ -41,6 +61,23 @@ class Engine(Protocol):
     def prefill(self, ids: torch.Tensor) -> torch.Tensor: ...
 
     def step(self, ids: torch.Tensor, pos: int) -> torch.Tensor: ...
+
+
+@runtime_checkable
+class BatchEngine(Protocol):
+    device: torch.device
+    max_rows: int | None
+    rows: list[Row]
+
+    def describe(self) -> str: ...
+
+    def add(self, prompt_ids: Sequence[int], max_new_tokens: int) -> Row: ...
+
+    def prefill_next(self, waiting: Sequence[Row]) -> list[tuple[Row, torch.Tensor]]: ...
+
+    def step(self, tokens: torch.Tensor) -> torch.Tensor: ...
+
+    def remove(self, row: Row) -> None: ...
 
 
 class EagerEngine:

@@ -1,6 +1,7 @@
 """What the scheduler (llamablock.web.scheduler) runs: a request as the API hands it over (`Job`),
-the same request once it has a row in the batch (`Running`), and the two ways it ends early
-(`Cancelled`: its client left; `Busy`: the queue was full).
+the same request once it has a row in the batch (`Running`: the row and its Request, which
+chooses each token and says when it stops), and the two ways it ends early (`Cancelled`: its client
+left; `Busy`: the queue was full).
 
 A Job's events go to the event loop that submitted it: ("text", str), then ("done", Generation) or
 ("error", Exception), each handed over with `loop.call_soon_threadsafe` from the scheduler's thread.
@@ -12,10 +13,8 @@ import asyncio
 import threading
 from dataclasses import dataclass, field
 
-import torch
-
 from llamablock.runtime.batch import Row
-from llamablock.runtime.generate import _TextStream
+from llamablock.runtime.request import Request
 from llamablock.runtime.sampling import Sampling
 
 
@@ -50,17 +49,15 @@ class Job:
 
 @dataclass(eq=False)
 class Running:
-    """A job in the batch: its row, its tokens so far and its text stream."""
+    """A job in the batch: its row, its Request (llamablock.runtime.request: sampling, tokens so far,
+    text stream, stop rules) and its times (time.monotonic())."""
 
     job: Job
     row: Row
-    stream: _TextStream
-    generator: torch.Generator | None
-    history: torch.Tensor  # (1, prompt + max_tokens): the prompt, then the new tokens
-    new: list[int] = field(default_factory=list)
+    request: Request
     started: float = 0.0
-    first: float = 0.0
-    last: float = 0.0
+    first: float = 0.0  # its first token
+    last: float = 0.0  # its latest token
 
 
 class Cancellable:

@@ -2,26 +2,29 @@
 
 Up to `parallel` requests run together on one thread: each loop runs one prefill forward (the
 prompts that arrived together, padded into one batch, or one chunk of the oldest long prompt),
-then decodes one token for every other running request in one batch
-(llamablock.runtime.batch.BatchEngine), so a long prompt holds the others' streams for one chunk at
-a time, not for its whole prefill. Between two loops, requests that finished or whose
-client left give up their rows, and waiting ones take the free rows. The rest wait in a queue of
-at most `max_queue` (a full queue is refused at once, Busy, which the API answers 503 with
-Retry-After, rather than left to grow). This is the scheme of Orca (Yu et al., OSDI 2022) that
-llama.cpp's server (`-np`), vLLM and Ollama (OLLAMA_NUM_PARALLEL) follow.
+then decodes one token for every other running request in one batch (a batch engine,
+llamablock.runtime.engine.BatchEngine), so a long prompt holds the others' streams for one chunk at
+a time, not for its whole prefill. Between two
+loops, requests that finished or whose client left give up their rows, and waiting ones take the
+free rows. The rest wait in a queue of at most `max_queue` (a full queue is refused at once,
+Busy, which the API answers 503 with Retry-After, rather than left to grow). This is the scheme
+of Orca (Yu et al., OSDI 2022) that llama.cpp's server (`-np`), vLLM and Ollama
+(OLLAMA_NUM_PARALLEL) follow.
 
-Each request keeps what `generate` keeps for one (llamablock.runtime.generate): its sampling
-settings, its own torch.Generator when seeded (so a seeded request draws the same numbers alone
-or among others), its stop strings and end-of-sequence ids, max_tokens, its token history (the
-repetition penalty), and its text stream. Generation runs on the scheduler's thread, never on the
+Each request is a llamablock.runtime.request.Request, as in `generate`: its sampling settings, its
+own torch.Generator when seeded (so a seeded request draws the same numbers alone or among
+others), its stop strings and end-of-sequence ids, max_tokens, its token history (the repetition
+penalty) and its text stream; its `take` chooses every token and says when it stops, so a request
+stops here as it stops in `generate`. Generation runs on the scheduler's thread, never on the
 server's event loop; each piece of text goes to the event loop that asked for it
 (`loop.call_soon_threadsafe`), as events: ("text", str), then ("done", Generation) or ("error",
 Exception). A client that disconnects sets its job's `cancelled`: a waiting job is skipped, a
 running one leaves the batch before the next step.
 
-A compiled engine (llamablock.fast.compiled.compiled_decode) built for one sequence serves, with `parallel`
-1, the requests it covers, one at a time; one built for a batch of B (AOTIEngine(batch=B)) decodes
-the batch's rows (llamablock.fast.compiled.batch_compiled), the rows it cannot hold eagerly beside them.
+A compiled engine (llamablock.fast.compiled.static_engine) built for one sequence serves, with `parallel`
+1, the requests it covers, one at a time (`generate`, which runs the same Request); one built for a
+batch of B (AOTIEngine(batch=B)) decodes the batch's rows
+(llamablock.fast.compiled.batch_compiled.CompiledBatchEngine), the rows it cannot hold eagerly beside them.
 Counters for /metrics: llamablock.web.metrics; one log line per request (logger llamablock.serve).
 """
 
@@ -35,9 +38,10 @@ import time
 
 import torch
 
-from llamablock.runtime.batch import BatchEngine
-from llamablock.runtime.generate import Generation, _TextStream, generate
-from llamablock.runtime.sampling import next_token
+from llamablock.runtime.batch import EagerBatchEngine
+from llamablock.runtime.engine import BatchEngine
+from llamablock.runtime.generate import generate
+from llamablock.runtime.request import Request
 from llamablock.web.jobs import Busy, Cancellable, Cancelled, Job, Running
 from llamablock.web.metrics import ServerMetrics
 
@@ -48,15 +52,16 @@ GATHER_S = 0.05  # the longest a prefill waits for requests still being read and
 
 class Scheduler:
     """Runs jobs, up to `parallel` at once, on a background thread. `engine_factory(model, rows=,
-    chunk=)` makes the batched engine (BatchEngine); `chunk` is the most prompt tokens prefilled
+    chunk=)` makes the batch engine (EagerBatchEngine); `chunk` is the most prompt tokens prefilled
     between two decode steps; `compiled` is an engine built before serving, used with parallel 1
     for the requests it covers."""
 
     def __init__(self, model, tokenizer, max_queue: int = 8, compiled=None, *, parallel: int = 4,
-                 chunk: int = 256, engine_factory=BatchEngine):
+                 chunk: int = 256, engine_factory=EagerBatchEngine):
         if max_queue <= 0:
             raise ValueError(f"max_queue must be a positive integer, got {max_queue!r}")
         self.model, self.tokenizer, self.compiled = model, tokenizer, compiled
+        self.engine: BatchEngine
         if compiled is not None and compiled.batch > 1:  # the compiled step decodes the batch
             from llamablock.fast.compiled.batch_compiled import CompiledBatchEngine
 
@@ -103,9 +108,7 @@ class Scheduler:
             how = "one request at a time" + (" on the compiled engine where it covers the request, else eagerly"
                                              if self.compiled is not None else " on the eager engine")
         else:
-            how = f"up to {self.parallel} requests decoded together as one batch on "
-            describe = getattr(self.engine, "describe", None)
-            how += describe() if describe is not None else "the eager engine"
+            how = f"up to {self.parallel} requests decoded together as one batch on {self.engine.describe()}"
             if self.compiled is not None:
                 how += " (the compiled engine was built for one sequence: it serves --parallel 1 only)"
         return f"{how}; {self.jobs.maxsize} more may wait"
@@ -168,22 +171,20 @@ class Scheduler:
             if job.cancelled.is_set():
                 self._count(job, "cancelled", 0, time.monotonic())
                 continue  # its client left while it waited
-            total = len(job.prompt_ids) + job.max_tokens
-            if self.parallel == 1 and self.compiled is not None and self.compiled.covers(total):
+            if self.parallel == 1 and self.compiled is not None and self.compiled.covers(
+                    len(job.prompt_ids) + job.max_tokens):
                 self._run_alone(job)
                 continue
             try:
                 row = self.engine.add(job.prompt_ids, job.max_tokens)
+                request = Request(job.prompt_ids, job.max_tokens, job.sampling, seed=job.seed,
+                                  eos_ids=self.tokenizer.eos_ids, stop_strings=job.stop, tokenizer=self.tokenizer,
+                                  on_text=lambda s, job=job: job.emit("text", s), device=self.engine.device)
             except Exception as e:
                 self._count(job, "error", 0, time.monotonic())
                 job.emit("error", e)
                 continue
-            n = len(job.prompt_ids)
-            history = torch.zeros(1, total, dtype=torch.long, device=self.engine.device)
-            history[0, :n] = row.ids[0]
-            gen = torch.Generator(device=self.engine.device).manual_seed(job.seed) if job.seed is not None else None
-            stream = _TextStream(self.tokenizer, job.stop, lambda s, job=job: job.emit("text", s))
-            self.active = self.active + [Running(job, row, stream, gen, history, started=time.monotonic())]
+            self.active = self.active + [Running(job, row, request, started=time.monotonic())]
         return True
 
     def _gather(self) -> bool:
@@ -202,11 +203,11 @@ class Scheduler:
 
     def _leave_cancelled(self) -> None:
         for r in [r for r in self.active if r.job.cancelled.is_set()]:
-            self._count(r.job, "cancelled", len(r.new), time.monotonic(), r)  # counted before it leaves: a
+            self._count(r.job, "cancelled", len(r.request.new), time.monotonic(), r)  # counted before it leaves: a
             self._drop(r)  # reader who sees it gone sees it counted
 
     def _prefill(self) -> None:
-        """One prefill forward (BatchEngine.prefill_next): the prompts that arrived together, or one
+        """One prefill forward (the engine's prefill_next): the prompts that arrived together, or one
         chunk of the oldest; the first token of each request that joined the batch."""
         waiting = [r for r in self.active if r.row.index is None]
         if not waiting:
@@ -228,46 +229,38 @@ class Scheduler:
             return
         by_row = {id(r.row): r for r in self.active}
         running = [by_row[id(row)] for row in rows]
-        tokens = torch.tensor([r.new[-1] for r in running], device=self.engine.device)  # (b,)
+        tokens = torch.tensor([r.request.new[-1] for r in running], device=self.engine.device)  # (b,)
         logits = self.engine.step(tokens)  # (b, V)
         for i, r in enumerate(running):
             self._take(r, logits[i:i + 1])
 
     def _take(self, r: Running, logits: torch.Tensor) -> None:
-        """Choose the request's next token from logits (1, V), stream its text, see if it stops."""
-        n = r.row.prompt_tokens + len(r.new)
-        tok = int(next_token(logits, r.history[:, :n], r.job.sampling, r.generator)[0])
-        r.history[0, n] = tok
-        r.new.append(tok)
+        """The request's next token from logits (1, V) (Request.take: it streams the text and says
+        whether the request stops), counted."""
+        stop = r.request.take(logits).stop
         now = time.monotonic()
         self.metrics.generated_tokens.inc()
-        if len(r.new) == 1:
+        if len(r.request.new) == 1:
             r.first = now
             self.metrics.ttft.observe(now - r.job.arrived)
         else:
             self.metrics.token_latency.observe(now - r.last)
         r.last = now
-        if tok in self.tokenizer.eos_ids:
-            self._finish(r, "eos")
-        elif r.stream.update(r.new):
-            self._finish(r, "stop_string")
-        elif len(r.new) == r.job.max_tokens:
-            self._finish(r, "length")
+        if stop is not None:
+            self._finish(r, stop)
 
     def _finish(self, r: Running, reason: str | None, error: Exception | None = None) -> None:
         """The request leaves: counted, its row freed, then its client told (in that order, so that
         whoever has its answer finds it counted and its row free)."""
         now = time.monotonic()
-        self._count(r.job, "error" if error is not None else reason, len(r.new), now, r)
+        new = len(r.request.new)
+        self._count(r.job, "error" if error is not None else reason, new, now, r)
         self._drop(r)
         if error is not None:
             r.job.emit("error", error)
             return
-        if reason != "stop_string":
-            r.stream.update(r.new, final=True)
         first = r.first or now
-        r.job.emit("done", Generation(r.new, r.row.prompt_tokens, reason, first - r.started, now - first,
-                                      max(0, len(r.new) - 1), r.stream.text))
+        r.job.emit("done", r.request.result(first - r.started, now - first, max(0, new - 1)))
 
     def _drop(self, r: Running) -> None:
         self.engine.remove(r.row)

@@ -16,8 +16,8 @@ from hf_reference import tiny_hf_model
 
 import llamablock
 from llamablock.fast.compiled.batch_compiled import CompiledBatchEngine
-from llamablock.fast.compiled.compiled_decode import StaticEngine
 from llamablock.fast.compiled.static_decode import StaticDecoder
+from llamablock.fast.compiled.static_engine import StaticEngine
 
 LOGIT_RTOL = 1e-5
 

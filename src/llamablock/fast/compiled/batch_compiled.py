@@ -14,10 +14,10 @@ one-row program (the one `generate` runs), more run the B-row one, where a free 
 at position 0 and its output is dropped (its slot 0 is overwritten when a sequence takes it).
 
 Prefill is the eager batch engine's (prompts that arrive together in one padded forward, a long
-one in chunks) on the served eager model; when a prompt is done, its keys and values are copied
-into a free row's slots [0, n). A request the compiled rows cannot hold (prompt + max_tokens over
-L, or every row taken) joins the eager batch instead, and a step then runs both; `rows` lists the
-compiled rows first.
+one in chunks) on the served eager model; when a prompt is done, the eager engine hands its keys
+and values to `place`, which copies them into a free row's slots [0, n). A request the compiled
+rows cannot hold (prompt + max_tokens over L, or every row taken) joins the eager batch instead, and a
+step then runs both; `rows` lists the compiled rows first.
 
 Exactness: the eager model and the static layout hold the same weights (q/k/v and gate/up are fused
 before quantizing, and q8/q4 quantize each output row on its own, so fusing changes no integer and
@@ -31,31 +31,20 @@ from typing import Sequence
 
 import torch
 
-from llamablock.runtime.batch import BatchEngine, BatchKVCache, Row
-
-
-class _Prefiller(BatchEngine):
-    """The eager batch engine, asked first where each prefilled row goes (`place`: True when the
-    compiled rows took it)."""
-
-    def __init__(self, model, rows: int, chunk: int, place):
-        super().__init__(model, rows=rows, chunk=chunk)
-        self.place = place
-
-    def _join(self, row: Row, src: BatchKVCache, i: int, end: int) -> None:
-        if not self.place(row, src, i, end):
-            super()._join(row, src, i, end)
+from llamablock.runtime.batch import BatchKVCache, EagerBatchEngine, Row
 
 
 class CompiledBatchEngine:
-    """BatchEngine's interface (add, prefill_next, step, remove, rows) over a compiled step for
-    `compiled.batch` rows; `model` is the served eager model (prefill, and the rows it cannot hold)."""
+    """A batch engine (llamablock.runtime.engine.BatchEngine) over a compiled step for
+    `compiled.batch` rows; `model` is the served eager model, which prefills and decodes the rows
+    the compiled step cannot hold (`eager`, an EagerBatchEngine that hands each prefilled row to
+    `_place` first)."""
 
     def __init__(self, model, compiled, chunk: int = 256):
         if compiled.batch < 2 or compiled.static is None:
             raise ValueError("give a prepared compiled engine built for a batch of at least 2 (AOTIEngine(batch=B))")
         self.model, self.cfg, self.compiled = model, model.cfg, compiled
-        self.eager = _Prefiller(model, rows=compiled.batch, chunk=chunk, place=self._place)
+        self.eager = EagerBatchEngine(model, rows=compiled.batch, chunk=chunk, place=self._place)
         self.max_rows = self.eager.max_rows
         self.slots: list[Row | None] = [None] * compiled.batch  # the sequence in each compiled row
         self._total: dict[int, int] = {}  # id(row) -> prompt + max new tokens
@@ -117,16 +106,25 @@ class CompiledBatchEngine:
             self.slots[i], moved.index = moved, i
         self.slots[last], row.index = None, None
 
-    def _place(self, row: Row, src: BatchKVCache, i: int, end: int) -> bool:
-        """A prefilled row into a free compiled row when it fits: its slots [end - n, end) of row i of
-        `src` into slots [0, n) of the static cache."""
+    def _free(self, row: Row) -> int | None:
+        """The compiled row that `row` would take: the first free one, if its request fits in L slots."""
         free = next((s for s, r in enumerate(self.slots) if r is None), None)
-        if free is None or not self.compiled.covers(self._total.get(id(row), self.compiled.length + 1)):
+        fits = self.compiled.covers(self._total.get(id(row), self.compiled.length + 1))
+        return free if fits else None
+
+    def _take(self, row: Row, slot: int) -> None:
+        self.slots[slot] = row
+        row.solo, row.index = None, slot
+
+    def _place(self, row: Row, src: BatchKVCache, i: int, end: int) -> bool:
+        """The eager engine's `place`: a prefilled row into a free compiled row when it fits, its
+        slots [end - n, end) of row i of `src` into slots [0, n) of the static cache."""
+        free = self._free(row)
+        if free is None:
             return False
         n, cache = row.length, self.compiled.static.cache
         for dst, held in ((cache.keys, src.all_keys), (cache.values, src.all_values)):
             for d, s in zip(dst, held, strict=True):
                 d[free, :, :n] = s[i, :, end - n: end]
-        self.slots[free] = row
-        row.solo, row.index = None, free
+        self._take(row, free)
         return True
