@@ -336,8 +336,8 @@ def test_the_worker_uses_a_prepared_engine_only_for_requests_it_covers(server):
     prepared.start(64)
     assert prepared.length < model.cfg.max_seq_len
     steps = []
-    step = prepared.step
-    prepared.step = lambda ids, pos: (steps.append(pos), step(ids, pos))[1]
+    step = prepared.step_bucket  # the compiled batch engine's one-row step
+    prepared.step_bucket = lambda ids, pos: (steps.append(pos), step(ids, pos))[1]
     worker = Scheduler(model, server.tok, compiled=prepared, parallel=1)  # it decodes one sequence
     ids = server.tok.encode("ROMEO:\n")
 

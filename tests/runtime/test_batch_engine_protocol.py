@@ -2,7 +2,8 @@
 
 The eager batch engine (llamablock.runtime.batch.EagerBatchEngine) and the compiled one
 (llamablock.fast.compiled.batch_compiled.CompiledBatchEngine, over the static layout run eagerly:
-the same interface, nothing compiled): every member exists and takes the protocol's arguments (tests/conformance.py); each member
+the same interface, nothing compiled), the latter for a batch of B rows and for one row (`--parallel
+1`): every member exists and takes the protocol's arguments (tests/conformance.py); each member
 removed in turn fails the check. The scheduler's use of an engine reads nothing else (checked on
 its source).
 """
@@ -41,6 +42,7 @@ def _compiled(model, batch: int) -> CompiledBatchEngine:
 ENGINES = {
     "eager": lambda model: EagerBatchEngine(model, rows=2, chunk=16),
     "compiled, 3 rows": lambda model: _compiled(model, 3),
+    "compiled, 1 row": lambda model: _compiled(model, 1),
 }
 
 

@@ -4,10 +4,12 @@ tokenizer, the scheduler that runs its requests) and `load_served`, which builds
 
 Requests run on llamablock.web.scheduler (continuous batching behind a bounded queue).
 
-Engines: a request runs on the compiled engine (llamablock.fast.compiled.compiled_decode.AOTIEngine) when one
-is given and already covers the request's length (its programs loaded or compiled before serving
-began: nothing is compiled inside a request): alone with `--parallel 1`, as a row of its step for
-a batch otherwise (llamablock.fast.compiled.batch_compiled); every other request on the eager engine.
+How requests are served is the plan's `serving` (fast/plan.py): "batch", the eager batch engine
+(llamablock.runtime.batch.EagerBatchEngine), or "compiled batch", whose step is the compiled
+engine's (llamablock.fast.compiled.batch_compiled.CompiledBatchEngine, one row for `--parallel 1`):
+a request runs in a compiled row when the engine already covers its length (its programs loaded
+or compiled before serving began: nothing is compiled inside a request), every other request on
+the eager model beside it.
 """
 
 from __future__ import annotations
@@ -39,10 +41,10 @@ def load_served(model: str | None = None, max_queue: int = 8, compile_tokens: in
     has built it for this model for `parallel` sequences at once (`--batch`; fast/compiled/builds.py), or
     when `compile_tokens` asks for it: then it is prepared now for requests up to that many tokens,
     loaded from the compile cache or compiled once, so that no request waits for a compilation.
-    With `parallel` 1 it runs one request at a time; with more, its step decodes `parallel` rows
-    (llamablock.fast.compiled.batch_compiled). With a compiled engine the eager model is made from the same
-    weights (plan.eager_beside). `engine` is fast/plan.py's choice: "eager" never compiles, "compiled"
-    prepares the compiled engine whatever the builds say."""
+    Its step decodes `parallel` rows (llamablock.fast.compiled.batch_compiled), one with `parallel`
+    1. With a compiled engine the eager model is made from the same weights (plan.eager_beside).
+    `engine` is fast/plan.py's choice: "eager" never compiles, "compiled" prepares the compiled
+    engine whatever the builds say."""
     from llamablock.fast.plan import build, decide, eager_beside, prepare
     from llamablock.io.source import open_source
 
@@ -52,8 +54,8 @@ def load_served(model: str | None = None, max_queue: int = 8, compile_tokens: in
     plan = decide(source, "auto", "compiled" if compile_tokens else engine, device, batch=parallel)
     built = build(source, plan)
     compiled = None
-    if plan.engine == "compiled":
-        compiled, m = built.engine, eager_beside(built)
+    if plan.serving == "compiled batch":
+        compiled, m = built.engine, eager_beside(built, plan)
         # --engine compiled with nothing built: `llamablock compile`'s default length
         prepare(compiled, source, min(compile_tokens or plan.built or 512, source.cfg.max_seq_len))
     else:

@@ -59,22 +59,3 @@ class Running:
     first: float = 0.0  # its first token
     last: float = 0.0  # its latest token
 
-
-class Cancellable:
-    """An engine that raises `Cancelled` before any step once its job is cancelled."""
-
-    def __init__(self, engine, cancelled: threading.Event):
-        self.engine, self.cancelled, self.cfg = engine, cancelled, engine.cfg
-
-    def prepare(self, total_tokens: int) -> None:
-        self.engine.prepare(total_tokens)
-
-    def prefill(self, ids):
-        if self.cancelled.is_set():
-            raise Cancelled
-        return self.engine.prefill(ids)
-
-    def step(self, ids, pos: int):
-        if self.cancelled.is_set():
-            raise Cancelled
-        return self.engine.step(ids, pos)

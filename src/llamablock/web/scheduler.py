@@ -4,7 +4,7 @@ Up to `parallel` requests run together on one thread: each loop runs one prefill
 prompts that arrived together, padded into one batch, or one chunk of the oldest long prompt),
 then decodes one token for every other running request in one batch (a batch engine,
 llamablock.runtime.engine.BatchEngine), so a long prompt holds the others' streams for one chunk at
-a time, not for its whole prefill. Between two
+a time, not for its whole prefill; `parallel` 1 runs the same loop with one row. Between two
 loops, requests that finished or whose client left give up their rows, and waiting ones take the
 free rows. The rest wait in a queue of at most `max_queue` (a full queue is refused at once,
 Busy, which the API answers 503 with Retry-After, rather than left to grow). This is the scheme
@@ -21,10 +21,9 @@ server's event loop; each piece of text goes to the event loop that asked for it
 Exception). A client that disconnects sets its job's `cancelled`: a waiting job is skipped, a
 running one leaves the batch before the next step.
 
-A compiled engine (llamablock.fast.compiled.static_engine) built for one sequence serves, with `parallel`
-1, the requests it covers, one at a time (`generate`, which runs the same Request); one built for a
-batch of B (AOTIEngine(batch=B)) decodes the batch's rows
-(llamablock.fast.compiled.batch_compiled.CompiledBatchEngine), the rows it cannot hold eagerly beside them.
+A compiled engine built for a batch of B (AOTIEngine(batch=B); B = 1 for `parallel` 1) decodes the
+batch's rows (llamablock.fast.compiled.batch_compiled.CompiledBatchEngine), the rows it cannot hold
+eagerly beside them.
 Counters for /metrics: llamablock.web.metrics; one log line per request (logger llamablock.serve).
 """
 
@@ -40,9 +39,8 @@ import torch
 
 from llamablock.runtime.batch import EagerBatchEngine
 from llamablock.runtime.engine import BatchEngine
-from llamablock.runtime.generate import generate
 from llamablock.runtime.request import Request
-from llamablock.web.jobs import Busy, Cancellable, Cancelled, Job, Running
+from llamablock.web.jobs import Busy, Cancelled, Job, Running
 from llamablock.web.metrics import ServerMetrics
 
 __all__ = ["Busy", "Cancelled", "GATHER_S", "Job", "Scheduler"]
@@ -51,10 +49,11 @@ GATHER_S = 0.05  # the longest a prefill waits for requests still being read and
 
 
 class Scheduler:
-    """Runs jobs, up to `parallel` at once, on a background thread. `engine_factory(model, rows=,
-    chunk=)` makes the batch engine (EagerBatchEngine); `chunk` is the most prompt tokens prefilled
-    between two decode steps; `compiled` is an engine built before serving, used with parallel 1
-    for the requests it covers."""
+    """Runs jobs, up to `parallel` at once, on a background thread, on one batch engine: with
+    `compiled`, an engine prepared before serving, a CompiledBatchEngine whose step is its program
+    (the requests it does not cover run on the eager model beside it); else `engine_factory(model,
+    rows=, chunk=)` (EagerBatchEngine). `chunk` is the most prompt tokens prefilled between two
+    decode steps."""
 
     def __init__(self, model, tokenizer, max_queue: int = 8, compiled=None, *, parallel: int = 4,
                  chunk: int = 256, engine_factory=EagerBatchEngine):
@@ -62,10 +61,10 @@ class Scheduler:
             raise ValueError(f"max_queue must be a positive integer, got {max_queue!r}")
         self.model, self.tokenizer, self.compiled = model, tokenizer, compiled
         self.engine: BatchEngine
-        if compiled is not None and compiled.batch > 1:  # the compiled step decodes the batch
+        if compiled is not None:
             from llamablock.fast.compiled.batch_compiled import CompiledBatchEngine
 
-            self.engine, self.compiled = CompiledBatchEngine(model, compiled, chunk=chunk), None
+            self.engine = CompiledBatchEngine(model, compiled, chunk=chunk)
         else:
             self.engine = engine_factory(model, rows=parallel, chunk=chunk)
         self.parallel = parallel
@@ -73,7 +72,6 @@ class Scheduler:
         self.active: list[Running] = []  # admitted, in arrival order (read by other threads: replaced, not mutated)
         self.metrics = ServerMetrics(running=lambda: len(self.active), queued=self.jobs.qsize)
         self._ids = itertools.count(1)
-        self._serial: Job | None = None  # the job the compiled engine is running alone
         self._preparing = 0  # requests the API is reading, templating and tokenizing (`preparing`)
         self._preparing_lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="llamablock-scheduler", daemon=True)
@@ -98,19 +96,16 @@ class Scheduler:
     @property
     def running(self) -> list[Job]:
         """The jobs running now (admitted, not finished)."""
-        return [r.job for r in self.active] + ([self._serial] if self._serial is not None else [])
+        return [r.job for r in self.active]
 
     def describe(self) -> str:
         """One line for the start-up: how requests run."""
         if self.capacity == 1 and self.engine.max_rows == 1:
             how = "one request at a time (this model's RoPE follows the sequence length, so rows cannot share a batch)"
         elif self.parallel == 1:
-            how = "one request at a time" + (" on the compiled engine where it covers the request, else eagerly"
-                                             if self.compiled is not None else " on the eager engine")
+            how = f"one request at a time on {self.engine.describe()}"
         else:
             how = f"up to {self.parallel} requests decoded together as one batch on {self.engine.describe()}"
-            if self.compiled is not None:
-                how += " (the compiled engine was built for one sequence: it serves --parallel 1 only)"
         return f"{how}; {self.jobs.maxsize} more may wait"
 
     @contextlib.contextmanager
@@ -171,10 +166,6 @@ class Scheduler:
             if job.cancelled.is_set():
                 self._count(job, "cancelled", 0, time.monotonic())
                 continue  # its client left while it waited
-            if self.parallel == 1 and self.compiled is not None and self.compiled.covers(
-                    len(job.prompt_ids) + job.max_tokens):
-                self._run_alone(job)
-                continue
             try:
                 row = self.engine.add(job.prompt_ids, job.max_tokens)
                 request = Request(job.prompt_ids, job.max_tokens, job.sampling, seed=job.seed,
@@ -265,33 +256,6 @@ class Scheduler:
     def _drop(self, r: Running) -> None:
         self.engine.remove(r.row)
         self.active = [a for a in self.active if a is not r]
-
-    def _run_alone(self, job: Job) -> None:
-        """parallel 1 with a compiled engine that covers the job: `generate` on it, as before batching."""
-        self._serial = job
-        first = []
-
-        def on_text(s: str) -> None:
-            first.append(first[0] if first else time.monotonic())
-            job.emit("text", s)
-
-        try:
-            g = generate(Cancellable(self.compiled, job.cancelled), job.prompt_ids, job.max_tokens, job.sampling,
-                         seed=job.seed, eos_ids=self.tokenizer.eos_ids, stop_strings=job.stop,
-                         tokenizer=self.tokenizer, on_text=on_text)
-            self.metrics.prompt_tokens.inc(g.prompt_tokens)
-            self.metrics.generated_tokens.inc(len(g.tokens))
-            if first:
-                self.metrics.ttft.observe(first[0] - job.arrived)
-            self._count(job, g.stop_reason, len(g.tokens), time.monotonic())
-            job.emit("done", g)
-        except Cancelled:
-            self._count(job, "cancelled", 0, time.monotonic())
-        except Exception as e:  # reported to the client, the scheduler goes on
-            self._count(job, "error", 0, time.monotonic())
-            job.emit("error", e)
-        finally:
-            self._serial = None
 
     # -- accounts -----------------------------------------------------------------------------
     def _count(self, job: Job, outcome: str, tokens: int, now: float, r: Running | None = None) -> None:

@@ -3,7 +3,8 @@
 The eager batch engine (llamablock.runtime.batch) pays a Python call and a dispatch for every op of
 every layer at every step, whatever the batch; here the step of B sequences is the static layout's
 step compiled once (AOTIEngine with batch=B, built by `llamablock compile --batch B` or by `serve
---compile-tokens`). `llamablock bench serve` measures both side by side.
+--compile-tokens`). `llamablock bench serve` measures both side by side. An engine built for one
+sequence (B = 1, `llamablock compile`) serves `--parallel 1` the same way, with one compiled row.
 
 Layout: the static cache gives each sequence a row of L slots of its own, its token i in slot i,
 and the step writes row r's key and value at slot pos[r] and masks the slots after it
@@ -15,8 +16,10 @@ at position 0 and its output is dropped (its slot 0 is overwritten when a sequen
 
 Prefill is the eager batch engine's (prompts that arrive together in one padded forward, a long
 one in chunks) on the served eager model; when a prompt is done, the eager engine hands its keys
-and values to `place`, which copies them into a free row's slots [0, n). A request the compiled
-rows cannot hold (prompt + max_tokens over L, or every row taken) joins the eager batch instead, and a
+and values to `place`, which copies them into a free row's slots [0, n). An engine for one
+sequence has a prefill of its own, which `generate` runs too: a prompt that starts there while
+the compiled row is free is prefilled by it, straight into that row. A request the compiled rows
+cannot hold (prompt + max_tokens over L, or every row taken) joins the eager batch instead, and a
 step then runs both; `rows` lists the compiled rows first.
 
 Exactness: the eager model and the static layout hold the same weights (q/k/v and gate/up are fused
@@ -41,8 +44,8 @@ class CompiledBatchEngine:
     `_place` first)."""
 
     def __init__(self, model, compiled, chunk: int = 256):
-        if compiled.batch < 2 or compiled.static is None:
-            raise ValueError("give a prepared compiled engine built for a batch of at least 2 (AOTIEngine(batch=B))")
+        if compiled.batch < 1 or compiled.static is None:
+            raise ValueError("give a prepared compiled engine (AOTIEngine(batch=B), prepared for its length)")
         self.model, self.cfg, self.compiled = model, model.cfg, compiled
         self.eager = EagerBatchEngine(model, rows=compiled.batch, chunk=chunk, place=self._place)
         self.max_rows = self.eager.max_rows
@@ -60,7 +63,8 @@ class CompiledBatchEngine:
 
     def describe(self) -> str:
         sizes = " and ".join(map(str, self.compiled.buckets))
-        return (f"the compiled steps for {sizes} rows ({self.compiled.describe()}; requests of up to "
+        steps = "step for 1 row" if self.compiled.buckets == (1,) else f"steps for {sizes} rows"
+        return (f"the compiled {steps} ({self.compiled.describe()}; requests of up to "
                 f"{self.compiled.length} tokens), the rest eagerly")
 
     def add(self, prompt_ids: Sequence[int], max_new_tokens: int) -> Row:
@@ -69,6 +73,14 @@ class CompiledBatchEngine:
         return row
 
     def prefill_next(self, waiting: Sequence[Row]) -> list[tuple[Row, torch.Tensor]]:
+        """The oldest row on the compiled engine's own prefill where it has one (one sequence) and
+        the row fits, else the eager batch engine's prefill_next."""
+        first = waiting[0]
+        if self.compiled.batch == 1 and first.length == 0 and self._free(first) is not None:
+            logits = self.compiled.prefill(first.ids)  # (1, V); slots [0, n) of the one row filled
+            first.length = first.prompt_tokens
+            self._take(first, 0)
+            return [(first, logits)]
         return self.eager.prefill_next(waiting)
 
     @torch.no_grad()
