@@ -69,7 +69,8 @@ class StaticEngine:
                              "fuses q/k/v before quantizing them")
         if batch <= 0:
             raise ValueError(f"batch must be a positive integer, got {batch!r}")
-        self.model, self.cfg, self.fmt, self.batch, self.prefill = model, model.cfg, fmt, batch, prefill
+        self.model, self.cfg, self.fmt, self.batch = model, model.cfg, fmt, batch
+        self.crossovers = prefill  # the packed layers' prefill crossovers (the plan's), for quantize_model
         self.static: StaticDecoder | None = None
         self._buckets: dict[int, tuple] = {}  # rows -> (static layout viewing that many rows, program or None)
         self.compile_seconds = 0.0
@@ -97,7 +98,7 @@ class StaticEngine:
         with torch.no_grad():
             static = StaticDecoder(self.model, length, batch=self.batch)
             if self.fmt in PACKED:
-                quantize_model(static, self.fmt, prefill=self.prefill)
+                quantize_model(static, self.fmt, prefill=self.crossovers)
         self.static, self._buckets = static, {}
         self._built()
 
