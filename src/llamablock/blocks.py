@@ -25,7 +25,7 @@ from torch import nn
 from llamablock.attention import Attention, AttentionInputs
 from llamablock.config import ModelConfig
 from llamablock.ffn import make_ffn
-from llamablock.kv_cache import KVCache
+from llamablock.kv_cache import Cache
 from llamablock.norm import make_norm
 from llamablock.rope import Rotary
 
@@ -37,7 +37,7 @@ class PostNormBlock(nn.Module):
         super().__init__()
         self.attn, self.ffn, self.norm1, self.norm2 = attn, ffn, norm1, norm2
 
-    def forward(self, x: torch.Tensor, inputs: AttentionInputs, cache: KVCache | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, inputs: AttentionInputs, cache: Cache | None = None) -> torch.Tensor:
         x = self.norm1(x + self.attn(x, inputs, cache))
         return self.norm2(x + self.ffn(x))
 
@@ -49,7 +49,7 @@ class PreNormBlock(nn.Module):
         super().__init__()
         self.attn, self.ffn, self.norm1, self.norm2 = attn, ffn, norm1, norm2
 
-    def forward(self, x: torch.Tensor, inputs: AttentionInputs, cache: KVCache | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, inputs: AttentionInputs, cache: Cache | None = None) -> torch.Tensor:
         x = x + self.attn(self.norm1(x), inputs, cache)
         return x + self.ffn(self.norm2(x))
 
@@ -62,7 +62,7 @@ class SandwichBlock(PreNormBlock):
         super().__init__(attn, ffn, norm1, norm2)
         self.post_norm1, self.post_norm2 = post_norm1, post_norm2
 
-    def forward(self, x: torch.Tensor, inputs: AttentionInputs, cache: KVCache | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, inputs: AttentionInputs, cache: Cache | None = None) -> torch.Tensor:
         x = x + self.post_norm1(self.attn(self.norm1(x), inputs, cache))
         return x + self.post_norm2(self.ffn(self.norm2(x)))
 

@@ -24,7 +24,7 @@ from llamablock.alibi import ALiBi
 from llamablock.attention import AttentionInputs, attention_inputs
 from llamablock.blocks import make_block
 from llamablock.config import ModelConfig
-from llamablock.kv_cache import KVCache
+from llamablock.kv_cache import Cache
 from llamablock.norm import make_norm
 from llamablock.positions import LearnedPositions, SinusoidalPositions
 from llamablock.rope import Rotary
@@ -69,12 +69,12 @@ class Decoder(nn.Module):
             x = x + self.positions(position_ids).to(x.dtype)
         return x
 
-    def default_positions(self, input_ids: torch.Tensor, cache: KVCache | None) -> torch.Tensor:
+    def default_positions(self, input_ids: torch.Tensor, cache: Cache | None) -> torch.Tensor:
         start = cache.length if cache is not None else 0
         t = input_ids.shape[1]
         return torch.arange(start, start + t, device=input_ids.device).expand(input_ids.shape[0], t)
 
-    def attention_inputs(self, position_ids: torch.Tensor, cache: KVCache | None = None,
+    def attention_inputs(self, position_ids: torch.Tensor, cache: Cache | None = None,
                          pad_mask: torch.Tensor | None = None, dtype: torch.dtype | None = None,
                          kind: str | None = None) -> AttentionInputs:
         """What the attention of every layer of `kind` ("full", "sliding"; default: layer 0's)
@@ -88,7 +88,7 @@ class Decoder(nn.Module):
                                 fused_causal=self.cfg.attn_softcap is None)
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
-                cache: KVCache | None = None, pad_mask: torch.Tensor | None = None,
+                cache: Cache | None = None, pad_mask: torch.Tensor | None = None,
                 last_only: bool = False) -> torch.Tensor:
         x = self.hidden(input_ids, position_ids, cache, pad_mask)  # (b, t, D)
         if last_only:  # generation needs only the next token's logits: skip the head elsewhere
@@ -96,7 +96,7 @@ class Decoder(nn.Module):
         return self.logits(x)
 
     def hidden(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
-               cache: KVCache | None = None, pad_mask: torch.Tensor | None = None) -> torch.Tensor:
+               cache: Cache | None = None, pad_mask: torch.Tensor | None = None) -> torch.Tensor:
         """The residual stream after the last block, (b, t, D), before the final norm and the head.
         A long sequence's loss applies `logits` to it a chunk of tokens at a time
         (runtime.evaluate.token_losses): (t, V) logits at once would not fit (32k x 49,152 floats)."""
