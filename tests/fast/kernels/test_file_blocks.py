@@ -201,6 +201,10 @@ def test_two_threads_compute_what_one_does():
     raw = torch.from_numpy(_random_blocks("Q4_1", 64, 128))
     x = torch.randn(2, 128)
     assert torch.equal(ggml_kernel.matmul("Q4_1", raw, x, threads=1), ggml_kernel.matmul("Q4_1", raw, x, threads=2))
+    grouped = group_rows("Q4_1", raw[:40])  # 5 groups: shares of whole groups, some threads with none
+    for threads in (3, 16):
+        assert torch.equal(ggml_kernel.matmul("Q4_1", grouped, x, threads=threads, grouped=True),
+                           ggml_kernel.matmul("Q4_1", grouped, x, threads=1, grouped=True)), threads
 
 
 @pytest.mark.parametrize("isa", list(ggml_kernel.ISAS))
