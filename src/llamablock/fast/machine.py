@@ -10,7 +10,7 @@ the plan reads process-wide state. A test builds a Machine by hand to simulate a
 
     cpu          util/cpu.py's record (name, cores, ATen's dispatch ISA, features, kind)
     kernel       whether the block kernel (fast/kernels/ggml_kernel.py) built here, and `why_not`
-    kernel_isa   the kernel's build for this CPU: "avx512", "avx2" or "portable"
+    kernel_isa   the kernel's build for this CPU: "avx512vnni", "avx512", "avx2" or "portable"
     grouped      whether layers hold blocks in groups of 8 rows (that build is faster so)
     prefill      {q8, q4: rows from which a packed layer dequantizes for a GEMM (None: never)}
 The block operator that compiled programs call is not probed here: building it takes the C++
@@ -57,7 +57,9 @@ def machine_for(cpu: CPU, kernel: bool, why_not: str = "", isa: str | None = Non
     """The record for `cpu` with the block kernel built or not: what this_machine() derives, and
     what tests call to simulate another machine. `isa` the kernel's build (default: the widest
     `cpu` runs, by its dispatch kind)."""
-    isa = isa or ("avx512" if cpu.kind in ("AMX", "AVX-512") else "avx2" if cpu.kind == "AVX2" else "portable")
+    if isa is None:
+        vnni = "avx512vnni" if "avx512_vnni" in cpu.features else "avx512"
+        isa = vnni if cpu.kind in ("AMX", "AVX-512") else "avx2" if cpu.kind == "AVX2" else "portable"
     return Machine(cpu, kernel, isa, kernel and isa in ggml_kernel.GROUPING_ISAS,
                    {f: prefill_rows(f, cpu.kind) for f in ("q8", "q4")}, "" if kernel else why_not)
 

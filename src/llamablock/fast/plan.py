@@ -236,7 +236,7 @@ def _binding(plan: Plan, notify=None):
         return ggml_kernel.matmul
     if block_op.load():
         return block_op.linear
-    (notify or print)(f"the block operator did not build ({block_op.why_not()}): the programs cannot call the blocks")
+    (notify or print)(f"{block_op.why_not()}: the programs cannot call the blocks, and run eagerly")
     return ggml_kernel.matmul
 
 

@@ -3,7 +3,7 @@
 The file's quantized weights are the model its author shipped and llama.cpp runs; quantizing
 them again into PyTorch's packed formats (fast/kernels/quant.py) moves every weight, and its bfloat16
 scales drop bits of the file's float16 ones. These layers hold the file's bytes as read, in
-(out, in / 32 * block bytes) rows, and compute with them directly through ggml_dot.c
+(out, in / 32 * block bytes) rows, and compute with them directly through the block kernel (c/)
 (fast/kernels/ggml_kernel.py), x quantized to 16 bits per block of 32: `llamablock perplexity --compare
 float32` measures what that costs against the exact weights in float32.
 Prefill runs the same kernel as decode, and a row's products are the same bits whichever rows
@@ -13,7 +13,7 @@ only if the dequantization were cheap, and it costs more than the kernel's whole
 sizes in torch (`llamablock bench file_blocks` times both).
 `dequantized()` is the file's exact dequantization, equal bit for bit to the gguf package's
 (tests/fast/kernels/test_file_blocks.py): d * q + m, in float32, rounded once as gguf's numpy code does.
-Block layouts are ggml_dot.c's comment.
+Block layouts are c/blocks.h's comment.
 
 Where the plan says so (fast/plan.py: the kernel's build for this CPU is faster on them), a layer
 holds its bytes in groups of 8 rows (`group_rows`, the kernel's grouped layout): the same bytes
@@ -53,7 +53,7 @@ def _head_bytes(type_name: str) -> int:
 
 
 def group_rows(type_name: str, blocks: torch.Tensor) -> torch.Tensor:
-    """The (n, k / 32 * bytes) file rows reordered into ggml_dot.c's groups of 8 rows (n a multiple
+    """The (n, k / 32 * bytes) file rows reordered into the kernel's groups of 8 rows (c/blocks.h) (n a multiple
     of 8), the same shape: per group and block, the 8 rows' d (and m), then chunks of 4 quant bytes
     of each row in turn. The scales move as int16 and the quants as int32 (4 bytes a chunk): a
     quarter of the elements a byte-wise transpose moves, which is most of a load's reordering time."""
