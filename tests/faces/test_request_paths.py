@@ -14,11 +14,11 @@ one letter, so a two-letter stop string spans two tokens.
 from __future__ import annotations
 
 import asyncio
-import threading
 from dataclasses import dataclass
 
 import pytest
 import torch
+from event_loop import loop_thread
 from hf_reference import tiny_hf_model
 
 import llamablock
@@ -104,12 +104,8 @@ def cases(tiny) -> dict[str, Case]:
 @pytest.fixture(scope="module")
 def loop():
     """An event loop on its own thread: the jobs' events arrive there, as in the server."""
-    lp = asyncio.new_event_loop()
-    t = threading.Thread(target=lp.run_forever, daemon=True)
-    t.start()
-    yield lp
-    lp.call_soon_threadsafe(lp.stop)
-    t.join(WAIT)
+    with loop_thread(WAIT) as lp:
+        yield lp
 
 
 def by_generate(model, case: Case, loop) -> tuple[list, int]:

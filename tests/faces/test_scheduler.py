@@ -14,6 +14,7 @@ import logging
 import threading
 
 import pytest
+from event_loop import loop_thread
 from gguf_tiny import write_tiny_gguf
 from hf_reference import tiny_hf_model
 from prometheus_client.parser import text_string_to_metric_families
@@ -65,12 +66,8 @@ def tiny(tmp_path_factory):
 @pytest.fixture
 def loop():
     """An event loop on its own thread: the jobs' events arrive there, as in the server."""
-    lp = asyncio.new_event_loop()
-    t = threading.Thread(target=lp.run_forever, daemon=True)
-    t.start()
-    yield lp
-    lp.call_soon_threadsafe(lp.stop)
-    t.join(WAIT)
+    with loop_thread(WAIT) as lp:
+        yield lp
 
 
 @pytest.fixture

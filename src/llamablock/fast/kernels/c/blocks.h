@@ -123,6 +123,23 @@ LB_HIDDEN void lb_rows(const lb_traits *t, const uint8_t *w, int64_t i0, int64_t
 LB_HIDDEN void lb_groups(const lb_traits *t, const uint8_t *w, int64_t i0, int64_t i1, const lb_acts *a, int64_t r0,
                          int64_t r1, float *y, int64_t n);
 
+/* lb_rows and lb_groups for an ISA file that defines static rows() and groups() of lb_rows'
+   signature: each type's kernels are compiled with its traits as constants (LB_TYPE_TABLE), so
+   the compiler unrolls each block's loops for that type. */
+#define LB_ROWS_OF(id, ...) \
+    case id: rows(&(const lb_traits){id, __VA_ARGS__}, w, i0, i1, a, r0, r1, y, n); break;
+#define LB_GROUPS_OF(id, ...) \
+    case id: groups(&(const lb_traits){id, __VA_ARGS__}, w, i0, i1, a, r0, r1, y, n); break;
+#define LB_ENTRY_POINTS                                                                                      \
+    void lb_rows(const lb_traits *t, const uint8_t *w, int64_t i0, int64_t i1, const lb_acts *a, int64_t r0, \
+                 int64_t r1, float *y, int64_t n) {                                                          \
+        switch (t->type) { LB_TYPE_TABLE(LB_ROWS_OF) }                                                       \
+    }                                                                                                        \
+    void lb_groups(const lb_traits *t, const uint8_t *w, int64_t i0, int64_t i1, const lb_acts *a, int64_t r0, \
+                   int64_t r1, float *y, int64_t n) {                                                          \
+        switch (t->type) { LB_TYPE_TABLE(LB_GROUPS_OF) }                                                       \
+    }
+
 /* A float16 as float32, exact: every float16 is a float32. */
 static inline float lb_half(const uint8_t *h2) {
     uint16_t h;

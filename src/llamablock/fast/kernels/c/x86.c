@@ -286,18 +286,4 @@ static LB_INLINE void groups(const lb_traits *t, const uint8_t *w, int64_t i0, i
     }
 }
 
-/* Each type's kernels compiled with its traits as constants (blocks.h LB_TYPE_TABLE). */
-#define ROWS_OF(id, ...) \
-    case id: rows(&(const lb_traits){id, __VA_ARGS__}, w, i0, i1, a, r0, r1, y, n); break;
-#define GROUPS_OF(id, ...) \
-    case id: groups(&(const lb_traits){id, __VA_ARGS__}, w, i0, i1, a, r0, r1, y, n); break;
-
-void lb_rows(const lb_traits *t, const uint8_t *w, int64_t i0, int64_t i1, const lb_acts *a, int64_t r0, int64_t r1,
-             float *y, int64_t n) {
-    switch (t->type) { LB_TYPE_TABLE(ROWS_OF) }
-}
-
-void lb_groups(const lb_traits *t, const uint8_t *w, int64_t i0, int64_t i1, const lb_acts *a, int64_t r0, int64_t r1,
-               float *y, int64_t n) {
-    switch (t->type) { LB_TYPE_TABLE(GROUPS_OF) }
-}
+LB_ENTRY_POINTS /* lb_rows and lb_groups over rows() and groups() above, per type (blocks.h) */
