@@ -217,7 +217,7 @@ def test_each_build_s_block_table_is_gguf_s(isa, tmp_path):
     for name in ggml_kernel.KEPT:
         qtype = gguf.GGMLQuantizationType[name]
         assert (lib.lb_block_weights(qtype.value), lib.lb_block_bytes(qtype.value)) == gguf.GGML_QUANT_SIZES[qtype]
-    assert lib.lb_block_bytes(gguf.GGMLQuantizationType.Q5_0.value) == 0
+    assert lib.lb_block_bytes(gguf.GGMLQuantizationType.Q5_1.value) == 0
 
 
 def _extremes(type_name: str, n: int, k: int) -> torch.Tensor:

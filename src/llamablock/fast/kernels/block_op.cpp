@@ -1,7 +1,8 @@
 // llamablock::block_linear, the block kernel (c/blocks.h lb_linear) as a PyTorch operator, so that a
 // compiled program (torch.export, AOTInductor) can call it: a ctypes call cannot be traced. Eager
 // layers call the same C function through ctypes (fast/kernels/ggml_kernel.py); both give the same
-// numbers. `layout` is lb_linear's: 0 the file's order of rows, 1 groups of 8 rows.
+// numbers. `layout` is lb_linear's: 0 the file's order of rows, 1 groups of 8 rows (the types with
+// that layout only, lb_block_groups).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -23,7 +24,8 @@ static at::Tensor block_linear(const at::Tensor &x, const at::Tensor &blocks, in
     int status = lb_linear(static_cast<int>(type), static_cast<int>(layout), blocks.data_ptr<uint8_t>(), n, k,
                            x2.data_ptr<float>(), x2.size(0), y.data_ptr<float>(), at::get_num_threads());
     TORCH_CHECK(status != LB_NO_MEMORY, "block_linear: no memory for the kernel's copy of x");
-    TORCH_CHECK(status != LB_UNKNOWN, "block_linear: no layout ", layout, " (0: the file's rows, 1: groups of 8)");
+    TORCH_CHECK(status != LB_UNKNOWN, "block_linear: no layout ", layout, " for GGML type ", type,
+                " (0: the file's rows; 1: groups of 8 rows, where lb_block_groups says the type has them)");
     TORCH_CHECK(status == LB_OK, "block_linear: grouped rows come in groups of ", int(LB_GROUP), "; got ", n);
     return y.reshape(shape);
 }

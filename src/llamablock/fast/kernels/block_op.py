@@ -85,9 +85,10 @@ def why_not() -> str:
 def linear(type_name: str, blocks: torch.Tensor, x: torch.Tensor, threads: int | None = None,
            lib: object = None, grouped: bool = False) -> torch.Tensor:
     """ggml_kernel.matmul through the operator, which compiled programs can trace: y (m, n) float32
-    = x (m, k) W^T for the (n, k / 32 * block bytes) uint8 `blocks` of `type_name` (in groups of 8
-    rows where `grouped`). `threads` and `lib` are matmul's, unused: the operator runs on torch's
-    threads (at::get_num_threads) with the one library load() registered."""
+    = x (m, k) W^T for the (n, k / block weights * block bytes) uint8 `blocks` of `type_name` (in
+    groups of 8 rows where `grouped`, a ggml_kernel.GROUPABLE type). `threads` and `lib` are
+    matmul's, unused: the operator runs on torch's threads (at::get_num_threads) with the one
+    library load() registered."""
     if not load():
         raise RuntimeError(f"the block operator is not available: {why_not()}")
     return torch.ops.llamablock.block_linear(x, blocks, TYPE_IDS[type_name], GROUPED if grouped else ROWS)

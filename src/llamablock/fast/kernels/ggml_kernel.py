@@ -5,10 +5,13 @@ CPU by fast/kernels/build.py and kept in the user's cache; where no compiler wor
 None with the reason (`why_not()`), and the loader re-quantizes the blocks into PyTorch's packed
 formats instead, saying why (fast/plan.py load_in_format).
 
-KEPT is the one Python table of the block types the kernel computes; their sizes come from the
-gguf package (GGML_QUANT_SIZES, the reference that reads the files), and a loaded library's own
-table (lb_block_bytes, lb_block_weights) must agree for every kept type, or the library is
-refused (`check_table`): a block size out of step would read every row at the wrong bytes.
+KEPT is the one Python table of the block types the kernel computes (blocks of 32 weights, and
+the K types' super-blocks of 256); their sizes come from the gguf package (GGML_QUANT_SIZES, the
+reference that reads the files), and a loaded library's own table (lb_block_bytes,
+lb_block_weights) must agree for every kept type, or the library is refused (`check_table`): a
+block size out of step would read every row at the wrong bytes. GROUPABLE are the kept types that
+also have the grouped layout (groups of 8 rows, file_blocks.group_rows; the library's
+lb_block_groups); the others run in the file's order of rows only.
 
 One call per layer, with the GIL released; the data pointers are torch tensors' own, so no
 weight is copied. `LLAMABLOCK_NO_KERNEL=1` turns the kernel off (the tests use it to exercise the
@@ -30,7 +33,9 @@ from llamablock.fast.kernels import build
 from llamablock.fast.kernels.build import ISAS, UNUSED_DAYS, best_isa, flags, kept_build  # noqa: F401 (this module's face)
 from llamablock.util.files import user_cache_dir
 
-KEPT = ("Q4_0", "Q4_1", "Q8_0")  # the block types the kernel computes (c/blocks.h LB_TYPE_TABLE)
+# the block types the kernel computes (c/blocks.h LB_TYPE_TABLE), and those it also computes in groups of 8 rows
+KEPT = ("Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
+GROUPABLE = ("Q4_0", "Q4_1", "Q8_0")
 TYPE_IDS = {name: int(gguf.GGMLQuantizationType[name]) for name in KEPT}  # GGML's ids: lb_linear's `type`
 SIZES = {name: tuple(gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[name]]) for name in KEPT}  # (weights, bytes)
 BLOCK_BYTES = {name: size[1] for name, size in SIZES.items()}
@@ -50,7 +55,8 @@ def groups_rows() -> bool:
 
 def check_table(lib) -> None:
     """build.Unusable unless `lib`'s block table (lb_block_weights, lb_block_bytes) gives gguf's
-    (weights, bytes) for every kept type."""
+    (weights, bytes) for every kept type. (Its lb_block_groups need no check here: a layout it
+    lacks is refused by lb_linear, never misread.)"""
     wrong = []
     for name, type_id in TYPE_IDS.items():
         theirs = (lib.lb_block_weights(type_id), lib.lb_block_bytes(type_id))
@@ -101,15 +107,16 @@ def failed(status: int, type_name: str, n: int, k: int) -> Exception:
     if status == -1:
         return MemoryError(f"no memory for the block kernel's copy of x ({k} values a row)")
     if status == -2:
-        return ValueError(f"the block kernel's library does not compute {type_name} in that layout")
+        return ValueError(f"the block kernel's library does not compute {type_name} in that layout"
+                          f" (groups of {GROUP} rows are {', '.join(GROUPABLE)} only)")
     return ValueError(f"{type_name} rows of {k} weights are not whole blocks, or {n} rows not whole groups of {GROUP}")
 
 
 def matmul(type_name: str, blocks: torch.Tensor, x: torch.Tensor, threads: int | None = None,
            lib: ctypes.CDLL | None = None, grouped: bool = False) -> torch.Tensor:
-    """y (m, n) float32 = x (m, k) W^T, W the (n, k / 32 * block bytes) uint8 `blocks` of `type_name`
-    (in groups of 8 rows where `grouped`), x quantized to 16 bits per block of 32 first (c/blocks.h
-    says how); `lib` another build than kernel()."""
+    """y (m, n) float32 = x (m, k) W^T, W the (n, k / block weights * block bytes) uint8 `blocks` of
+    `type_name` (in groups of 8 rows where `grouped`, a GROUPABLE type), x quantized to 16 bits per
+    block of 32 first (c/blocks.h says how); `lib` another build than kernel()."""
     x = x.contiguous().float()
     y = torch.empty(x.shape[0], blocks.shape[0])
     status = (lib or kernel()).lb_linear(TYPE_IDS[type_name], GROUPED if grouped else ROWS, blocks.data_ptr(),

@@ -10,13 +10,27 @@
    to 1/254 of each block's largest value on every activation, 16 bits 1/65,534 (`llamablock
    perplexity --compare float32` measures the model's KL).
 
-   Blocks, as GGUF stores them (ggml-common.h), 32 weights each, d and m float16:
-     Q4_0  18 bytes: d, qs[16]       w[j] = d * ((qs[j] & 15) - 8),  w[j + 16] = d * ((qs[j] >> 4) - 8)
-     Q4_1  20 bytes: d, m, qs[16]    w[j] = d * (qs[j] & 15) + m,    w[j + 16] = d * (qs[j] >> 4) + m
-     Q8_0  34 bytes: d, qs[32] int8  w[j] = d * qs[j]
-   With activation block (e, p[32]) and P = sum p, a block's dot product is
-     Q4_0: d e sum (q - 8) p       Q4_1: d e sum q p + m e P     Q8_0: d e sum q p
-   where q are the stored integers; the integer sums are exact.
+   Blocks, as GGUF stores them (ggml-common.h block_q4_0 ...), d, m and dmin float16, j in 0..15:
+     Q4_0  18 bytes, 32 weights: d, qs[16]         w[j] = d ((qs[j] & 15) - 8), w[j + 16] = d ((qs[j] >> 4) - 8)
+     Q4_1  20 bytes, 32 weights: d, m, qs[16]      w[j] = d (qs[j] & 15) + m,   w[j + 16] = d (qs[j] >> 4) + m
+     Q5_0  22 bytes, 32 weights: d, qh[4], qs[16]  Q4_0's nibbles with bit j (j + 16) of the little-endian
+                                                   qh as their fifth, w = d (q - 16)
+     Q8_0  34 bytes, 32 weights: d, qs[32] int8    w[j] = d qs[j]
+   and the K types (block_q4_K, block_q5_K, block_q6_K), super-blocks of 256 weights in groups:
+     Q4_K  144 bytes: d, dmin, scales[12], qs[128]. Weight i (0..31) of group g (0..7) is
+           q = qs[32 (g / 2) + i] >> 4 (g & 1) & 15; the group's 6-bit scale sc and min m are packed
+           in `scales` (lb_k_scale, ggml-quants.c get_scale_min_k4); w = d sc q - dmin m
+     Q5_K  176 bytes: d, dmin, scales[12], qh[32], qs[128]: Q4_K's nibbles, with bit g of qh[i] the
+           fifth bit of weight i of group g; w = d sc q - dmin m, q 0..31
+     Q6_K  210 bytes: ql[128], qh[64], scales[16] int8, d. Weight 32 c + i (c 0..3, i 0..31) of half
+           h (0, 1) of 128 has q = ql[64 h + 32 (c & 1) + i] >> 4 (c >> 1) & 15 | (qh[32 h + i] >> 2 c
+           & 3) << 4; groups of 16 weights, w = d scales[weight / 16] (q - 32)
+   With activation block (e, p[32]) and P = sum p, a block of 32 weights meets one activation block:
+     Q4_0: d e sum (q - 8) p    Q4_1: d e sum q p + m e P    Q5_0: d e sum (q - 16) p    Q8_0: d e sum q p
+     Q4_K, Q5_K, group g: d e sum (sc q) p - dmin m e P      Q6_K: d e sum (sc (q - 32)) p
+   where q are the stored integers and Q6_K's sc is that of each 16 weights. The integer sums are
+   exact: in int32 lanes of a few products in the vector builds, in int64 per block in generic.c
+   (a Q6_K block's scaled sum of 32 can pass 2^31, its sums of 16 cannot).
 
    Layouts (lb_linear's `layout`): LB_ROWS is the file's order, row after row of blocks. LB_GROUPS
    is groups of 8 rows (fast/kernels/file_blocks.py group_rows, done once at load), the same bytes
@@ -26,14 +40,16 @@
      rows 0..7's qs bytes 4c..4c+3, row after row]
    so the per-block scalar work of the file's order (a horizontal sum and a scale conversion per
    row) is done for 8 rows in a few vector operations. The scheme is llama.cpp's repacked layouts'
-   (ggml-cpu/repack.cpp, block_q4_0x8), with x in 16 bits as above.
+   (ggml-cpu/repack.cpp, block_q4_0x8), with x in 16 bits as above. Only the types with a `chunks`
+   trait have it (Q4_0, Q4_1, Q8_0); lb_linear answers LB_UNKNOWN for the others in LB_GROUPS.
 
    Sources: this header; linear.c (the entry point, the same in every build); one kernel file per
    ISA, defining lb_quantize, lb_rows and lb_groups: x86.c (AVX2, AVX-512, AVX-512 VNNI, by the
    compiler's flags) or generic.c (portable C). fast/kernels/build.py compiles linear.c and the
    ISA's file. A new block type is a row of LB_TYPES, its case in each kernel file, and its name in
-   fast/kernels/ggml_kernel.py KEPT; Python takes the sizes from the gguf package and checks this
-   table against them when it loads a library (lb_block_bytes, lb_block_weights). */
+   fast/kernels/ggml_kernel.py KEPT (and GROUPABLE where it has the grouped layout); Python takes
+   the sizes from the gguf package and checks this table against them when it loads a library
+   (lb_block_bytes, lb_block_weights; lb_block_groups answers for GROUPABLE). */
 
 #ifndef LLAMABLOCK_BLOCKS_H
 #define LLAMABLOCK_BLOCKS_H
@@ -47,7 +63,8 @@
 extern "C" {
 #endif
 
-enum { LB_Q4_0 = 2, LB_Q4_1 = 3, LB_Q8_0 = 8 }; /* GGML's type ids (ggml.h enum ggml_type) */
+/* GGML's type ids (ggml.h enum ggml_type) */
+enum { LB_Q4_0 = 2, LB_Q4_1 = 3, LB_Q5_0 = 6, LB_Q8_0 = 8, LB_Q4_K = 12, LB_Q5_K = 13, LB_Q6_K = 14 };
 enum { LB_ROWS = 0, LB_GROUPS = 1 };            /* lb_linear's layout */
 enum { LB_GROUP = 8 };                          /* rows per group in LB_GROUPS */
 enum { LB_QK = 32 };                            /* activations per block of x's 16-bit copy */
@@ -58,9 +75,9 @@ enum { LB_OK = 0, LB_NO_MEMORY = -1, LB_UNKNOWN = -2, LB_BAD_SHAPE = -3 };
 typedef struct {
     int type;    /* GGML's type id */
     int bytes;   /* bytes per block (ggml-common.h: sizeof(block_q4_0), ...) */
-    int weights; /* weights per block (QK4_0, QK4_1, QK8_0) */
-    int head;    /* bytes of float16 scales before the quants: d, then m where there is one */
-    int chunks;  /* LB_GROUPS: chunks of 32 bytes (8 rows x 4 quant bytes) per block */
+    int weights; /* weights per block (QK4_0, QK5_0, QK8_0, QK_K, ...) */
+    int head;    /* bytes before the quants: d, then m (Q4_1), or d, dmin and the scales (Q4_K, Q5_K) */
+    int chunks;  /* LB_GROUPS: chunks of 32 bytes (8 rows x 4 quant bytes) per block; 0: no grouped layout */
 } lb_traits;
 
 /* The one table of the blocks this kernel computes, a row per type: X(type id, bytes, weights,
@@ -68,10 +85,14 @@ typedef struct {
    compiles its kernels once per type with the traits as constants (an LB_INLINE function called
    with &(const lb_traits){...}): the compiler then unrolls the loops over a block's chunks and
    drops the other types' branches. */
-#define LB_TYPE_TABLE(X)     \
-    X(LB_Q4_0, 18, 32, 2, 4) \
-    X(LB_Q4_1, 20, 32, 4, 4) \
-    X(LB_Q8_0, 34, 32, 2, 8)
+#define LB_TYPE_TABLE(X)        \
+    X(LB_Q4_0, 18, 32, 2, 4)    \
+    X(LB_Q4_1, 20, 32, 4, 4)    \
+    X(LB_Q5_0, 22, 32, 2, 0)    \
+    X(LB_Q8_0, 34, 32, 2, 8)    \
+    X(LB_Q4_K, 144, 256, 16, 0) \
+    X(LB_Q5_K, 176, 256, 16, 0) \
+    X(LB_Q6_K, 210, 256, 0, 0)
 
 #define LB_TRAITS_ROW(id, bytes, weights, head, chunks) {id, bytes, weights, head, chunks},
 static const lb_traits LB_TYPES[] = {LB_TYPE_TABLE(LB_TRAITS_ROW)};
@@ -104,6 +125,7 @@ int lb_linear(int type, int layout, const uint8_t *w, int64_t n, int64_t k, cons
               int threads);
 int lb_block_bytes(int type);   /* LB_TYPES' bytes per block, 0 for a type not computed here */
 int lb_block_weights(int type); /* LB_TYPES' weights per block, 0 likewise */
+int lb_block_groups(int type);  /* 1 where the type has the grouped layout (LB_GROUPS), else 0 */
 
 /* Defined once per build by its ISA's kernel file, called by linear.c. lb_rows: weight rows
    i0..i1-1 of w (the file's order, n rows) against rows r0..r1-1 of x, y[r n + i] for each.
@@ -128,8 +150,11 @@ LB_HIDDEN void lb_groups(const lb_traits *t, const uint8_t *w, int64_t i0, int64
    the compiler unrolls each block's loops for that type. */
 #define LB_ROWS_OF(id, ...) \
     case id: rows(&(const lb_traits){id, __VA_ARGS__}, w, i0, i1, a, r0, r1, y, n); break;
-#define LB_GROUPS_OF(id, ...) \
-    case id: groups(&(const lb_traits){id, __VA_ARGS__}, w, i0, i1, a, r0, r1, y, n); break;
+#define LB_GROUPS_OF(id, ...)                                                            \
+    case id:                                                                             \
+        if ((const lb_traits){id, __VA_ARGS__}.chunks) /* a constant: others compile none */ \
+            groups(&(const lb_traits){id, __VA_ARGS__}, w, i0, i1, a, r0, r1, y, n);       \
+        break;
 #define LB_ENTRY_POINTS                                                                                      \
     void lb_rows(const lb_traits *t, const uint8_t *w, int64_t i0, int64_t i1, const lb_acts *a, int64_t r0, \
                  int64_t r1, float *y, int64_t n) {                                                          \
@@ -153,6 +178,23 @@ static inline float lb_half(const uint8_t *h2) {
         memcpy(&f, &bits, 4);
     }
     return (h & 0x8000) ? -f : f;
+}
+
+/* Whether a type's weights have a term per block beside d q (Q4_1's m, Q4_K's and Q5_K's -dmin m),
+   which meets the activations' e P. */
+static inline int lb_has_min(int type) { return type == LB_Q4_1 || type == LB_Q4_K || type == LB_Q5_K; }
+
+/* Group g's 6-bit scale and min of a Q4_K or Q5_K super-block's 12 bytes `s` (ggml-quants.c
+   get_scale_min_k4): groups 0..3 in the low 6 bits of s[g] and s[g + 4], groups 4..7 in a nibble
+   of s[g + 4] with the top 2 bits of s[g - 4] and s[g]. */
+static inline void lb_k_scale(const uint8_t *s, int g, int *sc, int *m) {
+    if (g < 4) {
+        *sc = s[g] & 63;
+        *m = s[g + 4] & 63;
+    } else {
+        *sc = (s[g + 4] & 15) | (s[g - 4] >> 6) << 4;
+        *m = (s[g + 4] >> 4) | (s[g] >> 6) << 4;
+    }
 }
 
 /* Block b of x's copy from its 32 values v, in portable C: the reference that a vector version

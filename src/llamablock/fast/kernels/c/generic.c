@@ -8,16 +8,55 @@ void lb_quantize(const float *x, int64_t m, const lb_acts *a) {
     for (int64_t b = 0; b < m * a->nb; b++) lb_quantize_block(x + b * LB_QK, a, b);
 }
 
-/* sum q p over one block's quants qs (the file's order) and its activations p. */
-static LB_INLINE int32_t block_sum(const lb_traits *t, const uint8_t *qs, const int16_t *p) {
+/* sum q p over block j (of 32 weights) of the weight block blk and its activations p, the K types'
+   group scales folded in (blocks.h); exact: in int32 for each 16 or 32 products, then in int64,
+   which Q6_K's scaled sums need (32 products of up to 128 * 32 * 32767 pass 2^31). */
+static LB_INLINE int64_t block_sum(const lb_traits *t, const uint8_t *blk, int j, const int16_t *p) {
+    const uint8_t *qs = blk + t->head;
     int32_t s = 0;
     if (t->type == LB_Q8_0) {
         for (int i = 0; i < 32; i++) s += (int32_t)(int8_t)qs[i] * p[i];
-        return s;
+    } else if (t->type == LB_Q5_0) { /* qh[4], then the nibbles */
+        uint32_t qh;
+        memcpy(&qh, qs, 4);
+        for (int i = 0; i < 16; i++)
+            s += ((int)((qs[4 + i] & 15) | ((qh >> i & 1) << 4)) - 16) * p[i] +
+                 ((int)((qs[4 + i] >> 4) | ((qh >> (i + 16) & 1) << 4)) - 16) * p[i + 16];
+    } else if (t->type == LB_Q4_K || t->type == LB_Q5_K) { /* Q5_K: qh[32], then Q4_K's nibbles */
+        int sc, m;
+        lb_k_scale(blk + 4, j, &sc, &m);
+        const uint8_t *ql = qs + (t->type == LB_Q5_K ? 32 : 0) + 32 * (j / 2);
+        for (int i = 0; i < 32; i++) {
+            int q = (ql[i] >> 4 * (j & 1)) & 15;
+            if (t->type == LB_Q5_K) q |= ((qs[i] >> j) & 1) << 4;
+            s += q * p[i];
+        }
+        return (int64_t)sc * s;
+    } else if (t->type == LB_Q6_K) { /* block j is 32 weights of half j / 4, two groups of 16 */
+        const int h = j / 4, c = j % 4;
+        const uint8_t *ql = blk + 64 * h + 32 * (c & 1), *qh = blk + 128 + 32 * h;
+        const int8_t *sc = (const int8_t *)(blk + 192) + 2 * j;
+        int32_t half[2] = {0, 0};
+        for (int i = 0; i < 32; i++)
+            half[i / 16] += ((((ql[i] >> 4 * (c >> 1)) & 15) | (((qh[i] >> 2 * c) & 3) << 4)) - 32) * p[i];
+        return (int64_t)sc[0] * half[0] + (int64_t)sc[1] * half[1];
+    } else { /* Q4_0, Q4_1 */
+        const int off = t->type == LB_Q4_0 ? 8 : 0;
+        for (int i = 0; i < 16; i++) s += ((qs[i] & 15) - off) * p[i] + ((qs[i] >> 4) - off) * p[i + 16];
     }
-    const int off = t->type == LB_Q4_0 ? 8 : 0;
-    for (int i = 0; i < 16; i++) s += ((qs[i] & 15) - off) * p[i] + ((qs[i] >> 4) - off) * p[i + 16];
     return s;
+}
+
+/* Block j's scale d, and the term `off` that its weights add per unit of the activations
+   (block_sum's integers times d, plus off): Q4_1's m, the K types' -dmin m, else 0. */
+static LB_INLINE float block_scale(const lb_traits *t, const uint8_t *blk, int j, float *off) {
+    *off = t->type == LB_Q4_1 ? lb_half(blk + 2) : 0.0f;
+    if (t->type == LB_Q4_K || t->type == LB_Q5_K) {
+        int sc, m;
+        lb_k_scale(blk + 4, j, &sc, &m);
+        *off = -(lb_half(blk + 2) * (float)m); /* exact: 11 bits times 6 */
+    }
+    return lb_half(t->type == LB_Q6_K ? blk + 208 : blk);
 }
 
 /* The same for row `row` of a group's block, whose quants are in chunks of 4 bytes per row. */
@@ -44,10 +83,13 @@ static LB_INLINE void rows(const lb_traits *t, const uint8_t *w, int64_t i0, int
             const int16_t *p = a->p + r * a->k;
             const float *es = a->es + r * 2 * a->nb;
             float total = 0.0f;
-            for (int64_t b = 0; b < a->nb; b++) {
-                const uint8_t *blk = w + i * row + b * t->bytes;
-                total += lb_half(blk) * es[2 * b] * (float)block_sum(t, blk + t->head, p + b * LB_QK);
-                if (t->type == LB_Q4_1) total += lb_half(blk + 2) * es[2 * b + 1];
+            for (int64_t b = 0; b < a->nb; b++) { /* block b of x meets block j of weight block b / per */
+                const int per = t->weights / LB_QK, j = (int)(b % per);
+                const uint8_t *blk = w + i * row + b / per * t->bytes;
+                float off;
+                const float d = block_scale(t, blk, j, &off);
+                total += d * es[2 * b] * (float)block_sum(t, blk, j, p + b * LB_QK);
+                if (lb_has_min(t->type)) total += off * es[2 * b + 1];
             }
             y[r * n + i] = total;
         }

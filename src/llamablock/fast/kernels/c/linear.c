@@ -18,6 +18,11 @@ int lb_block_weights(int type) {
     return t ? t->weights : 0;
 }
 
+int lb_block_groups(int type) {
+    const lb_traits *t = lb_find(type);
+    return t && t->chunks ? 1 : 0;
+}
+
 /* x is taken TILE rows at a time, and within a tile the weight rows are the outer loop: a weight
    row is read from memory once per tile and stays in the L1 cache for the tile's rows, whose 16-bit
    copy (TILE k 2 bytes) stays in L2. Each thread takes one contiguous share of the weight rows (a
@@ -27,7 +32,7 @@ int lb_block_weights(int type) {
 int lb_linear(int type, int layout, const uint8_t *w, int64_t n, int64_t k, const float *x, int64_t m, float *y,
               int threads) {
     const lb_traits *t = lb_find(type);
-    if (!t || (layout != LB_ROWS && layout != LB_GROUPS)) return LB_UNKNOWN;
+    if (!t || (layout != LB_ROWS && layout != LB_GROUPS) || (layout == LB_GROUPS && !t->chunks)) return LB_UNKNOWN;
     if (k % t->weights || k % LB_QK || (layout == LB_GROUPS && n % LB_GROUP)) return LB_BAD_SHAPE;
     /* one allocation for x's copies: p (int16), es (float pairs), ps (int32), then lo and hi (bytes) */
     const size_t values = (size_t)(m * k), blocks = (size_t)(m * (k / LB_QK));

@@ -4,7 +4,9 @@
    where AVX2 takes two; VNNI fuses a madd and the add after it into one instruction on the same
    integers, so its results are the plain AVX-512 build's bit for bit. Each build does both
    layouts (blocks.h); the groups of 8 rows are the faster here, where the file's order leaves
-   scalar work per block and row (`llamablock bench file_blocks` times both). */
+   scalar work per block and row (`llamablock bench file_blocks` times both). Q5_0 and the K types
+   have the file's order only: each block of 32 weights is unpacked to bytes (quant_bytes), the K
+   types' group scales multiplied into its 16-bit integers, and meets its block of x as Q8_0's do. */
 
 #include <immintrin.h>
 
@@ -78,22 +80,84 @@ void lb_quantize(const float *x, int64_t m, const lb_acts *a) {
         if (!quantize_block(x + b * LB_QK, a, b)) lb_quantize_block(x + b * LB_QK, a, b);
 }
 
-/* The vector primitives of each width: `unpack` a block's 32 integers q (the file's order), `sums`
-   of q p over a block as partial int32 sums converted to float, and `group_sums`, the 8 rows' exact
-   integer sums of one block of a group for activation row r. Each pair's product sum is exact in
-   int32 (|q| <= 128, |p| <= 32767), so is the block's (< 2^31); the float conversion rounds only
-   past 2^24. */
+/* 32 bytes of 16 where bit i of qh4's little-endian 32 bits is set, else 0: each byte takes its
+   bit's byte of qh (a shuffle within each 128-bit lane, where qh is repeated), then its own bit. */
+static inline __m256i fifth_bits(const uint8_t *qh4) {
+    int32_t qh;
+    memcpy(&qh, qh4, 4);
+    const __m256i which = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32(qh), which);
+    return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(16));
+}
+
+/* The 32 bytes at p, their 16-bit lanes shifted right by `shift` (known at run time), `mask` of each byte kept */
+static inline __m256i bits_at(const uint8_t *p, int shift, int mask) {
+    const __m256i v = _mm256_loadu_si256((const __m256i *)p);
+    return _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(shift)), _mm256_set1_epi8((char)mask));
+}
+
+/* Block j (of 32 weights) of the weight block blk as 32 int8 in the order of its weights, less the
+   type's offset (Q4_0 8, Q5_0 16, Q6_K 32): every type's q fits a byte (layouts: blocks.h). The
+   high bits shift left within 16-bit lanes, where no byte's bits reach the next byte's. */
+static inline __m256i quant_bytes(const lb_traits *t, const uint8_t *blk, int j) {
+    const uint8_t *qs = blk + t->head;
+    if (t->type == LB_Q8_0) return _mm256_loadu_si256((const __m256i *)qs);
+    if (t->type == LB_Q4_K || t->type == LB_Q5_K) { /* Q5_K: qh[32], then Q4_K's nibbles */
+        const __m256i q = bits_at(qs + (t->type == LB_Q5_K ? 32 : 0) + 32 * (j / 2), 4 * (j & 1), 15);
+        return t->type == LB_Q4_K ? q : _mm256_or_si256(q, _mm256_slli_epi16(bits_at(qs, j, 1), 4));
+    }
+    if (t->type == LB_Q6_K) { /* block j: quarter c of half h */
+        const int h = j / 4, c = j % 4;
+        const __m256i q = _mm256_or_si256(bits_at(blk + 64 * h + 32 * (c & 1), 4 * (c >> 1), 15),
+                                          _mm256_slli_epi16(bits_at(blk + 128 + 32 * h, 2 * c, 3), 4));
+        return _mm256_sub_epi8(q, _mm256_set1_epi8(32));
+    }
+    /* Q4_0, Q4_1, Q5_0: 16 bytes of nibbles, the low ones weights 0..15, the high ones 16..31 */
+    const __m128i raw = _mm_loadu_si128((const __m128i *)(qs + (t->type == LB_Q5_0 ? 4 : 0))), l = _mm_set1_epi8(15);
+    __m256i q = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_and_si128(raw, l)),
+                                        _mm_and_si128(_mm_srli_epi16(raw, 4), l), 1);
+    if (t->type == LB_Q5_0) q = _mm256_sub_epi8(_mm256_or_si256(q, fifth_bits(qs)), _mm256_set1_epi8(16));
+    if (t->type == LB_Q4_0) q = _mm256_sub_epi8(q, _mm256_set1_epi8(8));
+    return q;
+}
+
+/* Block j's (d, offset) in a float vector's low lanes, its weights d factor q + offset, and the
+   factors of its two halves of 16: the K types' group scales (Q6_K's two own), 1 for the others.
+   The offset is Q4_1's m or the K types' -dmin m; lane 1 is not read for the others (lb_has_min). */
+static inline __m128 block_scales(const lb_traits *t, const uint8_t *blk, int j, int16_t factor[2]) {
+    int32_t dm = 0;
+    factor[0] = factor[1] = 1;
+    if (t->type == LB_Q6_K) { /* int8 scales[16] at 192, d in the block's last 2 bytes */
+        factor[0] = (int8_t)blk[192 + 2 * j], factor[1] = (int8_t)blk[193 + 2 * j];
+        memcpy(&dm, blk + 208, 2);
+        return _mm_cvtph_ps(_mm_cvtsi32_si128(dm));
+    }
+    memcpy(&dm, blk, 4); /* d, then m, dmin or the first quants */
+    const __m128 halves = _mm_cvtph_ps(_mm_cvtsi32_si128(dm));
+    if (t->type != LB_Q4_K && t->type != LB_Q5_K) return halves;
+    int sc, m;
+    lb_k_scale(blk + 4, j, &sc, &m);
+    factor[0] = factor[1] = (int16_t)sc;
+    return _mm_mul_ps(halves, _mm_setr_ps(1.0f, -(float)m, 0.0f, 0.0f)); /* exact: 11 bits times 6 */
+}
+
+/* The vector primitives of each width: `unpack` block j's 32 integers q (the file's order) as 16-bit
+   lanes, the K types' group scales multiplied in (|sc q| <= 128 * 32), `sums` of q p over a block
+   as partial int32 sums converted to float, and `group_sums`, the 8 rows' exact integer sums of
+   one block of a group for activation row r. Each lane's few products sum exactly in int32 (|q| <=
+   4096, |p| <= 32767, at most 4 products a lane); the float conversion rounds only past 2^24, which
+   the K types' scaled lanes can reach. */
 #if defined(__AVX512BW__)
 /* AVX-512: q in one vector of 32 int16 (weights 0..15, then 16..31), its 32 products in one madd. */
 typedef __m512i block_ints;
 typedef __m512 row_acc;
-static inline block_ints unpack(int type, const uint8_t *qs) {
-    if (type == LB_Q8_0) return _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)qs));
-    __m128i raw = _mm_loadu_si128((const __m128i *)qs), low = _mm_set1_epi8(15); /* low nibbles first */
-    __m256i q = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_and_si128(raw, low)),
-                                        _mm_and_si128(_mm_srli_epi16(raw, 4), low), 1);
-    if (type == LB_Q4_0) q = _mm256_sub_epi8(q, _mm256_set1_epi8(8)); /* 0..15 - 8 fits int8 */
-    return type == LB_Q4_0 ? _mm512_cvtepi8_epi16(q) : _mm512_cvtepu8_epi16(q);
+static inline block_ints unpack(const lb_traits *t, const uint8_t *blk, int j, __m128 *dm) {
+    int16_t f[2];
+    *dm = block_scales(t, blk, j, f);
+    const block_ints q = _mm512_cvtepi8_epi16(quant_bytes(t, blk, j));
+    if (t->weights == LB_QK) return q; /* the blocks of 32 have no group scales */
+    return _mm512_mullo_epi16(q, _mm512_inserti64x4(_mm512_set1_epi16(f[0]), _mm256_set1_epi16(f[1]), 1));
 }
 static inline row_acc sums(block_ints q, const int16_t *p) {
     return _mm512_cvtepi32_ps(_mm512_madd_epi16(q, _mm512_loadu_si512((const void *)p)));
@@ -137,20 +201,15 @@ typedef struct {
     __m256i lo, hi;
 } block_ints;
 typedef __m256 row_acc;
-static inline block_ints unpack(int type, const uint8_t *qs) {
-    block_ints q;
-    if (type == LB_Q8_0) {
-        q.lo = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)qs));
-        q.hi = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(qs + 16)));
-        return q;
-    }
-    __m128i raw = _mm_loadu_si128((const __m128i *)qs), low = _mm_set1_epi8(15); /* low nibbles first */
-    q.lo = _mm256_cvtepu8_epi16(_mm_and_si128(raw, low));
-    q.hi = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), low));
-    if (type == LB_Q4_0) {
-        q.lo = _mm256_sub_epi16(q.lo, _mm256_set1_epi16(8));
-        q.hi = _mm256_sub_epi16(q.hi, _mm256_set1_epi16(8));
-    }
+static inline block_ints unpack(const lb_traits *t, const uint8_t *blk, int j, __m128 *dm) {
+    int16_t f[2];
+    *dm = block_scales(t, blk, j, f);
+    const __m256i bytes = quant_bytes(t, blk, j);
+    block_ints q = {_mm256_cvtepi8_epi16(_mm256_castsi256_si128(bytes)),
+                    _mm256_cvtepi8_epi16(_mm256_extracti128_si256(bytes, 1))};
+    if (t->weights == LB_QK) return q; /* the blocks of 32 have no group scales */
+    q.lo = _mm256_mullo_epi16(q.lo, _mm256_set1_epi16(f[0]));
+    q.hi = _mm256_mullo_epi16(q.hi, _mm256_set1_epi16(f[1]));
     return q;
 }
 static inline row_acc sums(block_ints q, const int16_t *p) {
@@ -210,13 +269,6 @@ static inline __m256i group_sums(const lb_traits *t, const uint8_t *qs, const lb
 }
 #endif
 
-/* (d, m) of one block as floats in the low lanes: its float16 d (and m) converted together. */
-static inline __m128 halves(const uint8_t *blk) {
-    int32_t dm;
-    memcpy(&dm, blk, 4); /* d, then m (Q4_1) or the first quants (their lane is not used) */
-    return _mm_cvtph_ps(_mm_cvtsi32_si128(dm));
-}
-
 /* One weight row against R activation rows from r (R = 1 for decode, 4 in prefill): each block is
    unpacked once for all R, and every row's sums are made in the same order whatever R is, so a
    row's result does not depend on the rows computed beside it (tests/fast/kernels/test_file_blocks.py
@@ -226,21 +278,20 @@ static inline void dot_rows(const int R, const lb_traits *t, const uint8_t *w, c
                             int64_t out_stride) {
     row_acc acc[4] = {ACC_ZERO, ACC_ZERO, ACC_ZERO, ACC_ZERO};
     __m128 terms[4] = {_mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps()};
+    const int per = t->weights / LB_QK; /* blocks of x per weight block: 1, or 8 for the K types */
     for (int64_t b = 0; b < a->nb; b++) {
-        const uint8_t *blk = w + b * t->bytes;
-        const block_ints q = unpack(t->type, blk + t->head);
-        const __m128 dm = halves(blk);
+        __m128 dm;
+        const block_ints q = unpack(t, w + b / per * t->bytes, (int)(b % per), &dm);
         for (int i = 0; i < R; i++) {
             const float *e = a->es + (r + i) * 2 * a->nb + 2 * b;
             __m128 s = _mm_mul_ps(dm, _mm_castpd_ps(_mm_load_sd((const double *)e))); /* (d e, m e P) */
-            terms[i] = _mm_add_ps(terms[i], s); /* lane 1 sums Q4_1's m e P */
+            terms[i] = _mm_add_ps(terms[i], s); /* lane 1 sums the offsets' terms (m e P, -dmin m e P) */
             acc[i] = ACC_FMADD(s, sums(q, a->p + (r + i) * a->k + b * LB_QK), acc[i]);
         }
     }
     for (int i = 0; i < R; i++) {
         float total = ACC_TOTAL(acc[i]);
-        out[i * out_stride] =
-            t->type == LB_Q4_1 ? total + _mm_cvtss_f32(_mm_shuffle_ps(terms[i], terms[i], 1)) : total;
+        out[i * out_stride] = lb_has_min(t->type) ? total + _mm_cvtss_f32(_mm_movehdup_ps(terms[i])) : total;
     }
 }
 
