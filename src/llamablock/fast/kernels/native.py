@@ -65,7 +65,7 @@ def _shared_head(name: str, rows, crossover) -> Int8Linear:
 
 
 @dataclass(frozen=True)
-class Layers:
+class WeightPlan:
     """What the plan (fast/plan.py) hands the loader: each stored type's format for the layer
     matrices (fast/formats.py FORMATS), the output head's, and for the blocks the binding that
     calls the kernel, whether rows are held in groups of 8, and the packed layers' prefill
@@ -82,7 +82,7 @@ class Layers:
         return self.head if name == "head.weight" or name in shared else self.formats.get(kind, "plain")
 
 
-def _read_weights(reader, cfg, model, dtype: torch.dtype, layers: Layers):
+def _read_weights(reader, cfg, model, dtype: torch.dtype, weights: WeightPlan):
     """Pack the file's weights into `model` as they are read; return (plain tensors by name, {format:
     tensors}, the shared head or None). A linear weight (or a tied embedding) in format blocks
     becomes a BlockLinear of the file's bytes; a Q4_K one in q4 keeps its ids (fast/kernels/kquant.py).
@@ -91,36 +91,36 @@ def _read_weights(reader, cfg, model, dtype: torch.dtype, layers: Layers):
     expected = {name: p.shape for name, p in model.state_dict(keep_vars=True).items()}
     linears = _linear_names(model)
     embed = next((t.tensor_type.name for t in reader.tensors if t.name == "token_embd.weight"), None)
-    tied = cfg.tie_embeddings and GGUF_TYPES.get(embed) in ("q8", "q4") and layers.head in ("q8", "blocks")
+    tied = cfg.tie_embeddings and GGUF_TYPES.get(embed) in ("q8", "q4") and weights.head in ("q8", "blocks")
     shared = frozenset({"embed.weight"} if tied else ())
 
     def as_blocks(name: str, kind: str) -> bool:  # read undecoded: the file's blocks, and Q4_K's ids
         if name not in linears and name not in shared:
             return False
-        fmt = layers.of(name, kind, shared)
+        fmt = weights.of(name, kind, shared)
         return fmt == "blocks" or (fmt == "q4" and kind == "Q4_K")
 
     plain, used, head = {}, Counter(), None
     with mapped_large_blocks():
         for name, kind, w in gguf_tensors(reader, cfg, expected, dtype, chunked=shared, as_blocks=as_blocks):
-            fmt = layers.of(name, kind, shared) if name in linears or name in shared else "plain"
+            fmt = weights.of(name, kind, shared) if name in linears or name in shared else "plain"
             if as_blocks(name, kind) and fmt == "q4":
                 _set_module(model, name.rsplit(".", 1)[0], q4k_linear(w.rows, w.shape[1],
-                                                                      layers.prefill.get("q4", PREFILL_ROWS)))
+                                                                      weights.prefill.get("q4", PREFILL_ROWS)))
                 fmt = "Q4_K ids in q4"
             elif as_blocks(name, kind):
-                grouped = layers.grouped and w.rows.shape[0] % GROUP == 0  # else the file's order
+                grouped = weights.grouped and w.rows.shape[0] % GROUP == 0  # else the file's order
                 rows = group_rows(kind, w.rows) if grouped else w.rows
-                layer = BlockLinear(kind, rows, w.shape[1], grouped=grouped, binding=layers.binding)
+                layer = BlockLinear(kind, rows, w.shape[1], grouped=grouped, binding=weights.binding)
                 if name in shared:
                     head = layer  # the embedding reads its rows too (BlockEmbedding)
                 else:
                     _set_module(model, name.rsplit(".", 1)[0], layer)
                 fmt = f"{kind} blocks"
             elif name in shared:  # the embedding reads it too (Int8Embedding)
-                head, fmt = _shared_head(name, w, layers.prefill.get("q8", PREFILL_ROWS)), "q8"
+                head, fmt = _shared_head(name, w, weights.prefill.get("q8", PREFILL_ROWS)), "q8"
             elif fmt in ("q8", "q4"):
-                _set_module(model, name.rsplit(".", 1)[0], _packed(w, fmt, layers.prefill))
+                _set_module(model, name.rsplit(".", 1)[0], _packed(w, fmt, weights.prefill))
                 if sum(used.values()) % TRIM_EVERY == 0:
                     release_free_memory()  # the small temporaries' holes, before they add up
             else:  # norms, biases, float embeddings and float weights
@@ -146,8 +146,8 @@ def native_decoder(index, cfg, formats: dict, activations: torch.dtype, *, head:
     file's (`llamablock bench memory`)."""
     release_free_memory()  # the parse's freed objects back to the system before the weights come
     model = empty_decoder(cfg)
-    layers = Layers(dict(formats), head, binding or ggml_kernel.matmul, grouped, dict(prefill or {}))
-    plain, used, shared = _read_weights(index, cfg, model, activations, layers)
+    weights = WeightPlan(dict(formats), head, binding or ggml_kernel.matmul, grouped, dict(prefill or {}))
+    plain, used, shared = _read_weights(index, cfg, model, activations, weights)
     biases = {n: b for n, b in plain.items() if n.endswith(".bias")}
     model.assign_weights({n: t for n, t in plain.items() if n not in biases})
     for name, b in biases.items():  # a packed layer keeps its bias in bfloat16, a block layer in float32
@@ -161,7 +161,7 @@ def native_decoder(index, cfg, formats: dict, activations: torch.dtype, *, head:
     elif shared is not None:
         model.head, model.embed = shared, Int8Embedding(shared)
     elif head == "q8" and cfg.tie_embeddings:  # the tied head of a float table, q8 as quantize_model makes it
-        model.head = Int8Linear(model.embed.weight, None, layers.prefill.get("q8", PREFILL_ROWS))
+        model.head = Int8Linear(model.embed.weight, None, weights.prefill.get("q8", PREFILL_ROWS))
         used["q8"] += 1
     release_free_memory()
     return model.eval(), dict(used)
