@@ -11,7 +11,8 @@ A folder llamablock may replace carries a marker file naming what wrote it (EXPO
 RUN_MARKER): commands refuse to replace or write into a folder without one (`owned_dir`), so a
 mistyped OUT never deletes the user's own files. Staging folders carry the marker too, which is how
 a later run recognises a killed writer's leftovers as its own and removes them (`clean_stale`).
-A full disk while writing becomes one clear ValueError naming the file (`disk_full`).
+A full disk while writing becomes one clear ValueError naming the file (`disk_full`). A file
+that several processes read, change and write back (an index) is changed under `file_lock`.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import fcntl
 import os
 import re
 import shutil
@@ -105,7 +107,8 @@ def staging_dir(final: str | Path, marker: str) -> Path:
     return tmp
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether process `pid` exists (a staging name's writer still running)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -125,7 +128,7 @@ def clean_stale(final: str | Path, marker: str) -> None:
                          + re.escape(f".{final.name}.") + r"(\d+)\.tmp$")
     for p in final.parent.iterdir():
         m = pattern.match(p.name)
-        if not m or _alive(int(m.group(1) or m.group(2))):
+        if not m or process_alive(int(m.group(1) or m.group(2))):
             continue
         if p.is_dir() and not p.is_symlink():
             if (p / marker).is_file():
@@ -136,6 +139,27 @@ def clean_stale(final: str | Path, marker: str) -> None:
                     p.rmdir()  # only when empty: killed between mkdir and the marker
         elif p.is_file() and m.group(2):
             p.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def file_lock(path: str | Path, required: bool = True):
+    """Hold an exclusive lock (flock) on the file `path`, made if absent, for the block: processes
+    that read, change and replace a shared file under it take turns, so none writes back a copy
+    without another's change. The lock goes with the process, so a killed holder never leaves it
+    held. Where `path` cannot be opened (a read-only folder) and not `required`, the block runs
+    without it; yields whether it is held."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CREAT, 0o644)  # flock needs no write access
+    except OSError:
+        if required:
+            raise
+        yield False
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield True
+    finally:
+        os.close(fd)
 
 
 # Ownership ------------------------------------------------------------------------------------

@@ -33,11 +33,14 @@ OP_SOURCE = Path(__file__).with_name("block_op.cpp")
 _why_not: list[str] = []
 
 
-def _maker(cc: str, cxx: str, isa: str):
+def _maker(isa: str):
     """make(options, out) for build.library: the C files compiled to objects, linked with the operator."""
     from torch.utils import cpp_extension
 
     def make(options: list[str], out: Path) -> None:
+        cc, cxx = build.compiler("c"), build.compiler("c++")
+        if cc is None or cxx is None:
+            raise RuntimeError("no C and C++ compilers (cc, c++) on the PATH")
         with tempfile.TemporaryDirectory() as work:
             objects = []
             for source in build.sources(isa):
@@ -52,15 +55,27 @@ def _maker(cc: str, cxx: str, isa: str):
     return make
 
 
+def _open(path: Path) -> ctypes.CDLL:
+    """The library at `path` loaded (which registers the operator), its block table checked first
+    (ggml_kernel.check_table, on the same handle torch loads next); build.Damaged (unloaded first)
+    where it lacks the kernel's symbols or registers no llamablock::block_linear."""
+    lib = build.open_ctypes(path)
+    try:
+        check_table(lib)
+    except AttributeError as e:
+        build.unload(lib)
+        raise build.Damaged(f"it lacks the kernel's symbols: {str(e).split(': ', 1)[-1]}") from None
+    if not hasattr(torch.ops.llamablock, "block_linear"):
+        build.unload(lib)
+        raise build.Damaged("it registers no operator llamablock::block_linear") from None
+    return lib
+
+
 def _register() -> bool:
-    cc, cxx = build.compiler("c"), build.compiler("c++")
-    if cc is None or cxx is None:
-        raise RuntimeError("no C and C++ compilers (cc, c++) on the PATH")
     isa = build.best_isa()
-    path = build.library(user_cache_dir() / "kernels", "block_op", isa, _maker(cc, cxx, isa),
-                         extra=OP_SOURCE.read_bytes() + torch.__version__.encode())
-    check_table(ctypes.CDLL(str(path)))  # the same handle torch loads next: its C table, before any call
-    torch.ops.load_library(str(path))
+    path = build.load(user_cache_dir() / "kernels", "block_op", isa, _maker(isa), _open,
+                      extra=OP_SOURCE.read_bytes() + torch.__version__.encode())._name
+    torch.ops.load_library(path)
 
     @torch.library.register_fake("llamablock::block_linear")
     def _(x, blocks, type, layout=ROWS):  # shapes for tracing: (..., k) -> (..., n) float32

@@ -10,14 +10,28 @@ names (kept_build: a hash of the sources and the flags, so an edited kernel or a
 builds its own, and builds of old sources unused for UNUSED_DAYS are deleted), the library
 written whole or not at all (util/files.atomic_write), and one line saying why a build failed
 (`attempt`).
+
+The cache is never trusted: a library cut short maps pages past its end and the first call dies of
+SIGBUS, and another file in its place fails with a traceback. So each build writes a record of
+its size and sha256 beside it (`<library>.sha256`) and `verified` checks both before a path is
+returned; a library that loads but lacks its symbols or its operator (the caller's `open_library`
+raises Damaged) counts the same. A damaged library is moved aside (`<library>.damaged`) and
+built again, once, with one line on stderr; building takes a lock beside the library, so that
+two processes build it once. A cache that cannot be written (read-only, full) still serves
+its valid libraries as they are; what must be built goes to a temporary folder for this process.
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import ctypes
 import hashlib
 import os
 import shutil
 import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Callable, TypeVar
@@ -25,7 +39,7 @@ from typing import Callable, TypeVar
 import torch
 
 from llamablock.util.cpu import CPU, this_cpu
-from llamablock.util.files import atomic_write
+from llamablock.util.files import atomic_write, file_lock, is_disk_full
 
 C_DIR = Path(__file__).with_name("c")
 HEADER, DRIVER = C_DIR / "blocks.h", C_DIR / "linear.c"
@@ -40,6 +54,12 @@ T = TypeVar("T")
 
 class Unusable(RuntimeError):
     """A library that built but must not be called: its block table disagrees with Python's."""
+
+
+class Damaged(RuntimeError):
+    """A cached library that must not be loaded or called: cut short, changed, or another library
+    (it does not load, or lacks the kernel's symbols or operator); or one that was damaged and
+    could not be built again."""
 
 
 def best_isa(cpu: CPU | None = None, caps: dict | None = None) -> str:
@@ -90,16 +110,20 @@ def kept_build(directory: Path, stem: str, flavour: str, key: str) -> Path:
     sources too), marked used now; the same flavour's other builds unused for UNUSED_DAYS are
     deleted. Each edit of the kernel, and each llamablock release, leaves a build behind, and
     another installed version may still use its own, so the recently used ones stay."""
-    directory.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(OSError):  # a read-only cache: `verified` builds elsewhere
+        directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"{stem}-{flavour}-{key}.so"
     if path.exists():
-        os.utime(path)
+        with contextlib.suppress(OSError):  # read-only: used as it is
+            os.utime(path)
     earlier = directory.glob(f"{stem}-{'?' * 16}.so")  # named before flavours, by the key alone
     for old in [*directory.glob(f"{stem}-{flavour}-*.so"), *earlier]:
         try:
             if old != path and time.time() - old.stat().st_mtime > UNUSED_DAYS * 86400:
                 old.unlink()
-        except OSError:  # another process deleted it first
+                for beside in (record_file(old), lock_file(old)):
+                    beside.unlink(missing_ok=True)
+        except OSError:  # another process deleted it first, or the cache is read-only
             pass
     return path
 
@@ -113,21 +137,164 @@ def library(directory: Path, stem: str, isa: str, make: Callable[[list[str], Pat
             extra: bytes = b"") -> Path:
     """The shared library that make(options, path) writes from sources(isa), kept in `directory`
     (kept_build), named by a hash of those sources, the header, `extra` (the caller's other inputs)
-    and the options; built first if absent. The flags are flags(isa), with OpenMP, else without
-    (one thread) where that build fails. RuntimeError: the compiler's line."""
+    and the options; built first if absent or damaged (`verified`). The flags are flags(isa), with
+    OpenMP, else without (one thread) where that build fails. RuntimeError: the compiler's line
+    (Damaged where the library was damaged and could not be built again)."""
     inputs = b"".join(p.read_bytes() for p in [HEADER, *sources(isa)]) + extra
 
     def built(options: list[str]) -> Path:
         key = hashlib.sha256(inputs + " ".join(options).encode()).hexdigest()[:16]
-        path = kept_build(directory, stem, flavour(options), key)
-        if not path.exists():
-            atomic_write(path, lambda tmp: make(options, tmp))
-        return path
+        return verified(kept_build(directory, stem, flavour(options), key), lambda tmp: make(options, tmp))
 
     try:
         return built(flags(isa))
-    except RuntimeError:  # a compiler without OpenMP (Apple's clang): the one-thread build
-        return built(flags(isa, threads=False))
+    except RuntimeError as first:  # a compiler without OpenMP (Apple's clang): the one-thread build
+        try:
+            return built(flags(isa, threads=False))
+        except RuntimeError:
+            if isinstance(first, Damaged):  # the reason worth saying
+                raise first from None
+            raise
+
+
+def load(directory: Path, stem: str, isa: str, make: Callable[[list[str], Path], None],
+         open_library: Callable[[Path], T], extra: bytes = b"") -> T:
+    """open_library(library(...)): where it raises Damaged (the library loads but lacks its symbols
+    or its operator; `open_library` unloads it first, or the loader would hand the same one back
+    by name), that file is moved aside and built again, once."""
+    path = library(directory, stem, isa, make, extra)
+    try:
+        return open_library(path)
+    except Damaged as e:
+        first = str(e)
+    if not set_aside(path, first):  # a read-only cache: built for this process alone
+        directory = scratch(directory, f"{path.name} cannot be moved aside")
+    try:
+        return open_library(library(directory, stem, isa, make, extra))
+    except Damaged as e:
+        raise Damaged(f"{path} was damaged ({first}) and, built again, still is ({e})") from None
+
+
+def open_ctypes(path: Path) -> ctypes.CDLL:
+    """ctypes.CDLL(path); Damaged where it does not load (not a library, or one for another machine)."""
+    try:
+        return ctypes.CDLL(str(path))
+    except OSError as e:
+        raise Damaged(f"it does not load ({e})") from None
+
+
+def unload(lib: ctypes.CDLL) -> None:
+    """Close `lib`'s handle (dlclose), so that loading its path again opens the file there now."""
+    import _ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        _ctypes.dlclose(lib._handle)
+
+
+# The cache's checks --------------------------------------------------------------------------------
+def record_file(path: Path) -> Path:
+    """Where the size and sha256 of the library at `path` are kept: `<library>.sha256`."""
+    return path.with_name(path.name + ".sha256")
+
+
+def lock_file(path: Path) -> Path:
+    return path.with_name(f".{path.name}.lock")
+
+
+def _measure(path: Path) -> str:
+    data = path.read_bytes()
+    return f"{hashlib.sha256(data).hexdigest()} {len(data)}"
+
+
+def record(path: Path) -> None:
+    """Write the record of the library at `path` as it is now: its sha256 and size."""
+    atomic_write(record_file(path), lambda tmp: tmp.write_text(_measure(path) + "\n"))
+
+
+def damage(path: Path) -> str | None:
+    """Why the library at `path` must not be loaded, or None when its size and sha256 are its record's."""
+    try:
+        want = record_file(path).read_text().split()
+    except OSError:
+        return "it has no record of its size and sha256"
+    try:
+        have = _measure(path).split()
+    except OSError as e:
+        return f"it cannot be read ({e.strerror})"
+    if len(want) != 2 or have[1] != want[1]:
+        return f"it is {have[1]} bytes where its record says {want[1] if len(want) == 2 else 'nothing readable'}"
+    return None if have[0] == want[0] else "its sha256 differs from its record"
+
+
+def set_aside(path: Path, why: str) -> bool:
+    """Move the damaged library at `path` to `<library>.damaged` (deleted where it cannot be moved),
+    saying so in one line; False where neither can be done (a read-only cache)."""
+    aside = path.with_name(path.name + ".damaged")
+    try:
+        os.replace(path, aside)
+        done = f"moved it to {aside.name}"
+    except OSError:
+        try:
+            path.unlink()
+            done = "deleted it"
+        except OSError:
+            return False
+    record_file(path).unlink(missing_ok=True)
+    print(f"llamablock: the kernel library {path} is damaged ({why}): {done}; building it again",
+          file=sys.stderr, flush=True)
+    return True
+
+
+def verified(path: Path, write: Callable[[Path], object]) -> Path:
+    """`path` once its size and sha256 agree with its record, built by write(tmp) first where it is
+    absent, and again where it is damaged (moved aside). Under a lock beside it, so that two processes
+    build it once and a reader never finds a library without its record. Where the folder cannot be
+    written (read-only, full), the library is built in a temporary folder for this process."""
+    with file_lock(lock_file(path), required=False):
+        why = damage(path) if path.exists() else None
+        if why is None and path.exists():
+            return path  # valid: used as it is, even from a read-only cache
+        cannot = f"{path.name} cannot be moved aside" if why is not None and not set_aside(path, why) \
+            else _unwritable(path.parent)
+        if cannot is None:
+            try:
+                atomic_write(path, write)
+            except (OSError, RuntimeError) as e:
+                if not is_disk_full(e):
+                    if why is None:
+                        raise
+                    raise Damaged(f"{path} was damaged ({why}) and could not be built again ({e})") from None
+                cannot = "no space left on the device"
+        if cannot is None:
+            with contextlib.suppress(OSError):  # a full disk: the next process builds it again
+                record(path)
+            return path
+    if path.parent in _scratch_dirs:
+        raise RuntimeError(f"the temporary folder {path.parent} cannot be written either ({cannot})")
+    return verified(scratch(path.parent, cannot) / path.name, write)
+
+
+def _unwritable(folder: Path) -> str | None:
+    """Why no file can be made in `folder` (read-only, not ours, missing), or None."""
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            return None
+    except OSError as e:
+        return e.strerror or str(e)
+
+
+_scratch_dirs: list[Path] = []  # this process's temporary folder, once made
+
+
+def scratch(directory: Path, why: str) -> Path:
+    """A temporary folder for this process's libraries, where `directory` cannot hold them (one
+    line saying so); removed at exit."""
+    if not _scratch_dirs:
+        _scratch_dirs.append(Path(tempfile.mkdtemp(prefix="llamablock-kernels-")))
+        atexit.register(shutil.rmtree, _scratch_dirs[0], True)
+    print(f"llamablock: the kernel cache {directory} cannot be written ({why}); building in {_scratch_dirs[0]} "
+          "for this process only", file=sys.stderr, flush=True)
+    return _scratch_dirs[0]
 
 
 def attempt(why_not: list[str], what: str, load: Callable[[], T]) -> T | None:
@@ -136,6 +303,8 @@ def attempt(why_not: list[str], what: str, load: Callable[[], T]) -> T | None:
         return load()
     except Unusable as e:
         why_not.append(f"{what} is unusable ({e})")
+    except Damaged as e:
+        why_not.append(f"{what} cannot be used ({e})")
     except (OSError, RuntimeError) as e:
         why_not.append(f"{what} did not build ({e})")
     return None

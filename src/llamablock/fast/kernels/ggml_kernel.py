@@ -68,22 +68,33 @@ def check_table(lib) -> None:
 
 
 def load(directory: Path, isa: str | None = None) -> ctypes.CDLL:
-    """The library for `isa` (best_isa() when None), kept in `directory`, built first if absent;
-    without OpenMP (one thread) where the compiler has none, as Apple's clang. RuntimeError (the
-    compiler's line; build.Unusable for a library whose block table disagrees) or OSError."""
-    cc = build.compiler("c")
-    if cc is None:
-        raise RuntimeError("no C compiler (cc) on the PATH")
+    """The library for `isa` (best_isa() when None), kept in `directory`, built first if absent or
+    damaged (build.load: checked against its record, and here for its symbols); without OpenMP (one
+    thread) where the compiler has none, as Apple's clang. RuntimeError (the compiler's line;
+    build.Unusable for a library whose block table disagrees, build.Damaged for one damaged that
+    could not be built again) or OSError."""
     isa = isa or best_isa()
 
     def make(options: list[str], out: Path) -> None:
+        cc = build.compiler("c")
+        if cc is None:
+            raise RuntimeError("no C compiler (cc) on the PATH")
         build.run([cc, *options, *map(str, build.sources(isa)), "-o", str(out), "-lm"])
 
-    # the cache name of every build of this library, so that kept_build deletes those of old sources
-    lib = ctypes.CDLL(str(build.library(directory, "ggml_dot", isa, make)))
-    lib.lb_linear.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
-                              ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int]
-    check_table(lib)
+    return build.load(directory, "ggml_dot", isa, make, _open)
+
+
+def _open(path: Path) -> ctypes.CDLL:
+    """The library at `path`, lb_linear's arguments declared and its block table checked;
+    build.Damaged (unloaded first) where it lacks the kernel's symbols: another library in its place."""
+    lib = build.open_ctypes(path)
+    try:
+        lib.lb_linear.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
+                                  ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int]
+        check_table(lib)
+    except AttributeError as e:
+        build.unload(lib)
+        raise build.Damaged(f"it lacks the kernel's symbols: {str(e).split(': ', 1)[-1]}") from None
     return lib
 
 
