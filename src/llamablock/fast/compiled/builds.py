@@ -17,14 +17,24 @@ and says to rebuild, instead of compiling in the foreground for minutes. `autotu
 build was made (`llamablock compile --no-autotune` or not): the packages' names hash the settings,
 so `generate` must ask for the same ones to find them. A build for a batch of B sequences (`llamablock
 compile --batch B`, the server's `--parallel B`: llamablock.fast.compiled.batch_compiled) is listed as "LxB".
+
+The index is read with its shape checked (`_read`): an entry of another shape (edited by hand,
+written by another version) is left out, and one line on stderr names the file and what is wrong,
+never a traceback; the next build writes the index without it. Builds change it under a lock
+(util/files.file_lock on `builds.json.lock` beside it) and replace it whole (atomic_write), so
+that processes building at once each keep the others' entries.
 """
 
 from __future__ import annotations
 
 import json
+import re
+import sys
 from pathlib import Path
 
-from llamablock.util.files import atomic_write
+from llamablock.util.files import atomic_write, file_lock
+
+_said: set[str] = set()  # the index's problems already said by this process
 
 
 def _index_file() -> Path:
@@ -59,11 +69,52 @@ def _key(path: Path, fmt: str) -> str:
 
 
 def _read() -> dict:
+    """The index's entries of the right shape; the others left out, with one line naming the file."""
+    f = _index_file()
     try:
-        d = json.loads(_index_file().read_text())
-    except (OSError, ValueError):
+        d = json.loads(f.read_text())
+    except FileNotFoundError:
         return {}
-    return d if isinstance(d, dict) else {}
+    except (OSError, ValueError) as e:
+        _say(f"{f} cannot be read as JSON ({e}): ignoring it")
+        return {}
+    if not isinstance(d, dict):
+        _say(f"{f} holds a JSON {type(d).__name__}, not an object of builds: ignoring it")
+        return {}
+    problems = {k: why for k, v in d.items() if (why := _problem(v))}
+    if problems:
+        first = next(iter(problems.values()))
+        n = len(problems)
+        _say(f"{f}: {n} entr{'y' if n == 1 else 'ies'} of another shape ignored ({first})")
+    return {k: v for k, v in d.items() if k not in problems}
+
+
+def _problem(entry) -> str | None:
+    """What is wrong with one entry of the index, or None for {"lengths": {"L" or "LxB": [path,
+    ...]}, "seconds": number or null, "autotune": bool}."""
+    if not isinstance(entry, dict):
+        return f"a JSON {type(entry).__name__} where an object belongs"
+    lengths = entry.get("lengths")
+    if not isinstance(lengths, dict):
+        return '"lengths" is not an object'
+    for size, dirs in lengths.items():
+        if not re.fullmatch(r"\d+(x\d+)?", size):
+            return f'the size "{size}" is not a length (L, or LxB)'
+        if not isinstance(dirs, list) or not all(isinstance(d, str) for d in dirs):
+            return f'the packages of size {size} are not a list of paths'
+    seconds = entry.get("seconds")
+    if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, (int, float))):
+        return '"seconds" is not a number'
+    if not isinstance(entry.get("autotune", True), bool):
+        return '"autotune" is not true or false'
+    return None
+
+
+def _say(problem: str) -> None:
+    """One line on stderr, once a process: the index is read several times a command."""
+    if problem not in _said:
+        _said.add(problem)
+        print(f"llamablock: {problem}; the next `llamablock compile` writes it again", file=sys.stderr, flush=True)
 
 
 def _size(length: int, batch: int) -> str:
@@ -74,19 +125,20 @@ def record(path: Path, fmt: str, length: int, packages: list[Path], seconds: flo
            batch: int = 1) -> None:
     """Note that the engine for `path` in `fmt` at cache `length` (for `batch` sequences) lives in
     `packages`, built with `autotune` or not; entries of this file and format by other code go
-    (their packages can no longer serve)."""
-    index = {k: v for k, v in _read().items() if k == _key(path, fmt) or not _same_file_and_format(k, path, fmt)}
-    entry = index.setdefault(_key(path, fmt), {"lengths": {}, "seconds": None})
-    size = _size(length, batch)
-    entry["lengths"][size] = [str(p) for p in packages]
-    if seconds > 0:
-        entry["seconds"] = seconds
-    if entry.get("autotune", autotune) != autotune:  # the other setting's packages are not these
-        entry["lengths"] = {size: entry["lengths"][size]}
-    entry["autotune"] = autotune
+    (their packages can no longer serve). Read, changed and replaced under the index's lock."""
     f = _index_file()
     f.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(f, lambda p: p.write_text(json.dumps(index, indent=1)))
+    with file_lock(f.with_name(f.name + ".lock")):
+        index = {k: v for k, v in _read().items() if k == _key(path, fmt) or not _same_file_and_format(k, path, fmt)}
+        entry = index.setdefault(_key(path, fmt), {"lengths": {}, "seconds": None})
+        size = _size(length, batch)
+        entry["lengths"][size] = [str(p) for p in packages]
+        if seconds > 0:
+            entry["seconds"] = seconds
+        if entry.get("autotune", autotune) != autotune:  # the other setting's packages are not these
+            entry["lengths"] = {size: entry["lengths"][size]}
+        entry["autotune"] = autotune
+        atomic_write(f, lambda p: p.write_text(json.dumps(index, indent=1)))
 
 
 def record_engine(path: Path, engine, seconds: float) -> None:
