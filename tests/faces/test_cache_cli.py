@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from llamablock.cli import main
@@ -54,3 +56,21 @@ def test_clear_names_its_choices(home, capsys):
     with pytest.raises(SystemExit) as e:
         main(["cache", "--clear", "everything"])
     assert e.value.code == 2 and "choose from 'compiled', 'models', 'all'" in capsys.readouterr().err
+
+
+def test_cache_lists_and_clears_the_kernel_libraries_and_killed_compiles(home, capsys):
+    """The block kernel's libraries (and the damaged ones set aside) are listed and cleared with the
+    compile caches; a staging folder whose compile was killed is counted as unfinished, one whose
+    process still runs is not."""
+    _fill(home / "kernels" / "ggml_dot-f1-key.so", 600)
+    _fill(home / "kernels" / "ggml_dot-f1-old.so.damaged", 400)
+    _fill(home / "inductor" / "llamablock-aoti" / ".0456.99999999" / "partial", 0)  # no such process
+    _fill(home / "inductor" / "llamablock-aoti" / f".0789.{os.getpid()}" / "partial", 0)  # running: this one
+    assert main(["cache"]) == 0
+    out = capsys.readouterr().out
+    line = next(ln for ln in out.splitlines() if ln.startswith("kernel libraries"))
+    assert "1000 B" in line and str(home / "kernels") in line and "1 damaged, set aside" in line
+    assert "1 unfinished (killed compiles' staging folders)" in out
+    assert main(["cache", "--clear"]) == 0
+    assert str(home / "kernels") in capsys.readouterr().out
+    assert not (home / "kernels").exists() and not (home / "inductor").exists()
