@@ -2,11 +2,10 @@
    (AVX-512 BW) and the "avx512vnni" build (the same with VNNI's dpwssd), chosen by the compiler's
    flags (fast/kernels/build.py ISAS). The AVX-512 builds take a block's 32 products in one madd
    where AVX2 takes two; VNNI fuses a madd and the add after it into one instruction on the same
-   integers, so its results are the plain AVX-512 build's bit for bit. Each build does both
-   layouts (blocks.h); the groups of 8 rows are the faster here, where the file's order leaves
-   scalar work per block and row (`llamablock bench file_blocks` times both). Q5_0 and the K types
-   have the file's order only: each block of 32 weights is unpacked to bytes (quant_bytes), the K
-   types' group scales multiplied into its 16-bit integers, and meets its block of x as Q8_0's do. */
+   integers, so its results are the plain AVX-512 build's bit for bit. Each build does both layouts
+   (blocks.h) for Q4_0, Q4_1, Q8_0, the groups of 8 rows the faster (`llamablock bench file_blocks`),
+   and the file's order for Q5_0 and the K types, whose blocks of 32 are unpacked to bytes
+   (quant_bytes) and meet x as Q8_0's do, the K types' group scales multiplied into the integers. */
 
 #include <immintrin.h>
 
@@ -80,8 +79,7 @@ void lb_quantize(const float *x, int64_t m, const lb_acts *a) {
         if (!quantize_block(x + b * LB_QK, a, b)) lb_quantize_block(x + b * LB_QK, a, b);
 }
 
-/* 32 bytes of 16 where bit i of qh4's little-endian 32 bits is set, else 0: each byte takes its
-   bit's byte of qh (a shuffle within each 128-bit lane, where qh is repeated), then its own bit. */
+/* 32 bytes, byte i 16 where bit i of the little-endian qh4 is set, else 0: qh's byte i / 8, then its bit */
 static inline __m256i fifth_bits(const uint8_t *qh4) {
     int32_t qh;
     memcpy(&qh, qh4, 4);
@@ -91,7 +89,7 @@ static inline __m256i fifth_bits(const uint8_t *qh4) {
     return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(16));
 }
 
-/* The 32 bytes at p, their 16-bit lanes shifted right by `shift` (known at run time), `mask` of each byte kept */
+/* The 32 bytes at p, their 16-bit lanes shifted right by `shift` (a variable), `mask` of each byte kept */
 static inline __m256i bits_at(const uint8_t *p, int shift, int mask) {
     const __m256i v = _mm256_loadu_si256((const __m256i *)p);
     return _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(shift)), _mm256_set1_epi8((char)mask));
@@ -142,12 +140,11 @@ static inline __m128 block_scales(const lb_traits *t, const uint8_t *blk, int j,
     return _mm_mul_ps(halves, _mm_setr_ps(1.0f, -(float)m, 0.0f, 0.0f)); /* exact: 11 bits times 6 */
 }
 
-/* The vector primitives of each width: `unpack` block j's 32 integers q (the file's order) as 16-bit
-   lanes, the K types' group scales multiplied in (|sc q| <= 128 * 32), `sums` of q p over a block
-   as partial int32 sums converted to float, and `group_sums`, the 8 rows' exact integer sums of
-   one block of a group for activation row r. Each lane's few products sum exactly in int32 (|q| <=
-   4096, |p| <= 32767, at most 4 products a lane); the float conversion rounds only past 2^24, which
-   the K types' scaled lanes can reach. */
+/* The vector primitives of each width: `unpack` block j's 32 integers q (the file's order) in 16 bits,
+   the K types' group scales multiplied in (|sc q| <= 4096), `sums` of q p over a block as partial
+   int32 sums (at most 4 products a lane, exact) converted to float, which rounds only past 2^24 (the
+   K types' lanes can reach it), and `group_sums`, the 8 rows' exact integer sums of one block of a
+   group for activation row r. */
 #if defined(__AVX512BW__)
 /* AVX-512: q in one vector of 32 int16 (weights 0..15, then 16..31), its 32 products in one madd. */
 typedef __m512i block_ints;
@@ -270,23 +267,26 @@ static inline __m256i group_sums(const lb_traits *t, const uint8_t *qs, const lb
 #endif
 
 /* One weight row against R activation rows from r (R = 1 for decode, 4 in prefill): each block is
-   unpacked once for all R, and every row's sums are made in the same order whatever R is, so a
-   row's result does not depend on the rows computed beside it (tests/fast/kernels/test_file_blocks.py
-   checks it bit for bit). R is a constant at each call, so the compiler unrolls the row loops and
-   keeps acc and terms in registers. */
+   unpacked once for all R, and a row's sums come in the same order whatever R is, so its result
+   does not depend on the rows beside it (test_file_blocks.py checks it bit for bit). R and a K
+   type's 8 blocks of 32 are constants: the compiler unrolls those loops (j folds into the shifts). */
 static inline void dot_rows(const int R, const lb_traits *t, const uint8_t *w, const lb_acts *a, int64_t r, float *out,
                             int64_t out_stride) {
     row_acc acc[4] = {ACC_ZERO, ACC_ZERO, ACC_ZERO, ACC_ZERO};
     __m128 terms[4] = {_mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps()};
     const int per = t->weights / LB_QK; /* blocks of x per weight block: 1, or 8 for the K types */
-    for (int64_t b = 0; b < a->nb; b++) {
-        __m128 dm;
-        const block_ints q = unpack(t, w + b / per * t->bytes, (int)(b % per), &dm);
-        for (int i = 0; i < R; i++) {
-            const float *e = a->es + (r + i) * 2 * a->nb + 2 * b;
-            __m128 s = _mm_mul_ps(dm, _mm_castpd_ps(_mm_load_sd((const double *)e))); /* (d e, m e P) */
-            terms[i] = _mm_add_ps(terms[i], s); /* lane 1 sums the offsets' terms (m e P, -dmin m e P) */
-            acc[i] = ACC_FMADD(s, sums(q, a->p + (r + i) * a->k + b * LB_QK), acc[i]);
+    for (int64_t wb = 0; wb < a->nb / per; wb++) {
+#pragma GCC unroll 8
+        for (int j = 0; j < per; j++) {
+            const int64_t b = wb * per + j;
+            __m128 dm;
+            const block_ints q = unpack(t, w + wb * t->bytes, j, &dm);
+            for (int i = 0; i < R; i++) {
+                const float *e = a->es + (r + i) * 2 * a->nb + 2 * b;
+                __m128 s = _mm_mul_ps(dm, _mm_castpd_ps(_mm_load_sd((const double *)e))); /* (d e, m e P) */
+                terms[i] = _mm_add_ps(terms[i], s); /* lane 1 sums the offsets' terms (m e P, -dmin m e P) */
+                acc[i] = ACC_FMADD(s, sums(q, a->p + (r + i) * a->k + b * LB_QK), acc[i]);
+            }
         }
     }
     for (int i = 0; i < R; i++) {
