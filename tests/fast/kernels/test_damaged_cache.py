@@ -16,6 +16,7 @@ import builtins
 import errno
 import io
 import json
+import multiprocessing
 import os
 import shutil
 import subprocess
@@ -170,6 +171,26 @@ def test_a_damaged_library_that_cannot_be_built_again_is_the_fallbacks_reason(tm
     finally:
         ggml_kernel.kernel.cache_clear()
     assert len(_damaged_lines(capsys.readouterr().err)) == 1
+
+
+def _load(folder: Path) -> None:
+    ggml_kernel.load(folder)
+
+
+def test_processes_building_at_once_build_one_library_with_its_record(tmp_path, monkeypatch, capfd):
+    """Four processes asking for the library in an empty folder: one compiles it (a compiler that
+    counts its runs), the others wait for it (the lock beside it) and find it whole, with its record."""
+    log = tmp_path / "compiles"
+    counting = tmp_path / "cc"
+    counting.write_text(f'#!/bin/sh\necho run >> "{log}"\nexec {shutil.which("cc")} "$@"\n')
+    counting.chmod(0o755)
+    monkeypatch.setenv("CC", str(counting))
+    with multiprocessing.get_context("fork").Pool(4) as pool:
+        pool.map(_load, [tmp_path / "k"] * 4)
+    (path,) = (tmp_path / "k").glob("*.so")
+    assert build.damage(path) is None and not list((tmp_path / "k").glob("*.damaged"))
+    assert "damaged" not in capfd.readouterr().err
+    assert log.read_text().count("run") == 1
 
 
 # Read-only caches ----------------------------------------------------------------------------------

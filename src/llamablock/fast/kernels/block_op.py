@@ -12,13 +12,13 @@ from the same C files with the same flags, so they give the same numbers
 arguments, so a layer holds either as its binding.
 
 The library is kept beside the kernel's in the user's cache, named by a hash of its sources, the
-flags and the torch version (its headers and ABI); its block table is checked as the ctypes
-library's is (ggml_kernel.check_table) before the operator is registered.
+flags and the torch version (its headers and ABI), checked against its record and rebuilt where
+damaged as the ctypes library is (build.load); its block table is checked as the ctypes library's
+is (ggml_kernel.check_table) before the operator is registered.
 """
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import tempfile
 from pathlib import Path
@@ -55,10 +55,11 @@ def _maker(isa: str):
     return make
 
 
-def _open(path: Path) -> ctypes.CDLL:
-    """The library at `path` loaded (which registers the operator), its block table checked first
-    (ggml_kernel.check_table, on the same handle torch loads next); build.Damaged (unloaded first)
-    where it lacks the kernel's symbols or registers no llamablock::block_linear."""
+def _open(path: Path) -> str:
+    """`path`, once the library there is loaded (which registers the operator) and its block table
+    checked (ggml_kernel.check_table, on the handle torch loads next, before any call);
+    build.Damaged (unloaded first) where it lacks the kernel's symbols or registers no
+    llamablock::block_linear."""
     lib = build.open_ctypes(path)
     try:
         check_table(lib)
@@ -68,14 +69,13 @@ def _open(path: Path) -> ctypes.CDLL:
     if not hasattr(torch.ops.llamablock, "block_linear"):
         build.unload(lib)
         raise build.Damaged("it registers no operator llamablock::block_linear") from None
-    return lib
+    return str(path)
 
 
 def _register() -> bool:
     isa = build.best_isa()
-    path = build.load(user_cache_dir() / "kernels", "block_op", isa, _maker(isa), _open,
-                      extra=OP_SOURCE.read_bytes() + torch.__version__.encode())._name
-    torch.ops.load_library(path)
+    torch.ops.load_library(build.load(user_cache_dir() / "kernels", "block_op", isa, _maker(isa), _open,
+                                      extra=OP_SOURCE.read_bytes() + torch.__version__.encode()))
 
     @torch.library.register_fake("llamablock::block_linear")
     def _(x, blocks, type, layout=ROWS):  # shapes for tracing: (..., k) -> (..., n) float32

@@ -108,8 +108,9 @@ def run(command: list[str]) -> None:
 def kept_build(directory: Path, stem: str, flavour: str, key: str) -> Path:
     """The path `<stem>-<flavour>-<key>.so` in `directory` (made if absent; `flavour` names the flags, `key` the
     sources too), marked used now; the same flavour's other builds unused for UNUSED_DAYS are
-    deleted. Each edit of the kernel, and each llamablock release, leaves a build behind, and
-    another installed version may still use its own, so the recently used ones stay."""
+    deleted, with their records, and so are damaged libraries set aside that long ago. Each edit
+    of the kernel, and each llamablock release, leaves a build behind, and another installed
+    version may still use its own, so the recently used ones stay."""
     with contextlib.suppress(OSError):  # a read-only cache: `verified` builds elsewhere
         directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"{stem}-{flavour}-{key}.so"
@@ -117,7 +118,7 @@ def kept_build(directory: Path, stem: str, flavour: str, key: str) -> Path:
         with contextlib.suppress(OSError):  # read-only: used as it is
             os.utime(path)
     earlier = directory.glob(f"{stem}-{'?' * 16}.so")  # named before flavours, by the key alone
-    for old in [*directory.glob(f"{stem}-{flavour}-*.so"), *earlier]:
+    for old in [*directory.glob(f"{stem}-{flavour}-*.so"), *earlier, *directory.glob(f"{stem}-*.so.damaged")]:
         try:
             if old != path and time.time() - old.stat().st_mtime > UNUSED_DAYS * 86400:
                 old.unlink()
@@ -232,6 +233,7 @@ def set_aside(path: Path, why: str) -> bool:
     aside = path.with_name(path.name + ".damaged")
     try:
         os.replace(path, aside)
+        os.utime(aside)  # set aside now: kept_build deletes it UNUSED_DAYS from now
         done = f"moved it to {aside.name}"
     except OSError:
         try:
