@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import errno
 import os
 
 import pytest
 
 from llamablock.cli import main
+from llamablock.commands import cache
 
 
 def _fill(path, nbytes):
@@ -74,3 +76,14 @@ def test_cache_lists_and_clears_the_kernel_libraries_and_killed_compiles(home, c
     assert main(["cache", "--clear"]) == 0
     assert str(home / "kernels") in capsys.readouterr().out
     assert not (home / "kernels").exists() and not (home / "inductor").exists()
+
+
+def test_clearing_a_read_only_cache_is_one_line_naming_the_folder(home, monkeypatch, capsys):
+    def refuse(path, *args, **kwargs):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), ".ggml_dot-f1-key.so.lock")  # as rmtree names it
+
+    _fill(home / "kernels" / "ggml_dot-f1-key.so", 600)
+    monkeypatch.setattr(cache.shutil, "rmtree", refuse)
+    assert main(["cache", "--clear"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Read-only file system: " in err and str(home / "inductor") in err, err

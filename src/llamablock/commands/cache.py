@@ -94,7 +94,10 @@ def clear(what: str) -> list[tuple[Path, int]]:
     freed = []
     for directory, nbytes in targets:
         if directory.is_dir():
-            shutil.rmtree(directory)
+            try:
+                shutil.rmtree(directory)
+            except OSError as e:  # a read-only cache: rmtree names only the file inside it
+                raise OSError(e.errno, e.strerror, str(directory)) from None
             freed.append((directory, nbytes))
     return freed
 
