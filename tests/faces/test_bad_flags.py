@@ -35,6 +35,49 @@ def test_bad_generation_flags_are_one_line(capsys, tiny, flags, message):
     assert err.count("\n") == 1 and message in err
 
 
+EXTEND = "extend it with --rope-scaling linear|ntk|yarn|llama3"
+
+
+@pytest.mark.parametrize("flags,message", [  # the tiny model's trained context is 64 tokens
+    (["--ctx-size", "128"], f"--ctx-size 128 exceeds the model's trained context of 64 tokens; {EXTEND}"),
+    (["--rope-scaling", "none", "--ctx-size", "128"], EXTEND),
+    (["--rope-scaling", "rope"], "--rope-scaling 'rope' is unknown; choose one of none, linear, ntk, dynamic, yarn"),
+    (["--rope-scaling", "linear", "--rope-scale", "0.5"], "--rope-scale must be at least 1, got 0.5"),
+    (["--rope-scaling", "yarn", "--ctx-size", "32"], "would be a factor of 0.5, below 1"),
+    (["--rope-scale", "2"], "--rope-scale applies to --rope-scaling linear|ntk|yarn|llama3, and none is given"),
+    (["--yarn-beta-fast", "8"], "--yarn-beta-fast applies to --rope-scaling yarn, and none is given"),
+    (["--rope-scaling", "llama3", "--yarn-attn-factor", "2"], "--yarn-attn-factor applies to --rope-scaling yarn, not"),
+    (["--rope-scaling", "linear", "--yarn-orig-ctx", "32"], "--yarn-orig-ctx applies to --rope-scaling yarn|llama3"),
+    (["--rope-scaling", "yarn", "--yarn-orig-ctx", "0"], "--yarn-orig-ctx must be a positive number of tokens"),
+    (["--rope-scaling", "yarn", "--yarn-beta-fast", "1", "--yarn-beta-slow", "4"],
+     "--yarn-beta-fast (1.0) must be >= --yarn-beta-slow (4.0)"),
+    (["--rope-scaling", "yarn", "--yarn-attn-factor", "0"], "--yarn-attn-factor must be a positive number"),
+    (["--rope-freq-base", "-5"], "--rope-freq-base must be a positive number"),
+    (["--ctx-size", "1"], "--ctx-size must be at least 2 tokens"),
+    (["--rope-scaling", "dynamic", "--ctx-size", "128"], "--rope-scaling dynamic cannot extend the context yet"),
+    (["--ctx-size", "128", "--rope-scaling", "yarn", "--engine", "compiled"],
+     "the compiled engine is built for the model's own context and RoPE scaling"),
+    (["--ctx-size", "128", "--rope-scaling", "yarn", "--compile"], "use --engine eager"),
+])
+def test_bad_scaling_flags_are_one_line(capsys, tiny, flags, message):
+    assert cli.main(["generate", "--model", tiny, "--prompt", "abc", *flags]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err, err
+
+
+def test_bad_scaling_flags_of_perplexity_and_serve_are_one_line(capsys, tiny, tmp_path):
+    text = tmp_path / "t.txt"
+    text.write_text("hello world " * 30)
+    assert cli.main(["perplexity", "--model", tiny, str(text), "--context", "128"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"--context 128 exceeds the model's trained context of 64 tokens; {EXTEND}" in err
+    assert cli.main(["perplexity", "--model", tiny, str(text), "--rope-scale", "2"]) == 2
+    assert "--rope-scale applies to --rope-scaling" in capsys.readouterr().err
+    assert cli.main(["serve", "--model", tiny, "--rope-scaling", "longrope"]) == 2  # before the port is bound
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--rope-scaling 'longrope' is unknown" in err
+
+
 def test_a_tiny_temperature_is_greedy_not_a_crash(capsys, tiny):
     argv = ["generate", "--model", tiny, "--prompt", "abc def", "--max-new-tokens", "6", "--json", "--seed", "0"]
     assert cli.main([*argv, "--temperature", "1e-40"]) == 0

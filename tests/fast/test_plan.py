@@ -45,14 +45,14 @@ def _source(stored: dict, tied: bool = False, kind: str = "gguf") -> ModelSource
 
 
 def _plan(stored, *, tied=False, kind="gguf", device="cpu", fmt="auto", engine="auto", built=None, stale=False,
-          kernel=True, cpu="AVX-512", monkeypatch=None):
+          kernel=True, cpu="AVX-512", rescaled=False, monkeypatch=None):
     recorded = built is not None or stale
     monkeypatch.setattr(builds, "any_build", lambda path: recorded)
     monkeypatch.setattr(builds, "built_length", lambda path, f, batch=1: built)
     monkeypatch.setattr(builds, "stale_build", lambda path: stale)
     monkeypatch.setattr(builds, "autotuned", lambda path, f: True)
     machine = machine_for(CPUS[cpu], kernel, NO_CC)
-    return decide(_source(stored, tied, kind), fmt, engine, device, machine=machine)
+    return decide(_source(stored, tied, kind), fmt, engine, device, machine=machine, rescaled=rescaled)
 
 
 # (row id, source and flags, the plan's fields expected); "reason"/"note": a phrase the line holds
@@ -97,6 +97,16 @@ TABLE = [
     ("compiled on a mixed file: the majority format", dict(stored=Q5_MAJORITY, engine="compiled"),
      dict(engine="compiled", fmt="q8", activations="bfloat16", head="q8")),
     ("AMX: the packed GEMM from 32 rows", dict(stored=Q4_K_M, cpu="AMX"), dict(prefill={"q8": 32, "q4": 32})),
+    ("flags changed the context or RoPE scaling: eager despite a build, and why",
+     dict(stored=Q4_1_TIED, tied=True, built=512, rescaled=True),
+     dict(engine="eager", built=None, binding="ctypes", serving="batch",
+          note="compiled builds hold the model's own context and RoPE scaling")),
+    ("flags changed the scaling, nothing built: eager, the same why", dict(stored=Q4_1_TIED, tied=True, rescaled=True),
+     dict(engine="eager", note="not the ones these flags set")),
+    ("flags changed the scaling, --engine eager: no note", dict(stored=Q4_1_TIED, engine="eager", built=512,
+                                                               rescaled=True), dict(engine="eager", note=None)),
+    ("flags changed the scaling off the CPU: eager as before", dict(stored=Q4_1_TIED, device="cuda", rescaled=True),
+     dict(engine="eager", binding=None)),
 ]
 
 
@@ -120,6 +130,8 @@ def test_the_plan_table(row, given, want, monkeypatch):
     (dict(stored=Q5_MAJORITY, fmt="blocks"), "its layer matrices are Q4_0, Q5_0"),
     (dict(stored=Q4_1_TIED, engine="fast"), "--engine must be one of auto, eager, compiled"),
     (dict(stored=Q4_1_TIED, fmt="int3"), "--dtype must be one of auto"),
+    (dict(stored=Q4_1_TIED, engine="compiled", built=512, rescaled=True),
+     "the compiled engine is built for the model's own context and RoPE scaling"),
 ])
 def test_a_plan_that_cannot_run_is_refused_before_loading(given, message, monkeypatch):
     with pytest.raises(ValueError, match=message):

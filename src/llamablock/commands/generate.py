@@ -18,6 +18,7 @@ import torch
 
 from llamablock.commands import UsageError
 from llamablock.fast.formats import CHOICES
+from llamablock.io.scaling_flags import add_scaling_arguments
 from llamablock.util.devices import DEVICES
 
 COMPILED_NEW_TOKENS = 256  # --compile without --max-new-tokens: its cache length, and so its program, stays small
@@ -67,6 +68,7 @@ def add_arguments(p) -> None:
                    help="print the plan on stderr before loading: each stored type's format, the activations, the "
                         "block kernel's binding and layout, the engine, how a server would decode, the context and "
                         "RoPE scaling, and the machine facts they follow from (CPU features and kind, kernel build)")
+    add_scaling_arguments(p)
 
 
 def _summary(g, engine, plan) -> str:
@@ -180,14 +182,17 @@ def run(args) -> int:
     given = {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p,
              "repetition_penalty": args.repetition_penalty}
     from llamablock.fast.plan import build, decide
+    from llamablock.io.scaling_flags import check_flags, scaled_source
     from llamablock.io.source import open_source
     from llamablock.util.devices import resolve_device
 
+    check_flags(args)  # before the model is read
     device = resolve_device(args.device)
     engine = args.engine if args.compile is None else ("compiled" if args.compile else "eager")
-    source = open_source(args.model)
+    own = open_source(args.model)
+    source = scaled_source(own, args)  # the context and RoPE scaling the flags set, else the model's
     sampling = sampling_for(given, source.generation, chat=args.chat, greedy=args.greedy)
-    plan = decide(source, args.dtype, engine, device)
+    plan = decide(source, args.dtype, engine, device, rescaled=source.cfg != own.cfg)
     if args.verbose:  # before a single weight is read
         print(plan.describe(), file=sys.stderr, flush=True)
     running = build(source, plan).engine

@@ -17,6 +17,7 @@ import os
 from pathlib import Path
 
 from llamablock.fast.formats import CHOICES
+from llamablock.io.scaling_flags import add_scaling_arguments, check_flags
 from llamablock.runtime.evaluate import compare_to_reference, sliding_perplexity
 from llamablock.util.devices import DEVICES
 from llamablock.util.reads import read_text_bounded, regular_file
@@ -29,7 +30,9 @@ def add_arguments(p) -> None:
     p.add_argument("file", metavar="FILE", help="a UTF-8 text file")
     p.add_argument("--model", default=None, metavar="PATH|NAME",
                    help="a .gguf file, a transformers directory or an embedded model name (default: smollm2-135m-instruct)")
-    p.add_argument("--context", type=int, default=512, help="tokens per window (default: %(default)s)")
+    p.add_argument("--context", type=int, default=512,
+                   help="tokens per window; past the model's trained context with --rope-scaling (default: "
+                        "%(default)s)")
     p.add_argument("--stride", type=int, default=None, help="tokens the window advances (default: context / 2)")
     p.add_argument("--max-tokens", type=int, default=None, help="score only the first N tokens of the file")
     p.add_argument("--dtype", choices=CHOICES, default="auto",
@@ -44,6 +47,7 @@ def add_arguments(p) -> None:
                         "windows and report --dtype's perplexity ratio, mean KL divergence and top-1 agreement "
                         "against it, as llama.cpp's --kl-divergence (CPU only)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
+    add_scaling_arguments(p)
 
 
 def prefix_ids(path: Path, tok, max_tokens: int) -> list[int]:
@@ -69,6 +73,7 @@ def prefix_ids(path: Path, tok, max_tokens: int) -> list[int]:
 
 
 def run(args) -> int:
+    check_flags(args)  # before the text or the model is read
     path = regular_file(args.file, "text file")  # a FIFO hung the read; a directory said "not found"
     if args.max_tokens is not None and args.max_tokens < 2:
         raise ValueError(f"--max-tokens must be at least 2, got {args.max_tokens}")
@@ -85,6 +90,7 @@ def run(args) -> int:
         raise ValueError(f"--stride must be at least 1, got {args.stride}")
     stride = args.stride or max(1, args.context // 2)
     from llamablock.fast.plan import build, decide
+    from llamablock.io.scaling_flags import scaled_source
     from llamablock.io.source import open_source
     from llamablock.util.devices import resolve_device
 
@@ -92,7 +98,7 @@ def run(args) -> int:
     if args.compare and device != "cpu":
         raise ValueError(f"--compare runs both models on the CPU (the packed formats' kernels); use --device cpu, "
                          f"not {device}")
-    source = open_source(args.model)
+    source = scaled_source(open_source(args.model), args, window=args.context)  # the flags' context and RoPE
     running = build(source, decide(source, args.dtype, "eager", device))
     model, tok, what = running.model, source.tokenizer, running.engine.describe()
     ids = tok.encode(text) if args.max_tokens is None else prefix_ids(path, tok, args.max_tokens)
@@ -106,8 +112,11 @@ def run(args) -> int:
               f"{100 * r['top1_agreement']:.2f}% over {r['tokens_scored']} tokens (context {args.context}, stride {stride})")
         return 0
     ppl, scored = sliding_perplexity(model, ids, args.context, stride, progress=not args.json)
+    scaling = (source.cfg.rope_scaling or {}).get("rope_type")
     if args.json:
-        print(json.dumps({"perplexity": ppl, "tokens_scored": scored, "context": args.context, "stride": stride}))
+        print(json.dumps({"perplexity": ppl, "tokens_scored": scored, "context": args.context, "stride": stride,
+                          "rope_scaling": source.cfg.rope_scaling}))
     else:
-        print(f"perplexity {ppl:.3f} over {scored} tokens (context {args.context}, stride {stride})")
+        print(f"perplexity {ppl:.3f} over {scored} tokens (context {args.context}, stride {stride}"
+              f"{f', RoPE scaling {scaling}' if scaling else ''})")
     return 0

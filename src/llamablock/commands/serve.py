@@ -13,6 +13,7 @@ from __future__ import annotations
 import sys
 
 from llamablock.commands import UsageError
+from llamablock.io.scaling_flags import add_scaling_arguments, check_flags
 
 
 def add_arguments(p) -> None:
@@ -47,6 +48,7 @@ def add_arguments(p) -> None:
     p.add_argument("--lab-results", default="lab-out/results.json", metavar="FILE",
                    help="results.json of `llamablock lab`, for measured decode times in the gqa figure "
                         "(default: %(default)s; shown as not measured when absent)")
+    add_scaling_arguments(p)
 
 
 def run(args) -> int:
@@ -62,6 +64,7 @@ def run(args) -> int:
         raise UsageError("--compile-tokens asks for the compiled engine; leave out --engine eager")
     if args.compile_tokens is not None and args.compile_tokens < 2:
         raise UsageError(f"--compile-tokens takes the longest request in tokens (at least 2), got {args.compile_tokens}")
+    check_flags(args)  # before the port is bound or the model read
     import socket
 
     import uvicorn
@@ -79,7 +82,7 @@ def run(args) -> int:
         from llamablock.util.devices import resolve_device
 
         served = load_served(args.model, args.max_queue, args.compile_tokens, resolve_device(args.device),
-                             args.parallel, args.prefill_chunk, engine=args.engine)
+                             args.parallel, args.prefill_chunk, engine=args.engine, scaling=args)
     except FileNotFoundError as e:
         if args.model is not None:
             raise

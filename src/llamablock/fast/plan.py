@@ -173,16 +173,21 @@ def _in_format(source: ModelSource, fmt: str, machine: Machine, binding: str = "
 
 
 def decide(source: ModelSource, fmt: str = "auto", engine: str = "auto", device: str = "cpu", batch: int = 1,
-           machine: Machine | None = None) -> Plan:
+           machine: Machine | None = None, rescaled: bool = False) -> Plan:
     """The plan for running `source`: `fmt` one of formats.CHOICES, `engine` one of ENGINES,
     `device` a resolved device name (util/devices.resolve_device); `batch` the sequences a compiled
     step decodes at once (its builds are recorded apart); `machine` this process's (fast/machine.py)
-    unless a test simulates another. A plan that cannot run is refused here (ValueError), before
-    anything is loaded."""
+    unless a test simulates another. `rescaled`: the command's flags changed the source's context or
+    RoPE scaling (io/scaling_flags.py); the builds index records neither, so no compiled build may
+    run it: `auto` is eager, with a note that says why, and `compiled` is refused. A plan that
+    cannot run is refused here (ValueError), before anything is loaded."""
     if engine not in ENGINES:
         raise ValueError(f"--engine must be one of {', '.join(ENGINES)}, got {engine!r}")
     if fmt not in CHOICES:
         raise ValueError(f"--dtype must be one of {', '.join(CHOICES)}, got {fmt!r}")
+    if rescaled and engine == "compiled":
+        raise ValueError("the compiled engine is built for the model's own context and RoPE scaling, which "
+                         "--ctx-size, --rope-scaling or --rope-freq-base change; use --engine eager")
     cfg = source.cfg
     scaling = cfg.rope_scaling or {}
     common = dict(context=cfg.max_seq_len, scaling=scaling.get("rope_type") or scaling.get("type") or "none",
@@ -199,11 +204,13 @@ def decide(source: ModelSource, fmt: str = "auto", engine: str = "auto", device:
     machine = machine or machines.this_machine()
     common.update(machine=machine.describe(), prefill=dict(machine.prefill))
     built = None
-    if engine != "eager" and (engine == "compiled" or builds.any_build(source.path)):
+    if engine != "eager" and not rescaled and (engine == "compiled" or builds.any_build(source.path)):
         compiled_fmt = own_format(source, machine) if fmt == "auto" else fmt
         built = builds.built_length(source.path, compiled_fmt, batch)
-    if engine == "eager" or (engine == "auto" and built is None):
-        note = None if engine == "eager" else _not_built(source, batch)
+    if engine == "eager" or rescaled or (engine == "auto" and built is None):
+        note = (None if engine == "eager" else
+                "eager engine: compiled builds hold the model's own context and RoPE scaling, not the ones "
+                "these flags set" if rescaled else _not_built(source, batch))
         fields = (_own_precision(source, machine, "ctypes") if fmt == "auto" and source.kind == "gguf" else
                   _in_format(source, dir_format(source.stored["*"], source.where) if fmt == "auto" else fmt, machine))
         return Plan("eager", fmt, device, note=note, **fields, **common)

@@ -34,7 +34,8 @@ class ServedModel:
 
 
 def load_served(model: str | None = None, max_queue: int = 8, compile_tokens: int | None = None,
-                device: str = "cpu", parallel: int = 4, chunk: int = 256, engine: str = "auto") -> ServedModel:
+                device: str = "cpu", parallel: int = 4, chunk: int = 256, engine: str = "auto",
+                scaling=None) -> ServedModel:
     """Load a model (a name or path as `llamablock generate --model` takes, or a run directory) and
     start its worker, the file read once (fast/plan.py). Requests run on the eager engine, in the
     file's own precision; the compiled engine serves the requests it covers when `llamablock compile`
@@ -44,12 +45,16 @@ def load_served(model: str | None = None, max_queue: int = 8, compile_tokens: in
     Its step decodes `parallel` rows (llamablock.fast.compiled.batch_compiled), one with `parallel`
     1. With a compiled engine the eager model is made from the same weights (plan.eager_beside).
     `engine` is fast/plan.py's choice: "eager" never compiles, "compiled" prepares the compiled
-    engine whatever the builds say."""
+    engine whatever the builds say. `scaling`: the command's parsed context and RoPE-scaling flags
+    (io/scaling_flags.py), applied to the model before the plan; a model they change runs eagerly."""
     from llamablock.fast.plan import build, decide, eager_beside, prepare
+    from llamablock.io.scaling_flags import scaled_source
     from llamablock.io.source import open_source
 
-    source = open_source(model)  # the plan refuses a compiled engine off the CPU, before any weight is read
-    plan = decide(source, "auto", "compiled" if compile_tokens else engine, device, batch=parallel)
+    own = open_source(model)  # the plan refuses a compiled engine off the CPU, before any weight is read
+    source = own if scaling is None else scaled_source(own, scaling)
+    plan = decide(source, "auto", "compiled" if compile_tokens else engine, device, batch=parallel,
+                  rescaled=source.cfg != own.cfg)
     built = build(source, plan)
     compiled = None
     if plan.serving == "compiled batch":

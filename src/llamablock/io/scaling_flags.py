@@ -1,0 +1,155 @@
+"""The context and RoPE-scaling flags of the commands that run a model (`generate`, `perplexity`,
+`serve`), named as llama.cpp names them, and the model source they make.
+
+    --ctx-size N             tokens the run allows (default: the model's context, cfg.max_seq_len)
+    --rope-scaling METHOD    none, linear, ntk, dynamic, yarn or llama3 (rope_scaling.py's types)
+    --rope-scale S           the factor (default: N / the original context)
+    --yarn-orig-ctx L        the original context yarn and llama3 extend from
+    --yarn-beta-fast/-slow   yarn's ramp between kept and interpolated pairs
+    --yarn-attn-factor F     multiplies yarn's cos/sin scale 0.1 ln S + 1, as llama.cpp's does
+    --rope-freq-base THETA   RoPE's base, replacing rope_theta
+
+A command reads its model once (io/source.py open_source), then `scaled_source(source, args)`
+turns the flags into transformers' `rope_scaling` dict and a new config,
+`cfg.replace(rope_scaling=..., max_seq_len=N)`: the run is the model whose config.json said so,
+and everything below it (the plan, the loader, the context checks of generation, perplexity and
+the server) reads that config and nothing else. The config checks the dict
+(rope_scaling.validate_rope_scaling, whose messages name the field); here the flag is named too.
+A model whose config already scales RoPE keeps its scaling unless --rope-scaling replaces it.
+
+Dynamic NTK is refused as a flag for now: rope_scaling.py takes its original length from
+max_seq_len, which --ctx-size raises, so it would change nothing inside the context it extends.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from llamablock.io.source import ModelSource
+from llamablock.rope_scaling import yarn_attention_factor
+
+METHODS = ("none", "linear", "ntk", "dynamic", "yarn", "llama3")
+EXTENDS = "linear|ntk|yarn|llama3"  # dynamic: refused for now (DYNAMIC says why)
+LLAMA3_BAND = {"low_freq_factor": 1.0, "high_freq_factor": 4.0}  # Llama 3.1's config.json values
+# a rope_scaling field -> the flag that sets it, so that the config's refusal names the flag
+FLAG_OF = {"factor": "--rope-scale", "original_max_position_embeddings": "--yarn-orig-ctx",
+           "beta_fast": "--yarn-beta-fast", "beta_slow": "--yarn-beta-slow", "attention_factor": "--yarn-attn-factor"}
+NEEDS = {"rope_scale": ("--rope-scale", EXTENDS), "yarn_orig_ctx": ("--yarn-orig-ctx", "yarn|llama3"),
+         "yarn_beta_fast": ("--yarn-beta-fast", "yarn"), "yarn_beta_slow": ("--yarn-beta-slow", "yarn"),
+         "yarn_attn_factor": ("--yarn-attn-factor", "yarn")}
+DYNAMIC = ("--rope-scaling dynamic cannot extend the context yet: llamablock's dynamic NTK grows from the model's "
+           "context, which --ctx-size sets, so it would change nothing inside it; use --rope-scaling ntk (its "
+           "static form) or yarn")
+
+
+def add_scaling_arguments(p) -> None:
+    """The flags above, as one group of `p`'s arguments."""
+    g = p.add_argument_group("context and RoPE scaling (llama.cpp's flag names)")
+    g.add_argument("--ctx-size", type=int, default=None, metavar="N",
+                   help="tokens the run allows, prompt and new tokens (default: the model's trained context); "
+                        f"above it, give --rope-scaling {EXTENDS}")
+    g.add_argument("--rope-scaling", default=None, metavar="{" + ",".join(METHODS) + "}",
+                   help="how RoPE reaches past the trained context: linear (position interpolation), ntk (static "
+                        "NTK-aware base), yarn, llama3 (Llama 3.1's), dynamic (NTK grown with the length: refused "
+                        "for now, as its original length is the context itself), none (plain RoPE, dropping the model's own scaling); default: the "
+                        "model's own scaling, where its config has one")
+    g.add_argument("--rope-scale", type=float, default=None, metavar="S",
+                   help="the scaling factor, at least 1 (default: --ctx-size / the original context)")
+    g.add_argument("--yarn-orig-ctx", type=int, default=None, metavar="N",
+                   help="yarn and llama3: the context the model was trained on (default: the original context "
+                        "its own scaling names, else its context)")
+    g.add_argument("--yarn-beta-fast", type=float, default=None, metavar="B",
+                   help="yarn: pairs turning more than B times in the original context keep their frequency "
+                        "(default: 32)")
+    g.add_argument("--yarn-beta-slow", type=float, default=None, metavar="B",
+                   help="yarn: pairs turning fewer than B times there are interpolated by the whole factor "
+                        "(default: 1)")
+    g.add_argument("--yarn-attn-factor", type=float, default=None, metavar="F",
+                   help="yarn: multiplies its cos/sin scale 0.1 ln S + 1, as llama.cpp's (default: 1)")
+    g.add_argument("--rope-freq-base", type=float, default=None, metavar="THETA",
+                   help="RoPE's base, replacing the model's rope_theta (default: the model's)")
+
+
+def check_flags(args) -> None:
+    """The refusals that need no model: an unknown method, a flag that needs a method it lacks, a
+    number out of its range (ValueError, one line: the command line exits with status 2)."""
+    method = args.rope_scaling
+    if method is not None and method not in METHODS:
+        raise ValueError(f"--rope-scaling {method!r} is unknown; choose one of {', '.join(METHODS)}")
+    if method == "dynamic":
+        raise ValueError(DYNAMIC)
+    for dest, (flag, methods) in NEEDS.items():
+        if getattr(args, dest) is not None and method not in methods.split("|"):
+            said = f"not with --rope-scaling {method}" if method else "and none is given"
+            raise ValueError(f"{flag} applies to --rope-scaling {methods}, {said}")
+    if args.ctx_size is not None and args.ctx_size < 2:
+        raise ValueError(f"--ctx-size must be at least 2 tokens, got {args.ctx_size}")
+    if args.rope_scale is not None and not (math.isfinite(args.rope_scale) and args.rope_scale >= 1):
+        raise ValueError(f"--rope-scale must be at least 1, got {args.rope_scale}: a factor below 1 would shrink "
+                         "the context, not extend it")
+    if args.yarn_orig_ctx is not None and args.yarn_orig_ctx < 1:
+        raise ValueError(f"--yarn-orig-ctx must be a positive number of tokens, got {args.yarn_orig_ctx}")
+    for flag, v in (("--yarn-attn-factor", args.yarn_attn_factor), ("--rope-freq-base", args.rope_freq_base)):
+        if v is not None and not (math.isfinite(v) and v > 0):
+            raise ValueError(f"{flag} must be a positive number, got {v}")
+
+
+def original_context(cfg) -> int:
+    """The context the model's scaling extends from: its own scaling's original length, else its context."""
+    return (cfg.rope_scaling or {}).get("original_max_position_embeddings") or cfg.max_seq_len
+
+
+def scaling_dict(cfg, method: str, n: int, args) -> dict:
+    """transformers' `rope_scaling` dict for `method` at a context of `n` tokens, from the flags."""
+    original = args.yarn_orig_ctx or original_context(cfg)
+    factor = args.rope_scale if args.rope_scale is not None else n / original
+    if factor < 1:
+        raise ValueError(f"--rope-scaling {method} at --ctx-size {n} from an original context of {original} tokens "
+                         f"would be a factor of {factor:g}, below 1; give a --ctx-size of at least {original}")
+    d = {"rope_type": method, "factor": float(factor)}
+    if method in ("yarn", "llama3"):
+        d["original_max_position_embeddings"] = original
+    if method == "llama3":
+        d.update(LLAMA3_BAND)
+    if method == "yarn":
+        d.update({k: v for k, v in (("beta_fast", args.yarn_beta_fast), ("beta_slow", args.yarn_beta_slow))
+                  if v is not None})
+        if args.yarn_attn_factor is not None:  # llama.cpp's multiplier of the scale, not a replacement
+            d["attention_factor"] = args.yarn_attn_factor * yarn_attention_factor({}, factor)
+    return d
+
+
+def scaled_source(source: ModelSource, args, window: int | None = None) -> ModelSource:
+    """`source` with the config the flags in `args` say (`source` itself when they change nothing).
+    `window`: tokens one forward pass needs (perplexity's --context): without --ctx-size it is the
+    context, when longer than the model's."""
+    check_flags(args)
+    cfg, method = source.cfg, args.rope_scaling
+    trained = cfg.max_seq_len
+    n = args.ctx_size if args.ctx_size is not None else max(trained, window or 0)
+    extends = method not in (None, "none")
+    if n > trained and not extends:
+        said = f"--ctx-size {n}" if args.ctx_size is not None else f"--context {window}"
+        raise ValueError(f"{said} exceeds the model's trained context of {trained} tokens; extend it with "
+                         f"--rope-scaling {EXTENDS}")
+    changes = {"max_seq_len": n} if n != trained else {}
+    if method == "none":
+        changes["rope_scaling"] = None
+    elif extends:
+        changes["rope_scaling"] = scaling_dict(cfg, method, n, args)
+    elif n != trained and (cfg.rope_scaling or {}).get("rope_type") == "dynamic":
+        raise ValueError("this model's own RoPE scaling is dynamic NTK, which grows from the model's context: "
+                         "--ctx-size would move where it starts; give --rope-scaling to replace it")
+    if args.rope_freq_base is not None:
+        changes["rope_theta"] = float(args.rope_freq_base)
+    if not changes:
+        return source
+    try:
+        new = cfg.replace(**changes)
+    except ValueError as e:
+        message = str(e)
+        for field, flag in FLAG_OF.items():
+            message = message.replace(f"rope_scaling.{field}", flag).replace(f" {field} (", f" {flag} (")
+        raise ValueError(message) from None
+    return source if new == cfg else dataclasses.replace(source, cfg=new)
