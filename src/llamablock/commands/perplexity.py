@@ -37,7 +37,7 @@ def add_arguments(p) -> None:
     p.add_argument("--max-tokens", type=int, default=None, help="score only the first N tokens of the file")
     p.add_argument("--dtype", choices=CHOICES, default="auto",
                    help="weights and activations; auto: the file's own precision (as generate); blocks: the "
-                        "file's own Q4_0/Q4_1/Q8_0 blocks; q8/q4: int8/int4 weights, bfloat16 activations "
+                        "file's own blocks; q8/q4: int8/int4 weights, bfloat16 activations "
                         "(default: %(default)s)")
     p.add_argument("--device", choices=DEVICES, default="auto",
                    help="where the model runs (default: auto, the best available: cuda, then mps, then cpu); "

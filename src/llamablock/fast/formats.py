@@ -7,7 +7,8 @@ one, or `auto`):
     q8, q4              packed int8 rows / int4 groups of 32 (fast/kernels/quant.py), with bfloat16
                         activations, the dtype the packed CPU kernels take; loaded in bfloat16,
                         then quantized
-    blocks              a GGUF's own Q4_0 / Q4_1 / Q8_0 blocks as stored (fast/kernels/file_blocks.py),
+    blocks              a GGUF's own blocks as stored (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K:
+                        fast/kernels/file_blocks.py),
                         float32 activations; what `auto` runs such a file in
 `auto` is each tensor in the format its stored type maps to (GGUF_TYPES; fast/kernels/native.py), or a
 transformers directory's torch_dtype (TORCH_DTYPES). Why 5- and 6-bit blocks go to q8 rather

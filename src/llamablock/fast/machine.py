@@ -39,7 +39,7 @@ class Machine:
 
     @property
     def kept(self) -> frozenset[str]:
-        """The GGUF types whose blocks run as stored (Q4_0, Q4_1, Q8_0 where the kernel built, else none)."""
+        """The GGUF types whose blocks run as stored (ggml_kernel.KEPT where the kernel built, else none)."""
         return frozenset(ggml_kernel.BLOCK_BYTES) if self.kernel else frozenset()
 
     def without_kernel(self, why: str) -> Machine:

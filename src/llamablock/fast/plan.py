@@ -16,9 +16,10 @@ layers are handed what the plan says (tests/fast/test_plan.py states the rules a
 - Engine: `compiled` when asked; `auto` is compiled when the builds index records a build of
   this file in this format by this llamablock and torch (`llamablock compile` made it), else
   eager, with a note that says how to build it (or that the build is another version's).
-- Formats (eager `auto` on a GGUF): each stored type in its own precision. Q4_0, Q4_1 and Q8_0 as
-  the file's blocks where the block kernel built (else re-quantized, and the plan says why),
-  other 4-bit types q4 (Q4_K keeping its ids), 5- and 6-bit q8, F16/BF16 bfloat16. Activations
+- Formats (eager `auto` on a GGUF): each stored type in its own precision. The kernel's types
+  (ggml_kernel.KEPT: Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K) as the file's blocks where the
+  block kernel built (else re-quantized, and the plan says why: 4-bit types q4, Q4_K keeping its
+  ids, 5- and 6-bit q8), other quantized types likewise, F16/BF16 bfloat16. Activations
   are float32 for an all-F32 file or one whose quantized matrices are all blocks, else bfloat16
   (the packed kernels' dtype). The output head stays 8-bit where its type would be packed, as
   in quantize_model; a tied embedding stored quantized is the head's rows (one copy).
@@ -41,7 +42,7 @@ from torch import nn
 from llamablock.fast import machine as machines
 from llamablock.fast.compiled import builds
 from llamablock.fast.formats import CHOICES, FORMATS, GGUF_TYPES, PACKED, dir_format, load_dtype
-from llamablock.fast.kernels.ggml_kernel import BLOCK_BYTES
+from llamablock.fast.kernels.ggml_kernel import BLOCK_BYTES, GROUPABLE
 from llamablock.fast.kernels.native import native_decoder
 from llamablock.fast.kernels.quant import apply_dtype
 from llamablock.fast.machine import Machine
@@ -63,7 +64,7 @@ class Plan:
     activations: str = "float32"  # the dtype of activations, norms and float weights
     head: str = "float32"  # the output head's format
     binding: str | None = None  # how block layers call the kernel: "ctypes", "operator", or None (no blocks)
-    grouped: bool = False  # block layers hold their rows in groups of 8
+    grouped: bool = False  # block layers of a GROUPABLE type hold their rows in groups of 8
     prefill: dict = field(default_factory=dict)  # packed format -> rows from which it dequantizes (None: never)
     context: int = 0  # tokens the model runs at most (its config's max_seq_len)
     scaling: str = "none"  # the RoPE scaling in force (its config's)
@@ -84,8 +85,9 @@ class Plan:
     def weights(self) -> str:
         """One line: each stored type's format, the head's, the activations, and how blocks are called."""
         kinds = ", ".join(f"{t} -> {f}" if t != "*" else f for t, f in sorted(self.formats.items()))
-        blocks = (f"; the block kernel through {self.binding}{', rows in groups of 8' if self.grouped else ''}"
-                  if self.binding else "")
+        grouped = sorted(t for t, f in self.formats.items() if f == "blocks" and t in GROUPABLE) if self.grouped else []
+        blocks = (f"; the block kernel through {self.binding}"
+                  f"{', ' + ', '.join(grouped) + ' rows in groups of 8' if grouped else ''}" if self.binding else "")
         return f"{kinds}; output head {self.head}; activations {self.activations}{blocks}"
 
     def describe(self) -> str:

@@ -130,8 +130,8 @@ def test_auto_compiles_the_files_own_blocks_where_it_can(tmp_path, monkeypatch):
     import gguf
 
     (tmp_path / "mixed").mkdir()
-    q5 = gguf.quants.quantize(torch.randn(64, 128).numpy(), gguf.GGMLQuantizationType.Q5_0)
-    mixed = {"blk.0.ffn_down.weight": (q5, "Q5_0")}
+    q5 = gguf.quants.quantize(torch.randn(64, 128).numpy(), gguf.GGMLQuantizationType.Q5_1)  # a type not kept
+    mixed = {"blk.0.ffn_down.weight": (q5, "Q5_1")}
     assert own_format(open_source(_tiny(tmp_path / "mixed", raw_blocks=mixed))) == "q4"  # the packed majority
     from llamablock.fast import machine
 
@@ -144,5 +144,5 @@ def test_dtype_blocks_is_refused_where_it_cannot_run(tmp_path):
     tiny_hf_model("llama", n_heads=4, n_kv=2).save_pretrained(d)
     with pytest.raises(ValueError, match="--dtype blocks runs a GGUF .* is not a GGUF file; use --dtype auto"):
         load_in_format(open_source(d, tokenizer=False), "blocks")
-    with pytest.raises(ValueError, match="its layer matrices are Q5_0"):
-        load_in_format(open_source(_tiny(tmp_path, "Q5_0"), tokenizer=False), "blocks")
+    with pytest.raises(ValueError, match="its layer matrices are Q5_1"):
+        load_in_format(open_source(_tiny(tmp_path, "Q5_1"), tokenizer=False), "blocks")

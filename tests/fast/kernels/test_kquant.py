@@ -9,11 +9,13 @@ re-deriving the groups (Int4Linear's own quantizer) does not do.
 from __future__ import annotations
 
 import gguf
+import pytest
 import torch
 from gguf_tiny import random_kquant_blocks, write_tiny_gguf
 from hf_reference import tiny_hf_model
 
 import llamablock
+from llamablock.fast import machine
 from llamablock.fast.kernels.kquant import q4k_groups, q4k_linear
 from llamablock.fast.kernels.quant import Int4Linear
 from llamablock.fast.plan import load_gguf_native
@@ -55,14 +57,17 @@ def test_the_packed_layer_keeps_the_ids_and_is_closer_than_requantizing():
     assert err.mean() < requantized.mean() / 2
 
 
-def test_a_q4_k_file_loads_its_ids(tmp_path):
-    """A tiny model with one Q4_K matrix: the loaded layer holds the file's ids, and its logits
+def test_a_q4_k_file_loads_its_ids(tmp_path, monkeypatch):
+    """Where the block kernel did not build: a tiny model with one Q4_K matrix: the loaded layer
+    holds the file's ids, and its logits
     follow the float32 loader's (the file dequantized by the gguf package) as closely as a
     bfloat16 model's."""
     hf = tiny_hf_model("llama", n_heads=4, n_kv=2, hidden_size=256, intermediate_size=256, head_dim=64)
     raw = random_kquant_blocks("Q4_K", 256, 256, seed=3)
     f = tmp_path / "q4k.gguf"
     write_tiny_gguf(f, hf, qtype="Q8_0", raw_blocks={"blk.0.ffn_down.weight": (raw, "Q4_K")})
+    no_kernel = machine.this_machine().without_kernel("turned off by the test")
+    monkeypatch.setattr(machine, "this_machine", lambda: no_kernel)
     native, used = load_gguf_native(f)
     assert used["Q4_K ids in q4"] == 1
     layer = native.layers[0].ffn.w_down
@@ -70,3 +75,24 @@ def test_a_q4_k_file_loads_its_ids(tmp_path):
     assert torch.equal(layer.ids(), q4k_groups(torch.from_numpy(raw), 256)[0])
     exact = llamablock.load_pretrained(f, torch.float32)
     assert torch.equal(exact.layers[0].ffn.w_down.weight, _exact(raw, 256, 256))
+
+
+def test_with_the_kernel_each_k_type_loads_as_the_file_s_blocks(tmp_path):
+    """Where the block kernel built, Q4_K, Q5_K and Q6_K matrices load as the file's own blocks: each
+    layer's dequantization equals the float32 loader's weight (the gguf package's) bit for bit."""
+    from llamablock.fast.kernels.file_blocks import BlockLinear
+
+    if not machine.this_machine().kernel:
+        pytest.skip(f"the block kernel does not build here ({machine.this_machine().why_not})")
+    hf = tiny_hf_model("llama", n_heads=4, n_kv=2, hidden_size=256, intermediate_size=256, head_dim=64)
+    names = {"Q4_K": "blk.0.ffn_down.weight", "Q5_K": "blk.0.ffn_up.weight", "Q6_K": "blk.0.ffn_gate.weight"}
+    raw = {kind: random_kquant_blocks(kind, 256, 256, seed=i) for i, kind in enumerate(names)}
+    f = tmp_path / "kquants.gguf"
+    write_tiny_gguf(f, hf, qtype="Q8_0", raw_blocks={name: (raw[kind], kind) for kind, name in names.items()})
+    native, used = load_gguf_native(f)
+    exact = llamablock.load_pretrained(f, torch.float32)
+    for kind, attr in zip(names, ("w_down", "w_up", "w_gate"), strict=True):
+        assert used[f"{kind} blocks"] == 1
+        layer = getattr(native.layers[0].ffn, attr)
+        assert isinstance(layer, BlockLinear) and not layer.grouped  # the K types keep the file's order
+        assert torch.equal(layer.dequantized(), getattr(exact.layers[0].ffn, attr).weight)

@@ -8,8 +8,9 @@ rounded to bfloat16 and quantized into its packed layer before the next is read,
 model never exists in float. Rounding to bfloat16 first is what the dequantize-then-quantize path
 (`load_dtype` + `apply_dtype`) does, so both give the same logits (tests/fast/kernels/test_native.py; the
 shared embedding differs from a bfloat16 one within the q8 step, as stated there). Two kinds are
-read undecoded instead: the blocks the kernel keeps (Q4_0, Q4_1, Q8_0: fast/kernels/file_blocks.py), and
-Q4_K, whose ids go into the int4 layer as they are (fast/kernels/kquant.py).
+read undecoded instead: the blocks the kernel keeps (ggml_kernel.KEPT: fast/kernels/file_blocks.py), and,
+where the plan puts Q4_K in q4 (no kernel), Q4_K, whose ids go into the int4 layer as they are
+(fast/kernels/kquant.py).
 
 Memory (`llamablock bench memory` measures the peak against the file's size): the
 reader's parse of the header is dropped once the tokenizer is built, keeping only an index of
@@ -29,7 +30,7 @@ from torch import nn
 from llamablock.fast.formats import GGUF_TYPES
 from llamablock.fast.kernels import ggml_kernel
 from llamablock.fast.kernels.file_blocks import BlockEmbedding, BlockLinear, group_rows
-from llamablock.fast.kernels.ggml_kernel import GROUP
+from llamablock.fast.kernels.ggml_kernel import GROUP, GROUPABLE
 from llamablock.fast.kernels.kquant import q4k_linear
 from llamablock.fast.kernels.malloc import mapped_large_blocks, release_free_memory
 from llamablock.fast.kernels.quant import PREFILL_ROWS, Int4Linear, Int8Embedding, Int8Linear
@@ -109,7 +110,8 @@ def _read_weights(reader, cfg, model, dtype: torch.dtype, weights: WeightPlan):
                                                                       weights.prefill.get("q4", PREFILL_ROWS)))
                 fmt = "Q4_K ids in q4"
             elif as_blocks(name, kind):
-                grouped = weights.grouped and w.rows.shape[0] % GROUP == 0  # else the file's order
+                # groups of 8 rows where the plan says so and the type has that layout, else the file's order
+                grouped = weights.grouped and kind in GROUPABLE and w.rows.shape[0] % GROUP == 0
                 rows = group_rows(kind, w.rows) if grouped else w.rows
                 layer = BlockLinear(kind, rows, w.shape[1], grouped=grouped, binding=weights.binding)
                 if name in shared:
