@@ -202,6 +202,9 @@ def lock_file(path: Path) -> Path:
     return path.with_name(f".{path.name}.lock")
 
 
+UNRECORDED = "it has no record of its size and sha256"
+
+
 def _measure(path: Path) -> str:
     data = path.read_bytes()
     return f"{hashlib.sha256(data).hexdigest()} {len(data)}"
@@ -217,7 +220,7 @@ def damage(path: Path) -> str | None:
     try:
         want = record_file(path).read_text().split()
     except OSError:
-        return "it has no record of its size and sha256"
+        return UNRECORDED
     try:
         have = _measure(path).split()
     except OSError as e:
@@ -242,7 +245,8 @@ def set_aside(path: Path, why: str) -> bool:
         except OSError:
             return False
     record_file(path).unlink(missing_ok=True)
-    print(f"llamablock: the kernel library {path} is damaged ({why}): {done}; building it again",
+    state = "cannot be checked" if why == UNRECORDED else "is damaged"  # unrecorded: a build of an earlier llamablock
+    print(f"llamablock: the kernel library {path} {state} ({why}): {done}; building it again",
           file=sys.stderr, flush=True)
     return True
 
