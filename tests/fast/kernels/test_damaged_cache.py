@@ -159,8 +159,14 @@ def test_a_damaged_library_that_cannot_be_built_again_is_the_fallbacks_reason(tm
     """No working compiler: kernel() is None and why_not says the library was damaged, so the loader
     re-quantizes (its existing fallback) instead of loading it."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    ggml_kernel.load(tmp_path / "llamablock" / "kernels")
-    (path,) = (tmp_path / "llamablock" / "kernels").glob("*.so")
+    # built and loaded in one folder, damaged as a copy in the cache: truncating a library this process
+    # has mapped would fault on its pages later (a SIGBUS at exit, when its finalizers run)
+    ggml_kernel.load(tmp_path / "built")
+    kernels = tmp_path / "llamablock" / "kernels"
+    kernels.mkdir(parents=True)
+    for f in (tmp_path / "built").glob("*.so*"):
+        shutil.copyfile(f, kernels / f.name)
+    (path,) = kernels.glob("*.so")
     os.truncate(path, 4096)
     monkeypatch.setenv("CC", "false")
     monkeypatch.setattr(ggml_kernel, "_why_not", [])
