@@ -112,3 +112,14 @@ def test_a_training_seed_past_the_generators_range_is_one_line(capsys, tmp_path)
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "seed must be a whole number between -2**40 and 2**40" in err
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a torch without CUDA")
+def test_train_device_cuda_without_cuda_is_one_line(capsys, tmp_path):
+    """train refuses a device this torch lacks as generate and perplexity do (util.devices.resolve_device),
+    before its folder is claimed; it used to fail in torch's CUDA initialisation with a traceback."""
+    out = tmp_path / "run"
+    assert cli.main(["train", "--arch", "2024", "--steps", "1", "--device", "cuda", "--out", str(out),
+                     "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--device cuda: no CUDA device is available here" in err and not out.exists()

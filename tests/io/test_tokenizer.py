@@ -116,3 +116,14 @@ def test_no_chat_template_is_a_clear_error(tmp_path):
     _spm_gguf(f)
     with pytest.raises(ValueError, match="no chat template"):
         tokenizer_from_gguf(open_gguf(f)).apply_chat_template(MESSAGES[0])
+
+
+def test_a_character_record_listing_a_character_twice_is_refused():
+    """Ids are positions in 'chars': a repeated character would give two ids one spelling and shift
+    every id after it, so the record is refused, naming the character, rather than read wrongly."""
+    from llamablock.io.llamablock_records import tokenizer_from_record
+
+    with pytest.raises(ValueError, match=r"'chars' lists the character 'b' more than once") as e:
+        tokenizer_from_record({"kind": "char", "chars": "abcb"})
+    assert "\n" not in str(e.value)
+    assert tokenizer_from_record({"kind": "char", "chars": "abc"}).encode("cab") == [2, 0, 1]

@@ -135,3 +135,22 @@ def test_a_kv_cache_the_machine_cannot_allocate_is_one_clear_error(monkeypatch):
     engine.prepare(10_000)
     with torch.no_grad(), pytest.raises(ValueError, match="the KV cache for .* tokens needs .* GiB"):
         engine.prefill(torch.zeros(1, 300, dtype=torch.long))
+
+
+@pytest.mark.parametrize("damage", [
+    lambda old: {"kind": "bpe", "tokenizer": {"model": {"type": "nonsense"}}},  # valid JSON, not a tokenizer
+    lambda old: {"kind": "bpe", "tokenizer": {"version": "1.0", "model": {"type": "BPE", "vocab": [1], "merges": 7}}},
+    lambda old: {"kind": "char", "chars": old["chars"] + old["chars"][0]},  # one character listed twice
+], ids=["bpe-wrong-shape", "bpe-unparsable", "char-repeated"])
+def test_a_damaged_tokenizer_record_is_one_line(run, capsys, damage):
+    """A BPE record in its envelope whose tokenizer.json the tokenizers library cannot parse, or a
+    character record that lists a character twice (its ids would shift): the checks before a resume
+    read the record as the resume will, so the resume is refused in one line naming state.json,
+    instead of the library's bare Exception or a run silently continued with other ids."""
+    for p in (run / "checkpoints").glob("step-*"):
+        state = json.loads((p / "state.json").read_text())
+        state["tokenizer"] = damage(state["tokenizer"])
+        (p / "state.json").write_text(json.dumps(state))
+    assert cli.main(["train", "--resume", "--out", str(run), "--steps", "30", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "step-000020/state.json: tokenizer: the run's tokenizer record is damaged" in err

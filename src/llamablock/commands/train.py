@@ -128,11 +128,14 @@ def _resume_model(args) -> dict | None:
 def run(args) -> int:
     from llamablock.training import distributed as dd
     from llamablock.training.train import TrainConfig, train
+    from llamablock.util.devices import resolve_device
 
     if args.out is not None and not args.out.strip():
         raise UsageError("--out is empty: give the folder of the run (a new one, or the run to --resume)")
     if args.steps is not None and args.steps <= 0:
         raise UsageError(f"--steps must be at least 1, got {args.steps}")
+    if args.device is not None:  # refused here, as generate refuses it, before the run's folder is touched
+        resolve_device(args.device)
     resume_model = None
     if args.resume:
         if not args.out:

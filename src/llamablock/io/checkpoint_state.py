@@ -106,7 +106,7 @@ def checked_state(path: str | Path, need_sums: bool = True, check_train=None) ->
     `need_sums` a missing checksum table is let through (one that is there is still checked).
     `check_train(train_config)` raises ValueError for training settings a resume cannot use
     (training.state_check passes TrainConfig's check; readers of the weights alone need none)."""
-    from llamablock.io.llamablock_records import model_config, tokenizer_json
+    from llamablock.io.llamablock_records import model_config, tokenizer_from_record
     from llamablock.io.resolve import read_state
 
     path = Path(path)
@@ -128,9 +128,9 @@ def checked_state(path: str | Path, need_sums: bool = True, check_train=None) ->
         if check_train is not None:
             check_train(state["train_config"])
         try:
-            tokenizer_json(state["tokenizer"])
+            tokenizer_from_record(state["tokenizer"])  # parsed, as a resume will: a garbled one is damage
         except ValueError as e:
-            raise ValueError(f"tokenizer: {e}") from None
+            raise ValueError(f"tokenizer: the run's tokenizer record is damaged: {e}") from None
         _check_history(state.get("history"), step)
         groups = state["optimizer"].get("param_groups")
         if not isinstance(groups, list) or not all(isinstance(g, dict) and isinstance(g.get("params"), list)

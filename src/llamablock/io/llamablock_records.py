@@ -34,6 +34,12 @@ def tokenizer_json(record: dict) -> dict:
     chars = record.get("chars")
     if not isinstance(chars, str) or not chars:
         raise ValueError(f"the tokenizer record's 'chars' must be the string of its characters, got {json_kind(chars)}")
+    seen = set()
+    for c in chars:  # one id per character: a repeated one would give two ids one spelling and shift the rest
+        if c in seen:
+            raise ValueError(f"the tokenizer record's 'chars' lists the character {c!r} more than once (each "
+                             "character has one id; llamablock never writes a character twice)")
+        seen.add(c)
     backend = Backend(models.BPE({c: i for i, c in enumerate(record["chars"])}, []))
     backend.decoder = decoders.Fuse()  # the default decoder would join tokens with spaces
     return json.loads(backend.to_str())
@@ -49,7 +55,8 @@ def tokenizer_from_record(record: dict):
     try:
         backend = Backend.from_str(json.dumps(spec))
     except Exception as e:  # the tokenizers library raises a bare Exception on a malformed one
-        raise ValueError(f"the tokenizer record is not a readable tokenizer: {e}") from None
+        raise ValueError("the tokenizers library cannot read the tokenizer record's tokenizer.json "
+                         f"({e})") from None
     return Tokenizer(backend, None, [], chat_template=CHAT_TEMPLATE)
 
 
