@@ -20,7 +20,9 @@ quantized buffers), the config, format, cache length, inductor options and the t
 
 Cache layout: `<inductor cache dir>/llamablock-aoti/<hash>/`, the .pt2 package that
 `aoti_compile_and_package` writes, unpacked once (a temporary directory, then a rename: an
-interrupted compile leaves nothing). After each compile the least recently used packages are
+interrupted compile leaves nothing). Each library in it has a record of its size and sha256, checked
+before each load: a package cut short or changed is set aside and compiled again, never loaded
+(fast/compiled/package_check.py). After each compile the least recently used packages are
 deleted beyond MAX_CACHE_BYTES (`prune`), and AOTInductor's build copy of the new library is
 deleted from inductor's cache (`drop_build_copy`). Why unpacked: `aoti_load_package` unpacks the
 archive into a temporary directory on every load, which is most of its load time since the
@@ -32,6 +34,7 @@ directory with no copy. The library is run through
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -46,6 +49,7 @@ import torch
 from torch import nn
 
 from llamablock.fast.compiled.huge_pages import collapse, tensor_ranges
+from llamablock.fast.compiled.package_check import record_package, set_aside_package
 from llamablock.util.files import atomic_write
 
 
@@ -230,6 +234,9 @@ class AOTIProgram:
         self.path = package_dir() / package_key(static, fmt, options, method, example, digest, lengths)
         self.compile_seconds = 0.0
         library = _library(self.path)
+        if library is not None and (cannot := set_aside_package(self.path)) is not None:
+            raise BuildFailed(cannot)  # a read-only cache: never loaded, and nothing remembered
+        library = _library(self.path)  # None where a damaged package was set aside: compiled again
         if library is None:
             failed = failure_marker(self.path)
             if failed.is_file():  # tried before with these exact settings, weights, torch and source
@@ -248,7 +255,8 @@ class AOTIProgram:
             library = _library(self.path)
             prune(self.path.parent, keep=self.path)
         else:
-            os.utime(self.path)  # recently used: pruned last
+            with contextlib.suppress(OSError):  # a read-only cache: loaded as it is
+                os.utime(self.path)  # recently used: pruned last
         # Linux lets a process use AMX tiles only after it asks (arch_prctl XTILEDATA). Inductor asks
         # while compiling; a process that only loads a library whose GEMMs use AMX (the bfloat16 and
         # int8 prefill on AMX CPUs) dies of SIGILL at its first call without this.
@@ -285,6 +293,7 @@ class AOTIProgram:
             if _library(tmp) is None:
                 raise RuntimeError(f"AOTInductor's package has no single shared library under {tmp}")
             drop_build_copy(tmp, self.path.parent.parent)
+            record_package(tmp)  # each library's size and sha256, checked before each load
             if self.path.exists() and _library(self.path) is None:
                 shutil.rmtree(self.path, ignore_errors=True)  # a stale entry without a library
             try:

@@ -230,9 +230,10 @@ def damage(path: Path) -> str | None:
     return None if have[0] == want[0] else "its sha256 differs from its record"
 
 
-def set_aside(path: Path, why: str) -> bool:
+def set_aside(path: Path, why: str, what: str = "kernel library", again: str = "building it again") -> bool:
     """Move the damaged library at `path` to `<library>.damaged` (deleted where it cannot be moved),
-    saying so in one line; False where neither can be done (a read-only cache)."""
+    saying so in one line (`what` names the file, `again` what follows); False where neither can be
+    done (a read-only cache)."""
     aside = path.with_name(path.name + ".damaged")
     try:
         os.replace(path, aside)
@@ -246,7 +247,7 @@ def set_aside(path: Path, why: str) -> bool:
             return False
     record_file(path).unlink(missing_ok=True)
     state = "cannot be checked" if why == UNRECORDED else "is damaged"  # unrecorded: a build of an earlier llamablock
-    print(f"llamablock: the kernel library {path} {state} ({why}): {done}; building it again",
+    print(f"llamablock: the {what} {path} {state} ({why}): {done}; {again}",
           file=sys.stderr, flush=True)
     return True
 

@@ -1,0 +1,64 @@
+"""Checking an AOTInductor package in the cache before it is loaded (fast/compiled/aoti_step.py).
+
+A package's shared library cut short (a full disk, a process killed while unpacking) is mapped past
+its end when it is loaded, and the first step dies of SIGBUS with no message; another file in its
+place ends in a traceback. So, as for the kernel libraries (fast/kernels/build.py, whose records and
+checks these are), each file that a load maps (the package's shared libraries, and its weights where
+it keeps them as files) gets a record of its size and sha256 when the package is written, and each is
+checked against it before the package is loaded. A package with a damaged or unrecorded shared
+library has that library set aside (one line on stderr), which makes the package absent: it is
+compiled again. A package in a read-only cache whose files check out is loaded as it is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+
+from llamablock.fast.kernels.build import damage, record, record_file, set_aside
+
+WHAT = "compiled program's library"  # the line on stderr: "the compiled program's library <path> is damaged"
+
+
+def mapped_files(package: Path) -> list[Path]:
+    """The files of the unpacked `package` that loading it maps: its shared libraries, and its weights
+    or constants where the package keeps them as separate files."""
+    found = [*package.glob("*/data/aotinductor/model/*.so"), *package.glob("*/data/weights/*"),
+             *package.glob("*/data/constants/*")]
+    return sorted(p for p in found if p.is_file() and not p.name.endswith(".sha256"))
+
+
+def record_package(package: Path) -> None:
+    """Write the record of each mapped file of `package` (before it is renamed into place, so that a
+    reader never finds a package without its records)."""
+    for path in mapped_files(package):
+        record(path)
+
+
+def damaged_package(package: Path) -> tuple[Path, str] | None:
+    """The first mapped file of `package` that must not be loaded and why (cut short, changed, or with
+    no record), or None when every one agrees with its record."""
+    for path in mapped_files(package):
+        why = damage(path)
+        if why is not None:
+            return path, why
+    return None
+
+
+def set_aside_package(package: Path) -> str | None:
+    """Check `package`; where a file of it is damaged, move that file aside (build.set_aside: one line
+    on stderr), which leaves the package without it, so it is compiled again. Returns None when the
+    package can be loaded or was set aside, else why it can be neither (damaged in a cache that
+    cannot be written)."""
+    found = damaged_package(package)
+    if found is None:
+        return None
+    path, why = found
+    if not set_aside(path, why, what=WHAT, again="compiling it again"):
+        return f"{path} is damaged ({why}) and cannot be moved aside"
+    for library in package.glob("*/data/aotinductor/model/*.so"):  # a weights file was: absent all the same
+        with contextlib.suppress(OSError):
+            os.replace(library, library.with_name(library.name + ".damaged"))
+            record_file(library).unlink(missing_ok=True)
+    return None
