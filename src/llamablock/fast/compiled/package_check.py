@@ -4,8 +4,9 @@ A package's shared library cut short (a full disk, a process killed while unpack
 its end when it is loaded, and the first step dies of SIGBUS with no message; another file in its
 place ends in a traceback. So, as for the kernel libraries (fast/kernels/build.py, whose records and
 checks these are), each file that a load maps (the package's shared libraries, and its weights where
-it keeps them as files) gets a record of its size and sha256 when the package is written, and each is
-checked against it before the package is loaded. A package with a damaged or unrecorded shared
+it keeps them as files) gets a record of its size and sha256 when the package is written, and each
+one's size is checked against it before the package is loaded (a cut-short file is the case that
+faults; reading the weights through to hash them would cost every warm start). A package with a damaged or unrecorded shared
 library has that library set aside (one line on stderr), which makes the package absent: it is
 compiled again. A package in a read-only cache whose files check out is loaded as it is.
 """
@@ -40,7 +41,7 @@ def damaged_package(package: Path) -> tuple[Path, str] | None:
     """The first mapped file of `package` that must not be loaded and why (cut short, changed, or with
     no record), or None when every one agrees with its record."""
     for path in mapped_files(package):
-        why = damage(path)
+        why = damage(path, digest=False)  # size alone: the weights are inside it, and hashing them costs every start
         if why is not None:
             return path, why
     return None
