@@ -181,11 +181,11 @@ def evaluate_methods(model: Decoder, docs: list[tuple[str, list[int]]], methods:
                              "step": DYNAMIC_STEP if m == "dynamic" else None})
         key = cache.key(model_key, ids, m, s, tokens, dtype)
         bar.set_postfix_str(f"{m} on {docs[d][0]}")
-        losses = cache.get(key, tokens - 1)
+        losses = cache.get(key, tokens - 1, ids)
         if losses is None:
             losses = reference_losses(model, ids, stride, chunk) if m == "reference" else \
                 method_losses(model, ids, m, factor, chunk, self_extend, sinks)
-            cache.put(key, losses)
+            cache.put(key, losses, ids)
         out[m][d] = losses
         bar.update(work(m, tokens, L, stride))
     bar.close()
