@@ -12,6 +12,7 @@ import gguf
 import numpy as np
 import torch
 
+from benchmarks.scaled_gguf import random_kquant_blocks  # noqa: F401  (tests import it from here)
 from llamablock.io.gguf import llamacpp_permute
 
 HF_TO_GGUF = {
@@ -108,25 +109,6 @@ def write_tiny_gguf(path, hf_model, arch: str = "llama", qtype: str = "F32", raw
     w.write_tensors_to_file()
     w.close()
     return written
-
-
-def random_kquant_blocks(kind: str, rows: int, cols: int, seed: int = 0) -> np.ndarray:
-    """Random K-quant blocks with finite, modest fp16 scales (gguf cannot quantize K types).
-
-    Layouts (bytes per 256-value block), from ggml-common.h: Q4_K = d, dmin (fp16), 12 scale bytes,
-    128 nibble bytes; Q5_K adds 32 high-bit bytes before the nibbles; Q6_K = 128 low, 64 high,
-    16 int8 scales, then d (fp16) last.
-    """
-    block_bytes = {"Q4_K": 144, "Q5_K": 176, "Q6_K": 210}[kind]
-    n = rows * cols // 256
-    rng = np.random.default_rng(seed)
-    b = rng.integers(0, 256, size=(n, block_bytes), dtype=np.uint8)
-    scale = lambda k: (rng.uniform(1e-4, 2e-3, size=(n, k))).astype(np.float16).view(np.uint8)  # noqa: E731
-    if kind == "Q6_K":
-        b[:, -2:] = scale(1)
-    else:
-        b[:, :4] = scale(2)
-    return b.reshape(rows, cols // 256 * block_bytes)
 
 
 def to_torch(a: np.ndarray) -> torch.Tensor:

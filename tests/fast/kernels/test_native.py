@@ -17,13 +17,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
 from gguf_tiny import random_kquant_blocks, write_tiny_gguf
 from hf_reference import tiny_hf_model
+from peak_memory import peak_memory
 from torch import nn
 
 import llamablock
@@ -159,27 +158,6 @@ def test_a_directory_runs_in_its_torch_dtype(tmp_path):
         assert what == want and model.embed.weight.dtype == getattr(torch, want)
 
 
-PEAK = r"""
-import json, sys, torch
-torch.set_num_threads(1)
-from llamablock.fast.kernels.malloc import tune_allocator
-tune_allocator()  # as the command line runs
-from llamablock.fast.plan import load_in_format
-from llamablock.io.source import open_source
-from llamablock.runtime.engine import EagerEngine
-from llamablock.runtime.generate import generate
-
-def kib(field):
-    return next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith(field + ":"))
-
-open("/proc/self/clear_refs", "w").write("5")  # start the peak (VmHWM) afresh from here
-before = kib("VmRSS")
-source = open_source(sys.argv[1])
-(model, _), tok = load_in_format(source, "auto"), source.tokenizer
-load = (kib("VmHWM") - before) * 1024
-generate(EagerEngine(model), tok.encode("The capital of France is"), 32, eos_ids=())
-print(json.dumps([load, (kib("VmHWM") - before) * 1024]))
-"""
 # Times the file's size, for the load and for the whole run; see the test's docstring.
 LOAD_BOUND, RUN_BOUND = 2.0, 2.3
 
@@ -201,8 +179,7 @@ def test_peak_memory_of_the_straight_load_against_the_file_size():
     every q4 layer (fast/kernels/int4pack.py), a float embedding beside the 8-bit head (Int8Embedding,
     BlockEmbedding), the heap's holes between weights (fast/kernels/malloc.py)."""
     path = str(resolve_model(None))
-    load, run = json.loads(subprocess.run([sys.executable, "-c", PEAK, path], capture_output=True, text=True,
-                                          check=True).stdout.splitlines()[-1])
+    load, run = peak_memory(path)
     size = os.path.getsize(path)
     print(f"peak / file size: load {load / size:.2f}, run {run / size:.2f}")
     assert 0 < load < LOAD_BOUND * size, load / size

@@ -184,13 +184,16 @@ class BlockLinear(nn.Module):
 
 
 class BlockEmbedding(nn.Module):
-    """An embedding table read from a tied head's BlockLinear rows (one copy for both): row i is
-    that row's exact dequantization. `weight` is an empty tensor of the activation dtype, as in
+    """An embedding table read from BlockLinear rows: a tied head's (one copy for both), or, with
+    `owned`, an untied embedding's own file blocks (never a float table). Row i is that row's exact
+    dequantization. `weight` is an empty tensor of the activation dtype, as in
     fast/kernels/quant.py's Int8Embedding: callers read it for the dtype and device."""
 
-    def __init__(self, head: BlockLinear, dtype: torch.dtype = torch.float32):
+    def __init__(self, head: BlockLinear, dtype: torch.dtype = torch.float32, owned: bool = False):
         super().__init__()
-        self.head, self.dtype = [head], dtype  # a list: not a submodule, so its blocks are counted once
+        self.head, self.dtype = [head], dtype  # a list: not a submodule, so a tied head's blocks count once
+        if owned:
+            self.rows = head  # the embedding's own blocks: a submodule, so they are the model's
         self.num_embeddings, self.embedding_dim = head.out_features, head.in_features
 
     @property
@@ -211,4 +214,5 @@ class BlockEmbedding(nn.Module):
         return rows.reshape(*ids.shape, self.embedding_dim).to(self.dtype)
 
     def extra_repr(self) -> str:
-        return f"{self.num_embeddings}, {self.embedding_dim}, {self.head[0].type_name} rows shared with the head"
+        whose = "its own" if hasattr(self, "rows") else "shared with the head"
+        return f"{self.num_embeddings}, {self.embedding_dim}, {self.head[0].type_name} rows {whose}"

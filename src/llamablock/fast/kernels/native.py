@@ -1,7 +1,8 @@
 """Load a GGUF straight into the layers its plan names: each stored type's format, the head's and
 the activation dtype come from fast/plan.py (`decide`: the file's own precision under `--dtype
 auto`), never decided here. A tied embedding stored quantized is the head's rows (Int8Embedding,
-BlockEmbedding): one copy for both.
+BlockEmbedding): one copy for both; an untied one in a type the kernel keeps reads its own blocks
+(never a float table: tests/fast/kernels/test_file_size.py).
 
 A quantized GGUF is read tensor by tensor (io/gguf.py `gguf_tensors`): each weight is dequantized,
 rounded to bfloat16 and quantized into its packed layer before the next is read, so the whole
@@ -94,8 +95,13 @@ def _read_weights(reader, cfg, model, dtype: torch.dtype, weights: WeightPlan):
     embed = next((t.tensor_type.name for t in reader.tensors if t.name == "token_embd.weight"), None)
     tied = cfg.tie_embeddings and GGUF_TYPES.get(embed) in ("q8", "q4") and weights.head in ("q8", "blocks")
     shared = frozenset({"embed.weight"} if tied else ())
+    # An untied embedding in a type the kernel keeps is read through its blocks too (BlockEmbedding):
+    # as a float table it would be the largest tensor of a 1B model's memory (`bench memory`).
+    own_rows = not tied and embed in ggml_kernel.KEPT and weights.formats.get(embed) == "blocks"
 
     def as_blocks(name: str, kind: str) -> bool:  # read undecoded: the file's blocks, and Q4_K's ids
+        if name == "embed.weight" and own_rows:
+            return True
         if name not in linears and name not in shared:
             return False
         fmt = weights.of(name, kind, shared)
@@ -105,7 +111,10 @@ def _read_weights(reader, cfg, model, dtype: torch.dtype, weights: WeightPlan):
     with mapped_large_blocks():
         for name, kind, w in gguf_tensors(reader, cfg, expected, dtype, chunked=shared, as_blocks=as_blocks):
             fmt = weights.of(name, kind, shared) if name in linears or name in shared else "plain"
-            if as_blocks(name, kind) and fmt == "q4":
+            if name == "embed.weight" and own_rows:  # the embedding's own rows, in the file's order
+                rows = BlockLinear(kind, w.rows, w.shape[1], binding=weights.binding)
+                model.embed, fmt = BlockEmbedding(rows, dtype, owned=True), f"{kind} blocks"
+            elif as_blocks(name, kind) and fmt == "q4":
                 _set_module(model, name.rsplit(".", 1)[0], q4k_linear(w.rows, w.shape[1],
                                                                       weights.prefill.get("q4", PREFILL_ROWS)))
                 fmt = "Q4_K ids in q4"
