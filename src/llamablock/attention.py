@@ -87,7 +87,7 @@ def attention_inputs(position_ids: torch.Tensor, start: int, *, dtype: torch.dty
         # position + 1, as transformers' dynamic_rope_update reads it; s, the number of keys, only
         # equals it when the positions start at 0. The others ignore it (no host read for them), and
         # on the meta device (shapes only) there is no value to read.
-        length = int(position_ids.max()) + 1 if rotary.late_keys and position_ids.device.type != "meta" else s
+        length = int(position_ids.max()) + 1 if rotary.follows_length and position_ids.device.type != "meta" else s
         rope = rotary.cos_sin(position_ids, dtype, seq_len=length)
         if rotary.late_keys:
             # Key positions: the new tokens' own ids, after the cached ones, which continue the

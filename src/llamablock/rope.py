@@ -19,8 +19,8 @@ Precision: angles are computed in float32 whatever the model dtype, then cos/sin
 to the activations' dtype. bfloat16 angles at position 4096 would be off by whole radians.
 
 `Rotary` is RoPE for one model, built once from its config and handed to every attention
-layer: the frequencies (rope_scaling.py), the pair layout, and whether keys are cached before
-rotation (the types whose frequencies change with the length). The decoder computes cos/sin
+layer: the frequencies (rope_scaling.py), the pair layout, whether they follow the length and
+whether keys are cached before rotation. The decoder computes cos/sin
 once per forward pass; each layer only rotates.
 Shapes: the package legend (llamablock/__init__.py).
 """
@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import torch
 
-from llamablock.rope_scaling import RopeSpec, rope_frequencies, rotates_cached_keys
+from llamablock.rope_scaling import RopeSpec, follows_length, rope_frequencies, rotates_cached_keys
 
 LAYOUTS = ("half", "interleaved")
 
@@ -94,9 +94,11 @@ def permute_qk(w: torch.Tensor, n_heads: int, head_dim: int, rotary_dim: int, to
 class Rotary:
     """RoPE for one model: `cos_sin` for a forward pass, `rotate` for each layer's q and k.
 
-    `late_keys` is True for the types whose frequencies depend on the current length (dynamic
-    NTK, longrope): then the KV cache holds keys before rotation and all keys are rotated again
-    at every step with the current frequencies (rope_scaling.rotates_cached_keys says why).
+    `follows_length` is True for the types whose frequencies depend on the current length (both
+    dynamic NTK types, longrope): each pass reads its largest position + 1. `late_keys` is True for
+    those of them whose KV cache holds keys before rotation, every key rotated again at each step
+    with the current frequencies (dynamic-consistent, longrope; rope_scaling.rotates_cached_keys);
+    under "dynamic" a key keeps the rotation it was cached with, as in transformers' cache.
     """
 
     def __init__(self, spec: RopeSpec, layout: str):
@@ -104,6 +106,7 @@ class Rotary:
             raise ValueError(f"rope layout must be 'half' or 'interleaved', got {layout!r}")
         self.spec, self.layout = spec, layout
         self.late_keys = rotates_cached_keys(spec)
+        self.follows_length = follows_length(spec)
 
     @classmethod
     def from_config(cls, cfg) -> "Rotary":

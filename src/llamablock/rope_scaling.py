@@ -12,7 +12,7 @@ in the config (alibi.py): nothing here applies to it.
     ntk        base' = base * s^(d/(d-2)), static NTK-aware scaling. NOT a transformers type:
                llamablock's own name for the closed form of bloc97's post, tested against it
     dynamic    ntk with s' = s*n/L - (s-1) from the current length n (>= L), so nothing changes
-               up to L; transformers' "dynamic"
+               up to L; transformers' "dynamic". `-consistent`: the same, keys re-rotated (below)
     yarn       per pair a ramp between theta_i (fast pairs, > beta_fast turns in L) and
                theta_i / s (slow pairs, < beta_slow turns), cos/sin times 0.1 ln s + 1
     llama3     LLaMA 3.1: wavelength < L/high_freq_factor unchanged, > L/low_freq_factor
@@ -21,9 +21,12 @@ in the config (alibi.py): nothing here applies to it.
 
 Defaults follow transformers 5 (modeling_rope_utils.py; the tests compare to 1e-6). Known
 differences elsewhere, with a keyword switch where a user may need the other:
-  * the original length L: yarn/llama3/longrope read `original_max_position_embeddings` (a
-    top-level one, as Phi-3 writes, wins: io/hf_config.py), else `max_position_embeddings`;
-    dynamic always uses `max_position_embeddings` (`cfg.max_seq_len`).
+  * L: `original_max_position_embeddings` (a top-level one, as Phi-3 writes, wins for yarn,
+    llama3, longrope: io/hf_config.py), else `max_position_embeddings` (`cfg.max_seq_len`), which
+    transformers' dynamic always reads; max_seq_len here is the context a run allows (--ctx-size
+    raises it), so a dynamic dict may name L (io/scaling_flags.py does; transformers' never do).
+  * transformers' dynamic keeps the largest length seen, across calls, until one shorter than L;
+    here each forward pass follows its own largest position (no state).
   * transformers 4.x before PR #40320 replaced yarn's `factor` by max_position_embeddings /
     original_max_position_embeddings whenever both lengths were given (Qwen's 32768/32768
     silently meant factor 1): `yarn_frequencies(..., factor_from_lengths=True)` reads it so.
@@ -31,8 +34,7 @@ differences elsewhere, with a keyword switch where a user may need the other:
     and no 0.1 ln s term): `yarn_frequencies(..., ext_factor=...)`.
   * litgpt clamps llama3's blend to [0, 1] for every pair instead of choosing by band: the
     same values outside the exact band edges, so there is no switch.
-  * dynamic clamps the length to at least L (without it the bracket goes negative for short
-    sequences): `dynamic_base(..., clamp=False)` shows the unclamped formula.
+  * dynamic clamps n to at least L: `dynamic_base(..., clamp=False)` shows the unclamped formula.
 
 Each method is a pure function of four settings, `rope_theta`, `rotary_dim`, `max_seq_len` and
 `rope_scaling` (llama-models' `apply_scaling`, mlx-lm's rope_utils): no state, every constant
@@ -131,18 +133,15 @@ def dynamic_base(base: float, factor: float, dim: int, seq_len: int | None, orig
 
 
 def _dynamic(cfg, seq_len: int | None) -> tuple[torch.Tensor, float]:
-    """L is `max_position_embeddings` (cfg.max_seq_len), as transformers; the length n is the
-    largest position + 1 (attention.attention_inputs passes it), as transformers' max(position_ids) + 1."""
-    dim, factor, original = cfg.rotary_dim, _p(cfg)["factor"], cfg.max_seq_len
-    dynamic_base(cfg.rope_theta, factor, dim, seq_len, original)  # raises on a non-positive base
+    """Both dynamic types (they differ in what the cache keeps: `rotates_cached_keys`). L is
+    `original_length`; n is the pass's largest position + 1, as transformers' max(position_ids) + 1."""
+    dim, factor, original = cfg.rotary_dim, _p(cfg)["factor"], original_length(cfg)
     if seq_len is None or seq_len <= original:
-        # Within the original length: the trained frequencies, bit for bit (transformers too
-        # keeps its init-time inv_freq until the length first exceeds L).
+        # Within L: the trained frequencies, bit for bit (transformers' init-time inv_freq).
         return default_inv_freq(cfg.rope_theta, dim), 1.0
-    # The same formula again in float32 tensor arithmetic, which is what transformers' forward
-    # computes (its length is a tensor there): a 1-ulp change in inv_freq moves the angle at
-    # position 131,072 by ~1e-2 rad, so the double-precision base would not match its cos/sin.
-    n = torch.tensor(max(seq_len or original, original))
+    # dynamic_base in float32 tensors, as transformers' forward computes it (its length is a tensor):
+    # 1 ulp of inv_freq moves the angle at 131,072 by ~1e-2 rad, so a double base would not match.
+    n = torch.tensor(seq_len)
     base = cfg.rope_theta * ((factor * n / original) - (factor - 1)) ** (dim / (dim - 2))
     return 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim)), 1.0
 
@@ -238,7 +237,7 @@ def _longrope(cfg, seq_len: int | None) -> tuple[torch.Tensor, float]:
 
 # rope_type -> function(cfg, seq_len) -> (inv_freq, attention_factor)
 ROPE_TYPES: dict[str, Callable] = {
-    "default": _default, "linear": _linear, "ntk": _ntk, "dynamic": _dynamic,
+    "default": _default, "linear": _linear, "ntk": _ntk, "dynamic": _dynamic, "dynamic-consistent": _dynamic,
     "yarn": yarn_frequencies, "llama3": _llama3, "longrope": _longrope,
 }
 
@@ -251,25 +250,28 @@ def rope_frequencies(cfg, seq_len: int | None = None) -> tuple[torch.Tensor, flo
     return ROPE_TYPES[rope_type(cfg)](cfg, seq_len)
 
 
-def rotates_cached_keys(cfg) -> bool:
-    """True when the frequencies depend on the current length (dynamic NTK, and longrope which
-    switches factor sets past the original length). Then the cache holds keys BEFORE rotation
-    and attention rotates all keys with the current frequencies at every step (attention.py,
-    `AttentionInputs.key_rope`), so no key stays rotated with a stale base. transformers caches rotated
-    keys, so its cached generation drifts from its own full forward once the base changes.
+def follows_length(cfg) -> bool:
+    """True when the frequencies depend on the current length, the largest position + 1 of a
+    forward pass: both dynamic NTK types, and longrope (short or long factors)."""
+    return rope_type(cfg) in ("dynamic", "dynamic-consistent", "longrope")
 
-    Limit, true of any cache: in layers above the first, the cached keys and values at earlier
-    positions were computed from attention outputs under the earlier base, so only a one-layer
-    model (or re-running the prefix) reproduces the full forward exactly; the test checks that.
-    """
-    return rope_type(cfg) in ("dynamic", "longrope")
+
+def rotates_cached_keys(cfg) -> bool:
+    """True when the KV cache holds keys BEFORE rotation and every key is rotated with the current
+    frequencies at each step (attention.py, `AttentionInputs.key_rope`): dynamic-consistent and
+    longrope. A query then meets every key turned at one base: scores depend on distance alone.
+    "dynamic" is transformers' cached generation: a key is rotated once, by the pass that cached
+    it, so past L a query turned at length n meets keys turned at earlier, shorter lengths.
+    Either way, layers above the first hold keys and values computed under earlier bases: only a
+    one-layer model (or re-running the prefix) equals the full forward; the tests check that."""
+    return rope_type(cfg) in ("dynamic-consistent", "longrope")
 
 
 # Validation ---------------------------------------------------------------------------------
 # Fields each type needs (transformers' `_validate_*_rope_parameters`, except that yarn and
 # longrope may leave `factor` out: then it is max_position_embeddings / original length).
 _REQUIRED = {
-    "linear": ("factor",), "ntk": ("factor",), "dynamic": ("factor",), "yarn": (),
+    "linear": ("factor",), "ntk": ("factor",), "dynamic": ("factor",), "dynamic-consistent": ("factor",), "yarn": (),
     "llama3": ("factor", "low_freq_factor", "high_freq_factor"), "longrope": ("short_factor", "long_factor"),
 }
 
@@ -302,7 +304,7 @@ def validate_rope_scaling(cfg) -> None:
     orig = p.get("original_max_position_embeddings")
     if orig is not None and (isinstance(orig, bool) or not isinstance(orig, int) or orig <= 0):
         raise ValueError(f"rope_scaling.original_max_position_embeddings must be a positive integer, got {orig!r}")
-    if kind in ("ntk", "dynamic") and cfg.rotary_dim <= 2:
+    if kind in ("ntk", "dynamic", "dynamic-consistent") and cfg.rotary_dim <= 2:
         raise ValueError(
             f"rope_type {kind!r} needs a rotary width above 2 (head_dim x partial_rotary_factor = {cfg.rotary_dim}): "
             "its base exponent d/(d-2) is undefined at d = 2"
@@ -336,5 +338,3 @@ def validate_rope_scaling(cfg) -> None:
             if not all(isinstance(x, (int, float)) and not isinstance(x, bool) and 0 < x < math.inf for x in v):
                 raise ValueError(f"rope_scaling.{key} must hold positive finite numbers only (Infinity or NaN "
                                  "would turn its pairs' frequencies to 0 or NaN)")
-    if kind == "dynamic":  # the base must be positive at every length the config allows
-        dynamic_base(cfg.rope_theta, p["factor"], cfg.rotary_dim, cfg.max_seq_len, cfg.max_seq_len)

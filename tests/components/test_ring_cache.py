@@ -39,10 +39,10 @@ def test_a_cache_no_longer_than_the_window_needs_no_ring():
 @pytest.mark.parametrize("prefill", [1, 3, 5, 12])
 @pytest.mark.parametrize("late", [False, True], ids=["rope", "dynamic-late-keys"])
 def test_decoding_through_the_ring_equals_the_full_forward(prefill, late):
-    """Late keys: dynamic NTK's frequencies change past 16 tokens, so the ring holds keys before
+    """Late keys: dynamic-consistent NTK's frequencies change past 16 tokens, so the ring holds keys before
     rotation and their positions come from the slots; one layer, since above the first the
     cached values keep the old frequencies (rope_scaling.rotates_cached_keys)."""
-    late_kw = dict(rope_scaling={"rope_type": "dynamic", "factor": 4.0}, max_seq_len=16, n_layers=1,
+    late_kw = dict(rope_scaling={"rope_type": "dynamic-consistent", "factor": 4.0}, max_seq_len=16, n_layers=1,
                    layer_types=["sliding"])
     model = _model(**(late_kw if late else {}))
     ids = torch.randint(0, 61, (2, 30))

@@ -21,10 +21,13 @@ from llamablock import ModelConfig
 from llamablock.io.hf_config import config_from_hf
 from llamablock.rope import rope_cos_sin
 from llamablock.rope_scaling import (
+    RopeSpec,
     default_inv_freq,
     dynamic_base,
+    follows_length,
     ntk_base,
     rope_frequencies,
+    rotates_cached_keys,
     yarn_frequencies,
 )
 
@@ -308,3 +311,24 @@ def test_top_level_original_length_wins_as_in_transformers():
     ours = config_from_hf(raw)
     assert ours.rope_scaling["original_max_position_embeddings"] == 1024
     assert torch.equal(rope_frequencies(ours)[0], ref)
+
+
+@pytest.mark.parametrize("kind", ["dynamic", "dynamic-consistent"])
+def test_dynamic_grows_from_the_original_length_its_dict_names(kind):
+    """A run past the context (--ctx-size 16384) keeps max_seq_len for the context it allows and
+    names L = 4096 in the dict: the frequencies are transformers' dynamic with
+    max_position_embeddings = 4096 at every length, both dynamic types alike."""
+    hf, _ = _pair({"rope_type": "dynamic", "factor": 4.0, "rope_theta": 10000.0}, 64, 4096)
+    cfg = RopeSpec(10000.0, 64, 16384, {"rope_type": kind, "factor": 4.0, "original_max_position_embeddings": 4096})
+    for n in (None, 4096, 4097, 9000, 16384):
+        ref, _ = ROPE_INIT_FUNCTIONS["dynamic"](hf, "cpu", seq_len=n)
+        assert _close(rope_frequencies(cfg, seq_len=n)[0], ref, 1e-6), n
+
+
+def test_which_types_follow_the_length_and_which_rotate_cached_keys_again():
+    def cfg(kind):
+        return RopeSpec(10000.0, 64, 4096, {"rope_type": kind, "factor": 2.0} if kind != "default" else None)
+
+    follow = {k for k in ("default", "linear", "ntk", "dynamic", "dynamic-consistent") if follows_length(cfg(k))}
+    again = {k for k in ("default", "linear", "ntk", "dynamic", "dynamic-consistent") if rotates_cached_keys(cfg(k))}
+    assert follow == {"dynamic", "dynamic-consistent"} and again == {"dynamic-consistent"}

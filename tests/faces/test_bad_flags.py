@@ -35,16 +35,17 @@ def test_bad_generation_flags_are_one_line(capsys, tiny, flags, message):
     assert err.count("\n") == 1 and message in err
 
 
-EXTEND = "extend it with --rope-scaling linear|ntk|yarn|llama3"
+EXTEND = "extend it with --rope-scaling linear|ntk|dynamic|dynamic-consistent|yarn|llama3"
 
 
 @pytest.mark.parametrize("flags,message", [  # the tiny model's trained context is 64 tokens
     (["--ctx-size", "128"], f"--ctx-size 128 exceeds the model's trained context of 64 tokens; {EXTEND}"),
     (["--rope-scaling", "none", "--ctx-size", "128"], EXTEND),
-    (["--rope-scaling", "rope"], "--rope-scaling 'rope' is unknown; choose one of none, linear, ntk, dynamic, yarn"),
+    (["--rope-scaling", "rope"], "--rope-scaling 'rope' is unknown; choose one of none, linear, ntk, dynamic, dynamic-consistent, yarn"),
     (["--rope-scaling", "linear", "--rope-scale", "0.5"], "--rope-scale must be at least 1, got 0.5"),
     (["--rope-scaling", "yarn", "--ctx-size", "32"], "would be a factor of 0.5, below 1"),
-    (["--rope-scale", "2"], "--rope-scale applies to --rope-scaling linear|ntk|yarn|llama3, and none is given"),
+    (["--rope-scale", "2"], "--rope-scale applies to --rope-scaling linear|ntk|dynamic|dynamic-consistent|yarn|llama3, "
+                            "and none is given"),
     (["--yarn-beta-fast", "8"], "--yarn-beta-fast applies to --rope-scaling yarn, and none is given"),
     (["--rope-scaling", "llama3", "--yarn-attn-factor", "2"], "--yarn-attn-factor applies to --rope-scaling yarn, not"),
     (["--rope-scaling", "linear", "--yarn-orig-ctx", "32"], "--yarn-orig-ctx applies to --rope-scaling yarn|llama3"),
@@ -54,7 +55,7 @@ EXTEND = "extend it with --rope-scaling linear|ntk|yarn|llama3"
     (["--rope-scaling", "yarn", "--yarn-attn-factor", "0"], "--yarn-attn-factor must be a positive number"),
     (["--rope-freq-base", "-5"], "--rope-freq-base must be a positive number"),
     (["--ctx-size", "1"], "--ctx-size must be at least 2 tokens"),
-    (["--rope-scaling", "dynamic", "--ctx-size", "128"], "--rope-scaling dynamic cannot extend the context yet"),
+    (["--rope-scaling", "dynamic", "--ctx-size", "32"], "would be a factor of 0.5, below 1"),
     (["--ctx-size", "128", "--rope-scaling", "yarn", "--engine", "compiled"],
      "the compiled engine is built for the model's own context and RoPE scaling"),
     (["--ctx-size", "128", "--rope-scaling", "yarn", "--compile"], "use --engine eager"),

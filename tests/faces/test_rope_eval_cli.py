@@ -11,7 +11,8 @@ from hf_reference import tiny_hf_model
 
 from llamablock import cli
 
-ALL = ["none", "linear", "ntk", "dynamic", "yarn", "yarn-no-factor", "llama3", "self-extend", "sinks"]
+ALL = ["none", "linear", "ntk", "dynamic", "dynamic-consistent", "yarn", "yarn-no-factor", "llama3", "self-extend",
+       "sinks"]
 
 
 @pytest.fixture(scope="module")
@@ -48,17 +49,17 @@ def test_json_plot_and_cache(capsys, files):
         assert [(b["start"], b["end"]) for b in m["bins"]] == [(0, 8), (8, 16), (16, 24), (24, 32), (32, 40), (40, 47)]
         assert all(b["nll"] > 0 for b in m["bins"]) and set(m["perplexity"]) == {"inside_L", "L_to_2L", "beyond_2L"}
     # Inside L the plain model is the reference itself (its first window holds positions 0..L-1),
-    # and so is dynamic NTK, read a piece at a time as a generation reads it.
+    # and so are both dynamic NTK methods, read a piece at a time as a generation reads them.
     ppl = {m: v["perplexity"] for m, v in r["methods"].items()}
-    for m in ("none", "dynamic"):
+    for m in ("none", "dynamic", "dynamic-consistent"):
         assert ppl[m]["inside_L"] == pytest.approx(ppl["reference"]["inside_L"], rel=1e-5)
     # Past L a method changes the losses.
     assert ppl["linear"]["beyond_2L"] != pytest.approx(ppl["none"]["beyond_2L"], rel=1e-4)
     assert (files / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert r["cache"] == {"hits": 0, "computed": 2 * 10} and r["seconds"] >= 0
+    assert r["cache"] == {"hits": 0, "computed": 2 * 11} and r["seconds"] >= 0
     code, out = _run(capsys, files, "--json")  # the second run reads every pass from the cache
     again = json.loads(out.out)
-    assert again["cache"] == {"hits": 20, "computed": 0} and again["methods"] == r["methods"]
+    assert again["cache"] == {"hits": 22, "computed": 0} and again["methods"] == r["methods"]
     code, out = _run(capsys, files, "--methods", "none,yarn")  # the text table
     assert code == 0 and "yarn" in out.out and "inside_L" in out.out and "6 passes read, 0 computed" in out.out
 

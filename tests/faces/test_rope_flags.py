@@ -97,18 +97,62 @@ def test_generates_engine_equals_transformers_past_the_trained_context(tmp_path,
     assert (got[19:] - want[19:]).abs().max().item() <= 1e-4
 
 
-@pytest.mark.xfail(raises=ValueError, strict=True,
-                   reason="rope_scaling.py's dynamic NTK reads its original length from max_seq_len, which --ctx-size "
-                          "raises: scaling_flags refuses it until it reads original_max_position_embeddings")
-def test_dynamic_equals_transformers_full_forward(tmp_path):
-    """Dynamic NTK's frequencies follow the length: each position is compared with transformers'
-    full forward of the whole sequence up to it (one layer, where a cache can equal it:
-    rope_scaling.rotates_cached_keys)."""
-    _hf({"rope_type": "default"}, layers=1).save_pretrained(tmp_path)
+def test_dynamic_equals_transformers_cached_generation(tmp_path):
+    """--rope-scaling dynamic is transformers' generation with its cache: the prompt (20 tokens, past
+    the trained 16) in one pass, then one token at a time, each key kept as it was rotated."""
+    _hf({"rope_type": "default"}).save_pretrained(tmp_path)
     ids, got = _engine_logits(tmp_path, ["--ctx-size", "64", "--rope-scaling", "dynamic"])
+    want = _hf_generation(_hf({"rope_type": "dynamic", "factor": 4.0}), ids, 20)  # fresh: it keeps state
+    assert (got[19:] - want).abs().max().item() <= 1e-4
+
+
+def _hf_generation(ref, ids, prompt: int) -> torch.Tensor:
+    """transformers' cached generation: the prompt in one pass, then one token at a time with
+    position ids, its cache holding keys as they were rotated. (N - prompt + 1, V)."""
     with torch.no_grad():
-        for pos in range(19, N):
-            ref = _hf({"rope_type": "dynamic", "factor": 4.0}, layers=1)  # fresh: it keeps the longest length seen
+        r = ref(input_ids=ids[:, :prompt], use_cache=True)
+        want = [r.logits[0, -1]]
+        for pos in range(prompt, N):
+            r = ref(input_ids=ids[:, pos:pos + 1], position_ids=torch.tensor([[pos]]), cache=r.past_key_values,
+                    use_cache=True)
+            want.append(r.logits[0, -1])
+    return torch.stack(want)
+
+
+def test_dynamic_on_the_servers_batched_engine_is_transformers_generation(tmp_path):
+    """serve's engine prefills prompts in chunks; under dynamic NTK a chunk would turn the prompt's
+    first tokens at a shorter length than transformers' one-pass prefill, so such a model takes its
+    prompt in one pass (and one row at a time: rows of other lengths would share one length)."""
+    from llamablock.runtime.batch import EagerBatchEngine
+
+    _hf({"rope_type": "default"}).save_pretrained(tmp_path)
+    own = open_source(tmp_path, tokenizer=False)
+    source = scaled_source(own, flags(["--ctx-size", "64", "--rope-scaling", "dynamic"]))
+    engine = EagerBatchEngine(build(source, decide(source, "auto", "eager", "cpu", rescaled=True)).model, chunk=8)
+    torch.manual_seed(1)
+    ids = torch.randint(0, 97, (1, N))
+    with torch.no_grad():
+        got = [engine.prefill(engine.add(ids[0, :20].tolist(), N))[0]]
+        got += [engine.step(ids[0, pos:pos + 1])[0] for pos in range(20, N)]
+    assert engine.max_rows == 1
+    assert (torch.stack(got) - _hf_generation(_hf({"rope_type": "dynamic", "factor": 4.0}), ids, 20)).abs().max() <= 1e-4
+
+
+def test_a_models_own_dynamic_keeps_its_original_length_under_a_smaller_context(tmp_path):
+    _hf({"rope_type": "dynamic", "factor": 2.0}).save_pretrained(tmp_path)
+    cfg = scaled_source(open_source(tmp_path, tokenizer=False), flags(["--ctx-size", "8"])).cfg
+    assert cfg.max_seq_len == 8 and cfg.rope_scaling == {"rope_type": "dynamic", "factor": 2.0,
+                                                         "original_max_position_embeddings": TRAINED}
+
+
+def test_dynamic_consistent_equals_transformers_full_forward(tmp_path):
+    """--rope-scaling dynamic-consistent: each position is compared with transformers' full forward of
+    the whole sequence up to it (one layer, where a cache can equal it: rope_scaling.rotates_cached_keys)."""
+    _hf({"rope_type": "default"}, layers=1).save_pretrained(tmp_path)
+    ids, got = _engine_logits(tmp_path, ["--ctx-size", "64", "--rope-scaling", "dynamic-consistent"])
+    ref = _hf({"rope_type": "dynamic", "factor": 4.0}, layers=1)
+    with torch.no_grad():
+        for pos in range(19, N):  # increasing lengths only: transformers' dynamic keeps the longest seen
             want = ref(input_ids=ids[:, :pos + 1], use_cache=False).logits[0, -1]
             assert (got[pos] - want).abs().max().item() <= 1e-4
 

@@ -39,6 +39,7 @@ def _longrope():
 NAMED = {
     "linear": {"rope_type": "linear", "factor": 3.0},
     "dynamic": {"rope_type": "dynamic", "factor": 3.0},
+    "dynamic-consistent": {"rope_type": "dynamic-consistent", "factor": 3.0},
     "yarn": {"rope_type": "yarn", "factor": 3.0, "original_max_position_embeddings": L},
     "yarn-no-factor": {"rope_type": "yarn", "factor": 3.0, "original_max_position_embeddings": L,
                        "attention_factor": 1.0},
@@ -46,6 +47,11 @@ NAMED = {
                "low_freq_factor": 1.0, "high_freq_factor": 4.0},
 }
 SCALINGS = {**NAMED, "longrope": _longrope()}
+
+
+def _theirs(scaling):
+    """transformers' type for a method: dynamic-consistent is its dynamic with the cache read otherwise."""
+    return {**scaling, "rope_type": "dynamic"} if scaling["rope_type"] == "dynamic-consistent" else scaling
 
 
 def _hf(tmp_path, scaling=None, **kw):
@@ -73,7 +79,7 @@ def test_method_losses_equal_transformers_past_the_context_and_at_an_offset(tmp_
         got = token_losses(ours, ids, position_ids=pos, chunk=7)
         # A fresh transformers model each time (its dynamic type keeps the largest length seen);
         # the same seed gives it the same weights, with transformers' own scaling.
-        hf = _hf(tmp_path / f"hf{start}", SCALINGS[name])
+        hf = _hf(tmp_path / f"hf{start}", _theirs(SCALINGS[name]))
         assert (got - _hf_losses(hf, ids, pos)).abs().max() <= 1e-4
 
 
@@ -178,7 +184,7 @@ def test_sinks_equal_the_plain_model_on_what_a_streaming_cache_holds(tmp_path):
 def test_every_rope_method_runs_on_sdpas_causal_path(tmp_path, monkeypatch):
     """Bounded memory: each layer of each RoPE method's pass calls SDPA with is_causal and no mask
     tensor (its CPU kernel attends in blocks), never the path that builds (t, s) masks and scores."""
-    from llamablock.studies.context_extension import ROPE_METHODS, method_model
+    from llamablock.studies.context_extension import GROWING, ROPE_METHODS, method_model
 
     _hf(tmp_path)
     model = llamablock.load_pretrained(tmp_path)
@@ -188,21 +194,45 @@ def test_every_rope_method_runs_on_sdpas_causal_path(tmp_path, monkeypatch):
                         lambda *a, **kw: calls.append((kw.get("is_causal"), kw.get("attn_mask"))) or sdpa(*a, **kw))
     ids = torch.randint(0, 97, (1, N))
     for method in ROPE_METHODS:
-        if method == "dynamic":
+        if method in GROWING:
             continue  # read a piece at a time after a cache (growing_token_losses): (step, n) scores
         calls.clear()
         token_losses(method_model(model, method, N / L, N), ids)
         assert calls == [(True, None)] * model.cfg.n_layers, method
 
 
+def test_dynamic_losses_equal_transformers_cached_generation(tmp_path, monkeypatch):
+    """rope eval's dynamic, a piece at a time (pieces of 5 here, DYNAMIC_STEP in use), equals
+    transformers run the same way: the first L tokens in one pass, then pieces of 5 over its cache,
+    position ids given, per token past L to 1e-4. dynamic-consistent is another method there."""
+    from llamablock.studies import context_extension
+
+    monkeypatch.setattr(context_extension, "DYNAMIC_STEP", 5)
+    _hf(tmp_path / "plain")
+    base = llamablock.load_pretrained(tmp_path / "plain")
+    ids = torch.randint(0, 97, (1, N))
+    hf, cache, want, a = _hf(tmp_path / "hf", NAMED["dynamic"]), None, [], 0
+    with torch.no_grad():
+        while a < N - 1:
+            b = min(a + (L if a == 0 else 5), N - 1)
+            r = hf(input_ids=ids[:, a:b], position_ids=torch.arange(a, b)[None], cache=cache, use_cache=True)
+            cache = r.past_key_values
+            want.append(F.cross_entropy(r.logits[0].float(), ids[0, a + 1:b + 1], reduction="none"))
+            a = b
+    want = torch.cat(want)
+    assert (method_losses(base, ids, "dynamic", N / L, chunk=7) - want).abs().max() <= 1e-4
+    other = method_losses(base, ids, "dynamic-consistent", N / L)
+    assert (other[:L] - want[:L]).abs().max() <= 1e-4 and (other[L:] - want[L:]).abs().max() > 1e-2
+
+
 def test_growing_losses_step_one_equal_transformers_prefix_by_prefix(tmp_path):
-    """Dynamic NTK as a generation sees it: loss i from transformers' uncached forward of the prefix
-    0..i alone (its frequencies follow that prefix's length). One layer, so that a cache of keys kept
-    before rotation can equal the full forward (rope_scaling.rotates_cached_keys says why)."""
+    """dynamic-consistent as a generation sees it: loss i from transformers' uncached forward of the
+    prefix 0..i alone (its frequencies follow that prefix's length). One layer, so that a cache of
+    keys kept before rotation can equal the full forward (rope_scaling.rotates_cached_keys says why)."""
     from llamablock.runtime.evaluate import growing_token_losses
 
     _hf(tmp_path / "plain", num_hidden_layers=1)
-    ours = with_rope_scaling(llamablock.load_pretrained(tmp_path / "plain"), NAMED["dynamic"])
+    ours = with_rope_scaling(llamablock.load_pretrained(tmp_path / "plain"), NAMED["dynamic-consistent"])
     ids = torch.randint(0, 97, (1, 30))
     got = growing_token_losses(ours, ids, first=10, step=1)
     want = []

@@ -13,7 +13,8 @@ import time
 
 from llamablock.commands import UsageError
 
-ALL = ("none", "linear", "ntk", "dynamic", "yarn", "yarn-no-factor", "llama3", "self-extend", "sinks")
+ALL = ("none", "linear", "ntk", "dynamic", "dynamic-consistent", "yarn", "yarn-no-factor", "llama3", "self-extend",
+       "sinks")
 MAX_TEXT = 16 << 20  # bytes read from one --text file
 
 
@@ -136,7 +137,7 @@ def _text(r: dict) -> str:
              f"{len(r['documents'])} documents, factor {r['factor']:g}, reference stride {r['stride']}",
              "perplexity by range (tokens of context seen); delta = mean nats per token against the reference, "
              "[95% interval across documents]", ""]
-    lines.append(f"{'method':<15}" + "".join(f"{n:>30}" for n in names))
+    lines.append(f"{'method':<19}" + "".join(f"{n:>30}" for n in names))
     for method, m in ms.items():
         cells = ""
         for n in names:
@@ -144,7 +145,7 @@ def _text(r: dict) -> str:
             ci = "" if d is None else (f" {d['mean']:+.3f}" + (f" [{d['low']:+.3f},{d['high']:+.3f}]"
                                                                 if d["low"] is not None else ""))
             cells += f"{m['perplexity'][n]:>9.3f}{ci:>21}"
-        lines.append(f"{method:<15}" + cells)
+        lines.append(f"{method:<19}" + cells)
     lines += ["", f"cache: {r['cache']['hits']} passes read, {r['cache']['computed']} computed in {r['seconds']:,.0f} s"]
     return "\n".join(lines)
 
@@ -164,8 +165,8 @@ def _passkey(args, source, model, methods: list[str], tokens: int, factor: float
         return 0
     print(f"{r['model']}: passkey accuracy, {len(r['depths'])} depths x {r['trials']} keys per length "
           f"(L = {L:,}, factor {factor:g})")
-    print(f"{'method':<15}" + "".join(f"{n:>10,}" for n in lengths))
+    print(f"{'method':<19}" + "".join(f"{n:>10,}" for n in lengths))
     for m, acc in r["methods"].items():
-        print(f"{m:<15}" + "".join(f"{acc[str(n)]:>10.2f}" for n in lengths))
+        print(f"{m:<19}" + "".join(f"{acc[str(n)]:>10.2f}" for n in lengths))
     print(r["verdict"])
     return 0

@@ -17,8 +17,9 @@ the server) reads that config and nothing else. The config checks the dict
 (rope_scaling.validate_rope_scaling, whose messages name the field); here the flag is named too.
 A model whose config already scales RoPE keeps its scaling unless --rope-scaling replaces it.
 
-Dynamic NTK is refused as a flag for now: rope_scaling.py takes its original length from
-max_seq_len, which --ctx-size raises, so it would change nothing inside the context it extends.
+Dynamic NTK's dict names its original length (`original_max_position_embeddings`, which
+rope_scaling.py reads as L), since --ctx-size raises max_seq_len. `dynamic` is transformers' cached
+generation, `dynamic-consistent` re-rotates the cached keys (rope_scaling.rotates_cached_keys).
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ import math
 from llamablock.io.source import ModelSource
 from llamablock.rope_scaling import yarn_attention_factor
 
-METHODS = ("none", "linear", "ntk", "dynamic", "yarn", "llama3")
-EXTENDS = "linear|ntk|yarn|llama3"  # dynamic: refused for now (DYNAMIC says why)
+METHODS = ("none", "linear", "ntk", "dynamic", "dynamic-consistent", "yarn", "llama3")
+EXTENDS = "linear|ntk|dynamic|dynamic-consistent|yarn|llama3"
 LLAMA3_BAND = {"low_freq_factor": 1.0, "high_freq_factor": 4.0}  # Llama 3.1's config.json values
 # a rope_scaling field -> the flag that sets it, so that the config's refusal names the flag
 FLAG_OF = {"factor": "--rope-scale", "original_max_position_embeddings": "--yarn-orig-ctx",
@@ -38,9 +39,6 @@ FLAG_OF = {"factor": "--rope-scale", "original_max_position_embeddings": "--yarn
 NEEDS = {"rope_scale": ("--rope-scale", EXTENDS), "yarn_orig_ctx": ("--yarn-orig-ctx", "yarn|llama3"),
          "yarn_beta_fast": ("--yarn-beta-fast", "yarn"), "yarn_beta_slow": ("--yarn-beta-slow", "yarn"),
          "yarn_attn_factor": ("--yarn-attn-factor", "yarn")}
-DYNAMIC = ("--rope-scaling dynamic cannot extend the context yet: llamablock's dynamic NTK grows from the model's "
-           "context, which --ctx-size sets, so it would change nothing inside it; use --rope-scaling ntk (its "
-           "static form) or yarn")
 
 
 def add_scaling_arguments(p) -> None:
@@ -51,8 +49,9 @@ def add_scaling_arguments(p) -> None:
                         f"above it, give --rope-scaling {EXTENDS}")
     g.add_argument("--rope-scaling", default=None, metavar="{" + ",".join(METHODS) + "}",
                    help="how RoPE reaches past the trained context: linear (position interpolation), ntk (static "
-                        "NTK-aware base), yarn, llama3 (Llama 3.1's), dynamic (NTK grown with the length: refused "
-                        "for now, as its original length is the context itself), none (plain RoPE, dropping the model's own scaling); default: the "
+                        "NTK-aware base), yarn, llama3 (Llama 3.1's), dynamic (NTK grown with the length, keys cached "
+                        "as rotated: transformers'), dynamic-consistent (the same, cached keys rotated again at "
+                        "each step), none (plain RoPE, dropping the model's own scaling); default: the "
                         "model's own scaling, where its config has one")
     g.add_argument("--rope-scale", type=float, default=None, metavar="S",
                    help="the scaling factor, at least 1 (default: --ctx-size / the original context)")
@@ -77,8 +76,6 @@ def check_flags(args) -> None:
     method = args.rope_scaling
     if method is not None and method not in METHODS:
         raise ValueError(f"--rope-scaling {method!r} is unknown; choose one of {', '.join(METHODS)}")
-    if method == "dynamic":
-        raise ValueError(DYNAMIC)
     for dest, (flag, methods) in NEEDS.items():
         if getattr(args, dest) is not None and method not in methods.split("|"):
             said = f"not with --rope-scaling {method}" if method else "and none is given"
@@ -108,7 +105,7 @@ def scaling_dict(cfg, method: str, n: int, args) -> dict:
         raise ValueError(f"--rope-scaling {method} at --ctx-size {n} from an original context of {original} tokens "
                          f"would be a factor of {factor:g}, below 1; give a --ctx-size of at least {original}")
     d = {"rope_type": method, "factor": float(factor)}
-    if method in ("yarn", "llama3"):
+    if method in ("yarn", "llama3", "dynamic", "dynamic-consistent"):
         d["original_max_position_embeddings"] = original
     if method == "llama3":
         d.update(LLAMA3_BAND)
@@ -138,9 +135,9 @@ def scaled_source(source: ModelSource, args, window: int | None = None) -> Model
         changes["rope_scaling"] = None
     elif extends:
         changes["rope_scaling"] = scaling_dict(cfg, method, n, args)
-    elif n != trained and (cfg.rope_scaling or {}).get("rope_type") == "dynamic":
-        raise ValueError("this model's own RoPE scaling is dynamic NTK, which grows from the model's context: "
-                         "--ctx-size would move where it starts; give --rope-scaling to replace it")
+    elif n != trained and (cfg.rope_scaling or {}).get("rope_type", "").startswith("dynamic"):
+        # its own dynamic NTK keeps growing from the trained context, not from --ctx-size
+        changes["rope_scaling"] = {"original_max_position_embeddings": trained, **cfg.rope_scaling}
     if args.rope_freq_base is not None:
         changes["rope_theta"] = float(args.rope_freq_base)
     if not changes:

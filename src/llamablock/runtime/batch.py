@@ -37,8 +37,9 @@ The q8/q4 layers of llamablock.fast.kernels.quant multiply row by row below PREF
 batch smaller than that gives each row its alone result bit for bit; a prompt prefilled in chunks
 runs each chunk through the kernel its size picks, which may differ from the kernel of the whole
 prompt at once, and so may change a quantized model's text. Not for
-RoPE whose frequencies follow the sequence's length (dynamic NTK, LongRoPE: `Rotary.late_keys`),
-which would take the batch's longest row: such a model gets one row at a time (`max_rows`).
+RoPE whose frequencies follow the sequence's length (dynamic NTK, LongRoPE: `Rotary.follows_length`),
+which would take the batch's longest row: such a model gets one row at a time (`max_rows`), its
+prompt in one pass, as transformers' generate prefills it (chunks would turn it at shorter lengths).
 """
 
 from __future__ import annotations
@@ -135,7 +136,9 @@ class EagerBatchEngine:
         self.place = place
         rotary = model.rotary
         # Length-dependent RoPE would turn every row at the longest row's frequencies: one at a time.
-        self.max_rows = 1 if rotary is not None and rotary.late_keys else None
+        self.max_rows = 1 if rotary is not None and rotary.follows_length else None
+        if self.max_rows == 1:
+            self.chunk = max(chunk, self.cfg.max_seq_len)
         self.cache: BatchKVCache | None = None
         self.rows: list[Row] = []  # the sequences decoding, in row order
 
@@ -261,7 +264,7 @@ class EagerBatchEngine:
         if self.place is not None and self.place(row, src, i, end):
             return
         if self.max_rows is not None and len(self.rows) >= self.max_rows:
-            raise ValueError(f"this model's RoPE follows the sequence length (Rotary.late_keys): it decodes "
+            raise ValueError(f"this model's RoPE follows the sequence length (Rotary.follows_length): it decodes "
                              f"{self.max_rows} sequence at a time")
         n = row.length
         if self.cache is None:  # the first row: its tokens end at the frontier already

@@ -6,7 +6,9 @@ A method is a change of the model's RoPE, applied to the same weights without fi
     none            the checkpoint as it is, run past L
     linear          position interpolation, factor s
     ntk             static NTK-aware base, base * s^(d/(d-2))
-    dynamic         NTK with the factor grown from the current length (nothing changes up to L)
+    dynamic         NTK with the factor grown from the current length (nothing changes up to L);
+                    a cached key keeps the rotation it was given, as in transformers' generation
+    dynamic-consistent  the same frequencies, every cached key rotated again with the current ones
     yarn            YaRN (beta_fast 32, beta_slow 1, cos/sin times 0.1 ln s + 1)
     yarn-no-factor  YaRN's frequencies without its attention factor (attention_factor 1)
     llama3          LLaMA 3.1's rescaling (low_freq_factor 1, high_freq_factor 4, Llama 3.1's values)
@@ -17,10 +19,14 @@ The frequencies are rope_scaling.py's, equal to transformers' for the same `rope
 the original length L of every method is the checkpoint's `max_seq_len` (its trained context).
 Each document is one forward pass, except under dynamic NTK, whose frequencies follow the length:
 one pass would give every token, inside L too, the factor of the whole length N (transformers'
-forward of N tokens does that), which no generation ever uses. So dynamic reads the first L
-tokens in one pass and then DYNAMIC_STEP tokens at a time after a KV cache of the earlier ones
-(runtime.evaluate.growing_token_losses): inside L it is the plain model, and a token past L turns
-with the factor of its own length rounded up to the step, as in a generation.
+forward of N tokens does that), which no generation ever uses. So both dynamic methods read the
+first L tokens in one pass and then DYNAMIC_STEP tokens at a time after a KV cache of the earlier
+ones (runtime.evaluate.growing_token_losses): inside L they are the plain model, and a token past L
+turns with the factor of its own length rounded up to the step, as in a generation. They differ in
+the keys already cached: `dynamic` keeps each as rotated when it was cached (transformers' cache
+does, so its generation scores a query turned at length n against keys turned at shorter lengths:
+scores no longer depend on distance alone), `dynamic-consistent` rotates them all again with the
+current frequencies (rope_scaling.rotates_cached_keys). The guide says what each costs.
 
 The reference that says whether a method uses the longer context: the unmodified model in its
 own window of L positions sliding by a stride (runtime.evaluate.sliding_token_losses), on the same
@@ -48,7 +54,8 @@ from llamablock.studies.grouped_attention import (
     with_grouped_attention,
 )
 
-ROPE_METHODS = ("none", "linear", "ntk", "dynamic", "yarn", "yarn-no-factor", "llama3")
+ROPE_METHODS = ("none", "linear", "ntk", "dynamic", "dynamic-consistent", "yarn", "yarn-no-factor", "llama3")
+GROWING = ("dynamic", "dynamic-consistent")  # read a piece at a time after a cache, as a generation reads them
 METHODS = ROPE_METHODS + ("self-extend", "sinks")
 DYNAMIC_STEP = 256  # tokens per piece past L: the length a token sees is at most 255 too long
 SINK_TOKENS = 4  # StreamingLLM keeps four initial tokens (Xiao et al. 2023 find four suffice)
@@ -113,7 +120,7 @@ def method_losses(model: Decoder, ids: torch.Tensor, method: str, factor: float,
                   self_extend: SelfExtend | None = None, sinks: Sinks | None = None) -> torch.Tensor:
     """(n - 1,) float32 losses of `ids` (1, n) as one sequence under `method`."""
     m = method_model(model, method, factor, ids.shape[1], self_extend, sinks)
-    if method == "dynamic":
+    if method in GROWING:
         return growing_token_losses(m, ids, first=trained_context(model), step=DYNAMIC_STEP, chunk=chunk)
     return token_losses(m, ids, chunk=chunk)
 
@@ -178,7 +185,9 @@ def evaluate_methods(model: Decoder, docs: list[tuple[str, list[int]]], methods:
     for m, d in jobs:
         ids = torch.tensor(docs[d][1][:tokens])[None]  # (1, N)
         s = settings.get(m, {"factor": factor, "scaling": rope_scaling_for(m, factor, L),
-                             "step": DYNAMIC_STEP if m == "dynamic" else None})
+                             "step": DYNAMIC_STEP if m in GROWING else None})
+        if m == "dynamic":  # entries of the time when "dynamic" rotated its cached keys again are not these
+            s = {**s, "cached_keys": "as rotated"}
         key = cache.key(model_key, ids, m, s, tokens, dtype)
         bar.set_postfix_str(f"{m} on {docs[d][0]}")
         losses = cache.get(key, tokens - 1, ids)

@@ -91,7 +91,7 @@ class GroupedAttention(nn.Module):
 
     def __init__(self, attn: Attention, scheme: SelfExtend | Sinks, block: int = 128):
         super().__init__()
-        if attn.rotary is None or attn.rotary.late_keys:
+        if attn.rotary is None or attn.rotary.follows_length:
             raise ValueError("self-extend and sinks need a model with plain RoPE (no rope_scaling of a "
                              "length-dependent type)")
         self.attn, self.scheme, self.block = attn, scheme, block

@@ -39,7 +39,7 @@ from torch import nn
 from llamablock.attention import allowed_slots
 from llamablock.ffn import GatedFFN, gate_activation
 from llamablock.kv_cache import StaticKVCache
-from llamablock.rope_scaling import rotates_cached_keys
+from llamablock.rope_scaling import follows_length
 
 MIN_CACHE = 256  # the smallest static cache length (slots)
 
@@ -59,7 +59,7 @@ def unsupported_reason(cfg) -> str | None:
     """Why this config cannot use the static decoder, or None when it can."""
     if cfg.position != "rope":
         return f"position {cfg.position!r} (the static decoder implements RoPE only)"
-    if rotates_cached_keys(cfg):
+    if follows_length(cfg):
         return "RoPE frequencies that change with the sequence length (dynamic NTK, longrope)"
     if cfg.norm_placement != "pre":
         return "post-LN blocks (the static decoder implements pre-LN)"
