@@ -66,16 +66,20 @@ def test_cache_lists_and_clears_the_kernel_libraries_and_killed_compiles(home, c
     process still runs is not."""
     _fill(home / "kernels" / "ggml_dot-f1-key.so", 600)
     _fill(home / "kernels" / "ggml_dot-f1-old.so.damaged", 400)
-    _fill(home / "inductor" / "llamablock-aoti" / ".0456.99999999" / "partial", 0)  # no such process
-    _fill(home / "inductor" / "llamablock-aoti" / f".0789.{os.getpid()}" / "partial", 0)  # running: this one
+    packages = home / "inductor" / "llamablock-aoti"
+    killed, running = packages / f".{'a' * 32}.99999999", packages / f".{'b' * 32}.{os.getpid()}"
+    _fill(killed / "partial", 0)  # no such process
+    _fill(running / "partial", 0)  # running: this one
     assert main(["cache"]) == 0
     out = capsys.readouterr().out
     line = next(ln for ln in out.splitlines() if ln.startswith("kernel libraries"))
     assert "1000 B" in line and str(home / "kernels") in line and "1 damaged, set aside" in line
     assert "1 unfinished (killed compiles' staging folders)" in out
     assert main(["cache", "--clear"]) == 0
-    assert str(home / "kernels") in capsys.readouterr().out
-    assert not (home / "kernels").exists() and not (home / "inductor").exists()
+    out = capsys.readouterr().out
+    assert str(home / "kernels") in out and "kept 1 staging folder of compiles still running" in out
+    assert not (home / "kernels").exists() and not killed.exists() and not (home / "inductor" / "fxgraph").exists()
+    assert sorted((home / "inductor").rglob("*")) == [packages, running, running / "partial"]
 
 
 def test_clearing_a_read_only_cache_is_one_line_naming_the_folder(home, monkeypatch, capsys):

@@ -19,12 +19,11 @@ program or a library keeps running it.
 
 from __future__ import annotations
 
-import re
 import shutil
 from pathlib import Path
 from typing import NamedTuple
 
-from llamablock.util.files import process_alive, user_cache_dir
+from llamablock.util.files import user_cache_dir
 
 CLEAR_CHOICES = ("compiled", "models", "all")
 
@@ -51,8 +50,16 @@ def kernels_dir() -> Path:
 def stale_staging(packages: Path) -> list[Path]:
     """The staging folders of compiles in `packages` whose process is gone (aoti_step names them
     `.<package>.<pid>`): left by a compile that was killed, never finished."""
-    found = [(p, re.fullmatch(r"\.(.+)\.(\d+)", p.name)) for p in packages.iterdir()] if packages.is_dir() else []
-    return [p for p, m in found if m and p.is_dir() and not process_alive(int(m.group(2)))]
+    from llamablock.fast.compiled.package_check import staging
+
+    return [p for p, alive in staging(packages) if not alive]
+
+
+def live_staging(packages: Path) -> list[Path]:
+    """The staging folders of compiles still running: --clear leaves them to be renamed into place."""
+    from llamablock.fast.compiled.package_check import staging
+
+    return [p for p, alive in staging(packages) if alive]
 
 
 def entries() -> list[Cache]:
@@ -91,15 +98,32 @@ def clear(what: str) -> list[tuple[Path, int]]:
         targets.append((kernels.where, kernels.nbytes))
     if what in ("models", "all"):
         targets.append((models.where, models.nbytes))
+    from llamablock.fast.compiled.aoti_step import directory_bytes
+
+    running = live_staging(packages.where)
     freed = []
     for directory, nbytes in targets:
         if directory.is_dir():
             try:
-                shutil.rmtree(directory)
+                _remove_all_but(directory, running)
             except OSError as e:  # a read-only cache: rmtree names only the file inside it
                 raise OSError(e.errno, e.strerror, str(directory)) from None
-            freed.append((directory, nbytes))
+            freed.append((directory, nbytes - sum(directory_bytes(p) for p in running if directory in p.parents)))
     return freed
+
+
+def _remove_all_but(directory: Path, keep: list[Path]) -> None:
+    """Delete `directory` and everything in it except the folders `keep` (and the folders above them)."""
+    if directory in keep:
+        return
+    if not any(directory in k.parents for k in keep):
+        shutil.rmtree(directory)
+        return
+    for p in directory.iterdir():
+        if p.is_dir() and not p.is_symlink():
+            _remove_all_but(p, keep)
+        else:
+            p.unlink()
 
 
 def run(args) -> int:
@@ -111,6 +135,8 @@ def run(args) -> int:
             print(f"deleted {directory} ({human_bytes(nbytes)})")
         if not freed:
             print("nothing to delete")
+        if running := live_staging(entries()[0].where):
+            print(f"kept {len(running)} staging folder{'s' * (len(running) > 1)} of compiles still running")
         return 0
     for c in entries():
         note = "" if c.ours else "  (TORCHINDUCTOR_CACHE_DIR, yours: --clear keeps it)"

@@ -19,9 +19,11 @@ for these exact weights: it is named by a hash of the static layout's state (wei
 quantized buffers), the config, format, cache length, inductor options and the torch version.
 
 Cache layout: `<inductor cache dir>/llamablock-aoti/<hash>/`, the .pt2 package that
-`aoti_compile_and_package` writes, unpacked once (a temporary directory, then a rename: an
-interrupted compile leaves nothing). Each library in it has a record of its size and sha256, checked
-before each load: a package cut short or changed is set aside and compiled again, never loaded
+`aoti_compile_and_package` writes, unpacked once (a staging folder `.<hash>.<pid>`, then a rename:
+a reader never sees half a package; one a killed compile left is removed by the next process that
+loads or compiles: package_check.remove_stale_staging). Each library in it has a record of its
+size and sha256, checked before each load: a package cut short or changed is set aside and
+compiled again, never loaded
 (fast/compiled/package_check.py). After each compile the least recently used packages are
 deleted beyond MAX_CACHE_BYTES (`prune`), and AOTInductor's build copy of the new library is
 deleted from inductor's cache (`drop_build_copy`). Why unpacked: `aoti_load_package` unpacks the
@@ -49,7 +51,7 @@ import torch
 from torch import nn
 
 from llamablock.fast.compiled.huge_pages import collapse, tensor_ranges
-from llamablock.fast.compiled.package_check import record_package, set_aside_package
+from llamablock.fast.compiled.package_check import record_package, remove_stale_staging, set_aside_package
 from llamablock.util.files import atomic_write
 
 
@@ -233,6 +235,7 @@ class AOTIProgram:
         self.caches = static.cache.tensors()
         self.path = package_dir() / package_key(static, fmt, options, method, example, digest, lengths)
         self.compile_seconds = 0.0
+        remove_stale_staging(self.path.parent)  # killed compiles' leftovers, weights and all
         library = _library(self.path)
         if library is not None and (cannot := set_aside_package(self.path)) is not None:
             raise BuildFailed(cannot)  # a read-only cache: never loaded, and nothing remembered

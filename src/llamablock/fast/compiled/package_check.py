@@ -9,15 +9,23 @@ one's size is checked against it before the package is loaded (a cut-short file 
 faults; reading the weights through to hash them would cost every warm start). A package with a damaged or unrecorded shared
 library has that library set aside (one line on stderr), which makes the package absent: it is
 compiled again. A package in a read-only cache whose files check out is loaded as it is.
+
+A compile builds its package in a staging folder beside the packages (`.<key>.<pid>`, aoti_step) and
+renames it into place when whole; a compile killed before that leaves the folder, weights and all.
+Those of processes that are gone are removed by the next process that loads or compiles a package
+(`remove_stale_staging`) and by `llamablock cache --clear`; those of running compiles are left.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
+import shutil
 from pathlib import Path
 
 from llamablock.fast.kernels.build import damage, record, record_file, set_aside
+from llamablock.util.files import process_alive
 
 WHAT = "compiled program's library"  # the line on stderr: "the compiled program's library <path> is damaged"
 
@@ -63,3 +71,26 @@ def set_aside_package(package: Path) -> str | None:
             os.replace(library, library.with_name(library.name + ".damaged"))
             record_file(library).unlink(missing_ok=True)
     return None
+
+
+# a compile's staging folder, `.<package key>.<pid>`, or an index written atomically, `.<name>.<pid>.tmp`
+_STAGING = re.compile(r"\.(?:[0-9a-f]{32}\.(\d+)|.+\.(\d+)\.tmp)")
+
+
+def staging(packages: Path) -> list[tuple[Path, bool]]:
+    """The staging folders (and half-written files) in the package directory, each with whether the
+    process that writes it is still running."""
+    found = [(p, _STAGING.fullmatch(p.name)) for p in packages.iterdir()] if packages.is_dir() else []
+    return [(p, process_alive(int(m.group(1) or m.group(2)))) for p, m in found if m]
+
+
+def remove_stale_staging(packages: Path) -> list[Path]:
+    """Remove the staging folders in `packages` left by processes that are gone; return them. Never
+    fails: a read-only cache keeps them."""
+    removed = []
+    for path, alive in staging(packages):
+        if not alive:
+            with contextlib.suppress(OSError):
+                shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+                removed.append(path)
+    return removed
