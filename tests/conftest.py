@@ -10,9 +10,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 torch.set_num_threads(min(2, torch.get_num_threads()))
-# Compiled graphs of the tests go to a fresh directory, not the user's cache (llamablock.fast.compiled.compile_cache).
+# Compiled graphs of the tests go to a fresh directory, not the user's cache (llamablock.fast.compiled.compile_cache),
+# named by the pid: `llamablock cache --clear` removes one a killed run left (commands/cache.py).
 if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
-    _inductor_dir = tempfile.mkdtemp(prefix="llamablock-inductor-")
+    _inductor_dir = tempfile.mkdtemp(prefix=f"llamablock-inductor-{os.getpid()}-")
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = _inductor_dir
     atexit.register(shutil.rmtree, _inductor_dir, ignore_errors=True)
 

@@ -34,7 +34,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "export": ("llamablock.commands.export", "a trained run as a transformers directory, a GGUF file or a llamablock directory"),
     "perplexity": ("llamablock.commands.perplexity", "perplexity of a model on a text file, sliding window"),
     "bench": ("llamablock.commands.bench", "speed benchmarks side by side (attention, norms, decode, ...); BENCHMARKS.md"),
-    "cache": ("llamablock.commands.cache", "what llamablock keeps on disk (compiled programs, inductor's caches, kernel libraries, tracer models); --clear"),
+    "cache": ("llamablock.commands.cache", "what llamablock keeps on disk (compiled programs, builds index, inductor's caches, kernel libraries, rope eval's losses, tracer models, temporary folders); --clear"),
     "compile": ("llamablock.commands.compile", "build the compiled engine for a model once; generate then uses it by default"),
     "models": ("llamablock.commands.models", "the models llamablock ships or knows by name: embedded checkpoints and presets"),
 }

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import errno
 import os
+import subprocess
+import sys
+import tempfile
 
 import pytest
 
@@ -20,6 +23,8 @@ def _fill(path, nbytes):
 def home(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))  # never the machine's temporary folder
     root = tmp_path / "llamablock"
     _fill(root / "inductor" / "llamablock-aoti" / "0123" / "lib.so", 3000)
     _fill(root / "inductor" / "fxgraph" / "entry", 2000)
@@ -57,7 +62,7 @@ def test_a_users_inductor_directory_keeps_everything_but_llamablocks_packages(ho
 def test_clear_names_its_choices(home, capsys):
     with pytest.raises(SystemExit) as e:
         main(["cache", "--clear", "everything"])
-    assert e.value.code == 2 and "choose from 'compiled', 'models', 'all'" in capsys.readouterr().err
+    assert e.value.code == 2 and "choose from 'compiled', 'losses', 'models', 'all'" in capsys.readouterr().err
 
 
 def test_cache_lists_and_clears_the_kernel_libraries_and_killed_compiles(home, capsys):
@@ -91,3 +96,38 @@ def test_clearing_a_read_only_cache_is_one_line_naming_the_folder(home, monkeypa
     assert main(["cache", "--clear"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Read-only file system: " in err and str(home / "inductor") in err, err
+
+
+def test_cache_lists_and_clears_every_kind_llamablock_writes(home, tmp_path, capsys):
+    """The builds index, rope eval's losses and the temporary folders of processes that are gone are
+    listed and cleared too; those of running processes and inductor's shared headers are kept."""
+    dead = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                              text=True).stdout)
+    tmp = tmp_path / "tmp"
+    _fill(home / "inductor" / "llamablock-aoti" / "builds.json", 100)
+    _fill(home / "kernels" / "ggml_dot-f1-key.so", 600)
+    _fill(home / "rope-eval" / "key.losses", 700)
+    killed, running = tmp / f"llamablock-inductor-{dead}-abcd1234", tmp / f"llamablock-kernels-{os.getpid()}-efgh5678"
+    _fill(killed / "fxgraph" / "entry", 800)
+    _fill(running / "ggml_dot.so", 50)
+    headers = cache.headers_dir()
+    _fill(headers / "c0.h.gch", 900)
+    _fill(tmp / "someone-elses" / "file", 10)
+    assert main(["cache"]) == 0
+    lines = {ln.split("  ")[0].strip(): ln for ln in capsys.readouterr().out.splitlines()}
+    for what, size in [("compiled programs", "2.93 KiB"), ("builds index", "100 B"), ("inductor's caches", "1.95 KiB"),
+                       ("kernel libraries", "600 B"), ("rope eval's losses", "700 B"),
+                       ("trained tracer models", "1000 B"), ("temporary folders", "850 B"), ("inductor's headers", "900 B")]:
+        assert size in lines[what], (what, lines)
+    assert "1 in use by running processes" in lines["temporary folders"]
+    assert "--clear keeps them" in lines["inductor's headers"]
+    assert main(["cache", "--clear"]) == 0
+    out = capsys.readouterr().out
+    assert str(killed) in out and str(home / "kernels") in out and str(home / "inductor") in out
+    assert not (home / "inductor").exists() and not (home / "kernels").exists() and not killed.exists()
+    assert (home / "rope-eval" / "key.losses").is_file() and running.is_dir() and (headers / "c0.h.gch").is_file()
+    assert main(["cache", "--clear", "losses"]) == 0
+    assert not (home / "rope-eval").exists() and (home / "trace-v1").is_dir()
+    assert main(["cache", "--clear", "all"]) == 0
+    assert not (home / "trace-v1").exists()
+    assert running.is_dir() and (headers / "c0.h.gch").is_file() and (tmp / "someone-elses" / "file").is_file()

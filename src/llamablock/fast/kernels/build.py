@@ -299,7 +299,7 @@ def scratch(directory: Path, why: str) -> Path:
     """A temporary folder for this process's libraries, where `directory` cannot hold them (one
     line saying so); removed at exit."""
     if not _scratch_dirs:
-        _scratch_dirs.append(Path(tempfile.mkdtemp(prefix="llamablock-kernels-")))
+        _scratch_dirs.append(Path(tempfile.mkdtemp(prefix=f"llamablock-kernels-{os.getpid()}-")))
         atexit.register(shutil.rmtree, _scratch_dirs[0], True)
     print(f"llamablock: the kernel cache {directory} cannot be written ({why}); building in {_scratch_dirs[0]} "
           "for this process only", file=sys.stderr, flush=True)
