@@ -100,3 +100,37 @@ def test_a_damaged_package_that_cannot_be_moved_aside_is_refused(tmp_path, monke
     why = package_check.set_aside_package(package)
     assert why is not None and "cannot be moved aside" in why and library.exists()
     assert capsys.readouterr().err == ""
+
+
+def test_a_damaged_build_is_not_offered_to_generate_which_runs_eagerly_and_says_so(tmp_path, monkeypatch, capsys):
+    """The builds index counts a build only while its packages check out: `generate --engine auto` then
+    runs the eager model with one line saying how to rebuild, where it used to set the library aside and
+    compile for minutes in the foreground."""
+    from llamablock.fast.compiled import builds
+    from llamablock.fast.machine import this_machine
+    from llamablock.fast.plan import decide
+    from llamablock.io.source import ModelSource
+    from llamablock.presets import preset
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    monkeypatch.setattr(builds, "_said", set())
+    model = tmp_path / "model.gguf"
+    model.write_bytes(b"GGUF")
+    stored = {"token_embd.weight": "F32", "output.weight": "F32", "blk.0.attn_q.weight": "F32"}
+    source = ModelSource(None, model, "gguf", preset("llama-2024-small", max_seq_len=64), stored, where="model.gguf")
+    package, library = _package(tmp_path)
+    package_check.record_package(package)
+    builds.record(model, "float32", 64, [package], 1.0)
+    assert builds.built_length(model, "float32") == 64 and decide(source, machine=this_machine()).engine == "compiled"
+    assert capsys.readouterr().err == ""
+    with open(library, "r+b") as f:
+        f.truncate(4096)
+    assert builds.built_length(model, "float32") is None
+    plan = decide(source, machine=this_machine())
+    assert plan.engine == "eager" and "llamablock compile" in plan.note
+    [line] = capsys.readouterr().err.splitlines()  # said once, however often the index is asked
+    assert str(library) in line and "is damaged" in line and "llamablock compile --model" in line
+    assert library.exists()  # only looked at: `llamablock compile` sets it aside and builds it again
+    library.rename(library.with_name(library.name + ".damaged"))  # set aside by an earlier run
+    assert builds.built_length(model, "float32") is None
+    assert "was set aside as damaged" in capsys.readouterr().err

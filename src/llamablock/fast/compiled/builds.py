@@ -10,7 +10,9 @@ choose the compiled engine by default when one exists and the eager model otherw
     <package dir>/builds.json   {"<path>|<size>|<mtime>|<code>|<format>": {"lengths": {L or "LxB": [package, ...]},
                                                                            "seconds": last build,
                                                                            "autotune": bool}}
-An entry counts only while its packages are still on disk (pruning may delete them), and only for
+An entry counts only while its packages are still on disk (pruning may delete them) and intact
+(a library cut short, changed or set aside as damaged: fast/compiled/package_check.py; one line
+says so, and `--engine auto` runs the eager model rather than compile for minutes), and only for
 the code that built it (`<code>`: torch's version and llamablock's source digest, which the
 packages' own names hash too): after an upgrade or an edit, `--engine auto` runs the eager model
 and says to rebuild, instead of compiling in the foreground for minutes. `autotune` is how the
@@ -141,10 +143,19 @@ def record(path: Path, fmt: str, length: int, packages: list[Path], seconds: flo
         atomic_write(f, lambda p: p.write_text(json.dumps(index, indent=1)))
 
 
+def build_name(fmt: str, kv: str, activations: str) -> str:
+    """The format a build is recorded under: the weights' format, and the KV cache's dtype (the plan's
+    kv_dtype) where it is not the activations' (a program takes its cache in one dtype: another is
+    another build)."""
+    return fmt if kv == activations else f"{fmt} kv {kv}"
+
+
 def record_engine(path: Path, engine, seconds: float) -> None:
-    """Record the compiled `engine` of the file at `path` as built (its format, cache length, batch,
-    packages and autotune setting): the one call every command that builds makes."""
-    record(path, engine.fmt, engine.length, engine.packages(), seconds, autotune=engine.autotune, batch=engine.batch)
+    """Record the compiled `engine` of the file at `path` as built (its format and kv dtype, cache
+    length, batch, packages and autotune setting): the one call every command that builds makes."""
+    kv, act = (str(t).removeprefix("torch.") for t in (engine.kv_dtype, engine.model.embed.weight.dtype))
+    fmt = build_name(engine.fmt, kv, act)
+    record(path, fmt, engine.length, engine.packages(), seconds, autotune=engine.autotune, batch=engine.batch)
 
 
 def any_build(path: Path) -> bool:
@@ -169,9 +180,20 @@ def stale_build(path: Path) -> bool:
 def built_length(path: Path, fmt: str, batch: int = 1) -> int | None:
     """The longest cache length built for `path` in `fmt` for `batch` sequences whose packages are
     all on disk, or None."""
-    entry = _read().get(_key(path, fmt), {})
-    ok = [int(size.split("x")[0]) for size, dirs in entry.get("lengths", {}).items()
-          if _batch_of(size) == batch and dirs and all(Path(d).is_dir() for d in dirs)]
+    from llamablock.fast.compiled.package_check import unusable
+
+    ok = []
+    for size, dirs in _read().get(_key(path, fmt), {}).get("lengths", {}).items():
+        if _batch_of(size) != batch or not dirs or not all(Path(d).is_dir() for d in dirs):
+            continue
+        why = next(filter(None, map(unusable, map(Path, dirs))), None)
+        if why is None:
+            ok.append(int(size.split("x")[0]))
+        elif why not in _said:  # never loaded, never compiled again in the foreground: auto runs eagerly
+            _said.add(why)
+            print(f"llamablock: the compiled build of {Path(path).name} in {fmt} is damaged ({why}); "
+                  f"`llamablock compile --model {path}` builds it again, until then `--engine auto` runs eagerly",
+                  file=sys.stderr, flush=True)
     return max(ok) if ok else None
 
 

@@ -55,6 +55,19 @@ def damaged_package(package: Path) -> tuple[Path, str] | None:
     return None
 
 
+def unusable(package: Path) -> str | None:
+    """Why the unpacked `package` cannot be loaded as it is (a file damaged or unrecorded, or its
+    library set aside as damaged), for the builds index to say; None for one that can (or that has
+    no library yet: compiled on first use)."""
+    found = damaged_package(package)
+    if found is not None:
+        return f"{found[0]}: {found[1]}"
+    aside = sorted(package.glob("*/data/aotinductor/model/*.so.damaged"))
+    if aside and not list(package.glob("*/data/aotinductor/model/*.so")):
+        return f"{aside[0]} was set aside as damaged"
+    return None
+
+
 def set_aside_package(package: Path) -> str | None:
     """Check `package`; where a file of it is damaged, move that file aside (build.set_aside: one line
     on stderr), which leaves the package without it, so it is compiled again. Returns None when the
