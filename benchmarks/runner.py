@@ -40,6 +40,7 @@ BENCHMARKS = {
     "generate_command": "benchmarks.bench_generate_command",
     "startup": "benchmarks.bench_startup",
     "serve": "benchmarks.bench_serve",
+    "size": "benchmarks.bench_size",
 }
 
 

@@ -1,0 +1,201 @@
+"""A 1B-class model in the types people download, beside llama.cpp: decode, prefill, memory.
+
+The embedded 135M file is small enough that a decode step is bound by arithmetic and per-step
+overhead; at 1B parameters the step streams most of a gigabyte of weights and memory decides.
+This writes llama-architecture files of Llama-3.2-1B's shape (width 2048, 16 layers, 32 query and
+8 key-value heads, feed-forward 8192; SmolLM2's tokenizer and vocabulary, the embedding tied) in
+each type mix llama.cpp's `llama-quantize` writes (benchmarks/scaled_gguf.py MIXES: Q4_K_M,
+Q4_0, Q8_0), once, into the user's cache (`bench/` under `llamablock cache`'s root). Weights are
+random, so the text means nothing; speed and memory do not depend on the values.
+
+Each side runs as a fresh process, in turn, `ROUNDS` times (medians):
+    llamablock   `python -m llamablock generate --model F --greedy --threads T`: a 4-token prompt and
+                 64 new tokens (decode), and a 512-token prompt with one new token (prefill), the
+                 rates from its summary line; with a fresh cache (XDG_CACHE_HOME), so without a
+                 build the plain command runs eagerly, and, full runs only, again after one
+                 `llamablock compile --model F`.
+    llama.cpp    `llama-bench -m F -p 512 -n 64 -t T -r 1 -o json` (pp512 and tg64), where a
+                 llama-bench built by hand is found ($LLAMA_CPP_BIN, else the PATH; the project
+                 never installs it).
+Peak memory is each process's maximum resident set (wait4's ru_maxrss), torch's interpreter
+included on our side (the row "python + torch" shows that floor). The bandwidth share is decode
+tok/s x the bytes a step reads (every tensor but an untied embedding) over a plain read's rate:
+a float32 matrix-vector product over a 1 GiB matrix on the same threads
+(benchmarks/decode_limits.py stream_rate). --quick: a tiny file, one round, eager only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from benchmarks.common import Section, verdict
+
+NAME = "size"
+CLAIM = ("at 1B parameters in the files people download (Q4_K_M, Q4_0, Q8_0), the plain `llamablock generate` "
+         "decodes >= 1.0x llama.cpp's llama-bench tg64 and prefills >= 1.0x its pp512, its decode streams the "
+         "weights at >= 85% of the measured read bandwidth, and its peak memory is <= 1.2x the file plus the KV cache")
+SHAPE = (2048, 16, 32, 8, 8192)  # width, layers, heads, kv heads, feed-forward: Llama-3.2-1B's
+QUICK_SHAPE = (256, 2, 4, 2, 512)
+ROUNDS, NEW, PROMPT_TOKENS = 3, 64, 512
+
+
+def files(mixes, shape) -> dict[str, Path]:
+    """{mix: path}: each written once into the user's cache (a half-written file is never left)."""
+    from benchmarks.scaled_gguf import write_scaled
+    from llamablock.io.resolve import resolve_model
+    from llamablock.util.files import user_cache_dir
+
+    folder = user_cache_dir() / "bench"
+    folder.mkdir(parents=True, exist_ok=True)
+    out = {}
+    for mix in mixes:
+        path = folder / f"llama-{'x'.join(map(str, shape))}-{mix}.gguf"
+        if not path.exists():
+            tmp = path.with_name(f".{path.name}.{os.getpid()}")
+            write_scaled(resolve_model(None), tmp, *shape, mix=mix)
+            os.replace(tmp, path)
+        out[mix] = path
+    return out
+
+
+def _spawn(argv: list[str], env: dict | None = None) -> tuple[str, str, int]:
+    """(stdout, stderr, peak resident bytes) of a process run to its end."""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(argv, stdout=out, stderr=err, env=env)
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0), err.seek(0)
+        stdout, stderr = out.read().decode(errors="replace"), err.read().decode(errors="replace")
+    if proc.returncode != 0:
+        raise RuntimeError(f"{Path(argv[0]).name} {' '.join(argv[1:4])} failed (exit status {proc.returncode}): "
+                           f"{stderr.strip()[-1500:]}")
+    return stdout, stderr, usage.ru_maxrss * 1024
+
+
+def _ours(path: Path, prompt: str, new: int, threads: int, env: dict, *flags: str) -> dict:
+    cmd = [sys.executable, "-m", "llamablock", "generate", "--model", str(path), "--prompt", prompt, "--greedy",
+           "--max-new-tokens", str(new), "--threads", str(threads), *flags]
+    _, err, peak = _spawn(cmd, env)
+    summary = err.strip().splitlines()[-1]
+    num = lambda pattern: float(re.search(pattern, summary).group(1))  # noqa: E731
+    return {"prompt": num(r"(\d+) prompt tokens"), "tokens": num(r"(\d+) new tokens"),
+            "prefill": num(r"prefill ([\d.]+) tok/s"), "decode": num(r"decode ([\d.]+) tok/s"), "peak": peak,
+            "compiled": "compiled" in summary}
+
+
+def llama_bench() -> str | None:
+    folder = os.environ.get("LLAMA_CPP_BIN")
+    found = Path(folder) / "llama-bench" if folder else None
+    return str(found) if found and found.exists() else shutil.which("llama-bench")
+
+
+def _theirs(binary: str, path: Path, threads: int) -> dict:
+    out, _, peak = _spawn([binary, "-m", str(path), "-p", str(PROMPT_TOKENS), "-n", str(NEW), "-t", str(threads),
+                           "-r", "1", "-o", "json"])
+    rates = {("prefill" if r["n_prompt"] else "decode"): r["avg_ts"] for r in json.loads(out)}
+    return {**rates, "peak": peak}
+
+
+def _prompt(tokens: int) -> str:
+    """A text of about `tokens` tokens of SmolLM2's vocabulary (the summary line gives the count)."""
+    from llamablock.io.source import open_source
+
+    tok = open_source(None).tokenizer
+    ids = tok.encode(" ".join(["The quick brown fox jumps over the lazy dog near the river bank."] * tokens))
+    return tok.decode(ids[:tokens])
+
+
+def _step_bytes(path: Path) -> tuple[int, object]:
+    """(bytes a decode step reads: every tensor but an untied embedding, the model's config)."""
+    import gguf
+
+    from llamablock.io.source import open_source
+
+    cfg = open_source(path, tokenizer=False).cfg
+    tensors = gguf.GGUFReader(path).tensors
+    tied = not any(t.name == "output.weight" for t in tensors)
+    return sum(int(t.n_bytes) for t in tensors if tied or t.name != "token_embd.weight"), cfg
+
+
+def _floor(env: dict) -> int:
+    """Peak resident bytes of the interpreter with torch and llamablock's command line imported."""
+    return _spawn([sys.executable, "-c", "import torch, llamablock.cli"], env)[2]
+
+
+def run(quick: bool = False) -> list[Section]:
+    from benchmarks.decode_limits import stream_rate
+    from llamablock.diagnostics.kv_calculator import kv_cache_size
+
+    threads, rounds = torch.get_num_threads(), 1 if quick else ROUNDS
+    new, prompt_tokens = (8, 64) if quick else (NEW, PROMPT_TOKENS)
+    paths = files(("Q4_K_M",) if quick else ("Q4_K_M", "Q4_0", "Q8_0"), QUICK_SHAPE if quick else SHAPE)
+    binary = None if quick else llama_bench()
+    rate = stream_rate(64 if quick else 1024)
+    long_prompt = _prompt(prompt_tokens)
+    sec = Section(f"{'Tiny files' if quick else 'Llama-3.2-1B-shaped files'} ({'x'.join(map(str, QUICK_SHAPE if quick else SHAPE))}: "
+                  f"width x layers x heads x kv heads x ffn), {threads} thread(s), medians of {rounds} fresh process(es) "
+                  f"per side; a plain read streams {rate / 1e9:.1f} GB/s on these threads",
+                  ["file", "MiB", "side", "decode tok/s", f"prefill tok/s ({prompt_tokens})", "vs llama.cpp (decode / prefill)",
+                   "bandwidth share", "peak MiB", "peak / (file + KV)"])
+    notes = []
+    with tempfile.TemporaryDirectory() as cache:
+        env = {**os.environ, "XDG_CACHE_HOME": cache}
+        floor = _floor(env)
+        for mix, path in paths.items():
+            size, (step, cfg) = path.stat().st_size, _step_bytes(path)
+            kv = kv_cache_size(cfg, prompt_tokens + new, dtype="float32").total_bytes  # our eager cache: float32
+            _ours(path, "The", 1, threads, env)  # builds the block kernel into the fresh cache, untimed
+            flags = {"llamablock (no build: eager)": ()}
+            if not quick:
+                t0 = time.perf_counter()
+                _spawn([sys.executable, "-m", "llamablock", "compile", "--model", str(path), "--threads", str(threads)],
+                       env)
+                notes.append(f"{mix}: `llamablock compile` took {time.perf_counter() - t0:.0f} s.")
+                flags = {"llamablock (after `llamablock compile`)": (), "llamablock (--engine eager)": ("--engine", "eager")}
+            sides = {name: lambda p=path, f=f: _ours(p, "The", new, threads, env, *f) for name, f in flags.items()}
+            if binary:
+                sides["llama.cpp llama-bench"] = lambda p=path: _theirs(binary, p, threads)
+            results = {name: [] for name in sides}
+            prefill = {name: [] for name in flags}
+            for _ in range(rounds):  # in turn, so that a change in load hits every side
+                for name, fn in sides.items():
+                    results[name].append(fn())
+                    if name in prefill:
+                        prefill[name].append(_ours(path, long_prompt, 1, threads, env, *flags[name])["prefill"])
+            cpp = results.get("llama.cpp llama-bench")
+            for name, rs in results.items():
+                dec = statistics.median(r["decode"] for r in rs)
+                pre = statistics.median(prefill[name] if name in prefill else [r["prefill"] for r in rs])
+                peak = statistics.median(r["peak"] for r in rs)
+                vs = ""
+                if cpp and name in prefill:
+                    vs = (f"{dec / statistics.median(r['decode'] for r in cpp):.2f}x / "
+                          f"{pre / statistics.median(r['prefill'] for r in cpp):.2f}x")
+                sec.rows.append([mix, f"{size / 2**20:.0f}", name, f"{dec:.1f}", f"{pre:.1f}", vs,
+                                 f"{dec * step / rate:.0%}", f"{peak / 2**20:.0f}", f"{peak / (size + kv):.2f}"])
+    sec.rows.append(["", "", "python + torch + llamablock.cli imported", "", "", "", "", f"{floor / 2**20:.0f}", ""])
+    notes.append("Peak is the whole process's; ours includes the interpreter row above (llama-bench's has no such floor). "
+                 "KV: our eager cache in float32 at prompt + new tokens (diagnostics/kv_calculator.py).")
+    if binary is None and not quick:
+        notes.append("llama.cpp: no llama-bench found ($LLAMA_CPP_BIN or the PATH), so the ratios to it are not "
+                     "measured; build it by hand from llama.cpp's sources (README, benchmarks).")
+    for row in sec.rows:
+        if row[5]:
+            d, p = (float(x.strip().rstrip("x")) for x in row[5].split("/"))
+            notes.append(verdict(f"{row[0]} decode, {row[2]}, vs llama.cpp", d, 1.0))
+            notes.append(verdict(f"{row[0]} prefill, {row[2]}, vs llama.cpp", p, 1.0))
+        if row[6] and row[2].startswith("llamablock"):
+            notes.append(verdict(f"{row[0]} bandwidth share, {row[2]}", float(row[6].rstrip("%")) / 100, 0.85, unit=""))
+    sec.notes = notes
+    return [sec]
