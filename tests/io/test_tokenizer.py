@@ -127,3 +127,13 @@ def test_a_character_record_listing_a_character_twice_is_refused():
         tokenizer_from_record({"kind": "char", "chars": "abcb"})
     assert "\n" not in str(e.value)
     assert tokenizer_from_record({"kind": "char", "chars": "abc"}).encode("cab") == [2, 0, 1]
+
+
+def test_a_character_record_out_of_sorted_order_is_refused():
+    """Ids are places in sorted order (a resume sorts the characters again: training.data.CharTokenizer),
+    so a record listing them otherwise would give an export and a resume different ids: refused."""
+    from llamablock.io.llamablock_records import tokenizer_from_record
+
+    with pytest.raises(ValueError, match=r"'chars' are not in sorted order \('c' before 'b'") as e:
+        tokenizer_from_record({"kind": "char", "chars": "acb"})
+    assert "\n" not in str(e.value)

@@ -141,7 +141,8 @@ def test_a_kv_cache_the_machine_cannot_allocate_is_one_clear_error(monkeypatch):
     lambda old: {"kind": "bpe", "tokenizer": {"model": {"type": "nonsense"}}},  # valid JSON, not a tokenizer
     lambda old: {"kind": "bpe", "tokenizer": {"version": "1.0", "model": {"type": "BPE", "vocab": [1], "merges": 7}}},
     lambda old: {"kind": "char", "chars": old["chars"] + old["chars"][0]},  # one character listed twice
-], ids=["bpe-wrong-shape", "bpe-unparsable", "char-repeated"])
+    lambda old: {"kind": "char", "chars": old["chars"][::-1]},  # not in sorted order: other ids
+], ids=["bpe-wrong-shape", "bpe-unparsable", "char-repeated", "char-unsorted"])
 def test_a_damaged_tokenizer_record_is_one_line(run, capsys, damage):
     """A BPE record in its envelope whose tokenizer.json the tokenizers library cannot parse, or a
     character record that lists a character twice (its ids would shift): the checks before a resume

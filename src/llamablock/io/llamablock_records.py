@@ -40,6 +40,11 @@ def tokenizer_json(record: dict) -> dict:
             raise ValueError(f"the tokenizer record's 'chars' lists the character {c!r} more than once (each "
                              "character has one id; llamablock never writes a character twice)")
         seen.add(c)
+    ahead = next((i for i in range(1, len(chars)) if chars[i] < chars[i - 1]), None)
+    if ahead is not None:  # ids are positions in sorted order (training.data.CharTokenizer sorts them again)
+        raise ValueError(f"the tokenizer record's 'chars' are not in sorted order ({chars[ahead - 1]!r} before "
+                         f"{chars[ahead]!r}; each id is a character's place in sorted order, and llamablock writes "
+                         "them sorted)")
     backend = Backend(models.BPE({c: i for i, c in enumerate(record["chars"])}, []))
     backend.decoder = decoders.Fuse()  # the default decoder would join tokens with spaces
     return json.loads(backend.to_str())
