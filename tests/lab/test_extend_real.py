@@ -1,13 +1,13 @@
 """Section 15.2 on the real checkpoint (lab.exp_extend_real), judged on synthetic per-token losses:
 each check reproduces where the effect is put in, reads differs where it is taken out, and the
-quick run records every claim as not measured. The real passes run only in the full lab."""
+quick run records every claim as not run (full lab only), with its tolerance. The real passes run only in the full lab."""
 
 import math
 
 import torch
 
 from llamablock.lab import exp_extend_real as x
-from llamablock.lab.record import DIFFERS, NOT_MEASURABLE, REPRODUCED
+from llamablock.lab.record import DIFFERS, NOT_MEASURABLE, NOT_RUN, REPRODUCED
 
 L, N = 64, 128
 RUN = {"model": "tiny.gguf", "L": L, "tokens": N, "stride": L // 4, "documents": ["a"]}
@@ -83,7 +83,8 @@ def test_the_intervals_are_over_bins(monkeypatch):
     assert mean == 2.0 and math.isclose(high - mean, half, rel_tol=1e-5) and math.isclose(mean - low, half, rel_tol=1e-5)
 
 
-def test_quick_records_every_claim_as_not_measured():
+def test_quick_records_every_claim_as_not_run_with_its_tolerance():
     got = x.run(quick=True, out=None)
     assert [c.id for c in got] == list(x.CLAIMS)
-    assert all(c.verdict == NOT_MEASURABLE and "full `llamablock lab`" in c.details for c in got)
+    assert all(c.verdict == NOT_RUN and "full `llamablock lab`" in c.details for c in got)
+    assert all(c.tolerance == x.TOLERANCES[c.id] for c in got)

@@ -32,12 +32,12 @@ from llamablock.lab.record import (
     VERDICTS,
     Claim,
 )
-from llamablock.lab.report import fmt, headline, render_report
+from llamablock.lab.report import document, fmt, headline, render_report
 from llamablock.lab.runner import declared
 from llamablock.positions import LearnedPositions
 
 FIELDS = {"id", "section", "claim", "source_value", "measured", "unit", "tolerance", "verdict", "details",
-          "indicative", "table"}
+          "indicative", "table", "plots"}
 
 
 def _by_id(claims):
@@ -98,8 +98,9 @@ def test_headline_counts_definitions_apart():
 
     claims = [Claim("a", "15.1", "", 1).judge(True), Claim("b", "15.1", "", 1).define(),
               Claim("c", "15.1", "", 1).judge(False)]
-    text = headline(claims)
-    assert "3 claims: 1 reproduced, 1 differs; and 1 definition (true" in text
+    text = " ".join(headline(claims))
+    assert "Claims of the module: 3; reproduced 1, differs 1, not measurable here 0." in text
+    assert "Definitions (true by construction, shown but not counted as reproduced): 1." in text
     assert fmt(10922.67) == "10922.67" and fmt([16448, 9280]) == "16,448, 9,280" and fmt({"a": 0.5}) == "a: 0.5"
 
 
@@ -110,14 +111,14 @@ def test_report_tables_print_a_column_at_one_precision_and_missing_entries_blank
     c.table = [{"scheme": "x", "loss": 2.79, "sd": 0.014, "far": float("nan")},
                {"scheme": "y", "loss": 2.5477, "sd": 0.0065, "far": 1.5}]
     env = {"date": "d", "python": "3", "torch": "t", "machine": "m", "processor": "", "threads": 1}
-    text = render_report([c], env, quick=False)
+    text = render_report(document([c], env, quick=False))
     assert "| x | 2.7900 | 0.0140 |  |" in text and "| y | 2.5477 | 0.0065 | 1.5 |" in text
-    assert "## Beyond the module" in text and "1 thread (" in text
+    assert "## Beyond the module" in text and "torch threads: 1 (" in text
 
 
 def _meaning(text: str, section: str) -> str:
     part = text.split(f"## {section} ", 1)[1]
-    return part.split("**What this means.**", 1)[1].split("\n")[0]
+    return part.split("**What this means.**", 1)[1].split("\n\n")[0]
 
 
 def test_report_words_follow_the_results():
@@ -132,18 +133,19 @@ def test_report_words_follow_the_results():
                 c.judge(False)
             if unmeasured:
                 c.unmeasurable("no regime")
-        return _meaning(render_report(claims, env, quick=True, declared={"15.5": declared("15.5")}), "15.5")
+        return _meaning(render_report(document(claims, env, quick=True, declared={"15.5": declared("15.5")})), "15.5")
 
     good, flipped = run(), run(decode=DIFFERS)
-    assert "within the module's 3-4x" in good and "Every claim that could be judged here reproduced" in good
+    assert "interval meeting the module's 3-4x" in good and "Every claim that could be judged here reproduced" in good
     assert "outside the module's 3-4x" in flipped and "Every claim that could be judged here" not in flipped
-    assert "within the module's" not in flipped and "Differs: `15.5.decode-speed`, module 4, measured 3.3" in flipped
+    assert "meeting the module's" not in flipped and "Differs: `15.5.decode-speed`, module 4, measured 3.3" in flipped
     n = len(declared("15.5"))
-    assert f"{n - 1} reproduced, 1 differs" in flipped and f"{n} reproduced, 0 differ" in good
+    assert f"reproduced {n - 1}, differs 1" in flipped and f"reproduced {n}, differs 0" in good
     dropped = run(drop=("15.5.attention-params",))
-    assert "did not record `15.5.attention-params`" in dropped and "did not record" not in good
+    assert "Not recorded by this run, so nothing here speaks for or against them: `15.5.attention-params`" in dropped
+    assert "Not recorded" not in good
     none = run(unmeasured=True)
-    assert "0 reproduced" in none and "Not measurable here: `15.5.cache-bytes`" in none
+    assert "reproduced 0" in none and "Not measurable here: `15.5.cache-bytes`" in none
     assert "here reproduced" not in none and "decodes" not in none
     # what rests on the quick run is said with each claim's own reason
     assert "Indicative only" not in good
@@ -476,8 +478,9 @@ def test_beyond_claims_need_the_baseline_to_suffer(monkeypatch):
 
 def test_beyond_claims_are_counted_apart_in_the_headline():
     claims = [Claim("15.1.x", "15.1", "", None).judge(True), Claim("beyond.qk-norm", "beyond", "", None).judge(False)]
-    text = headline(claims)
-    assert text.startswith("1 claims: 1 reproduced.") and "Beyond the module, 1 more: 1 differs." in text
+    text = " ".join(headline(claims))
+    assert text.startswith("Claims of the module: 1; reproduced 1, differs 0,")
+    assert "Beyond the module, counted apart: 1 more; reproduced 0, differs 1," in text
 
 
 def test_conversion_fails_when_uptraining_recovers_nothing(monkeypatch):
@@ -597,6 +600,10 @@ def test_lab_quick_end_to_end(tmp_path, capsys):
     assert all(c["indicative"] for c in doc["claims"] if c["id"].endswith("training-quality"))
     report = (tmp_path / "report.md").read_text()
     assert report.startswith("# The LLaMA Block, measured")
+    from test_report_text import check_report
+
+    assert check_report(report, doc) == []  # every line a template filled from results.json
+    assert {c["verdict"] for c in doc["claims"] if c["id"].startswith("15.2.real-")} == {"not run (full lab only)"}
     assert "± 0.0000" not in report and "{'" not in report
     assert not [row for row in report.splitlines() if row.startswith("| `") and "e+0" in row]  # no 1.092e+04
     assert report.count("**What this means.**") == 8

@@ -5,6 +5,9 @@ Verdicts:
     differs               it does not; `details` says how and why it may differ
     not measurable here   with the reason in `details` (a timing whose repeat-to-repeat spread
                           exceeds the effect, a model too small to use what is measured, ...)
+    not run (full lab only)  measurable on this machine, but only `llamablock lab` without --quick runs
+                          it (a real model past its context); carries its tolerance, and is counted
+                          apart from "not measurable here", which says the measurement cannot decide
     definition            the statement holds by construction (the formula itself, a count the
                           module's own definition fixes); computed and shown, never counted as
                           reproduced, because no implementation could make it come out otherwise
@@ -21,7 +24,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 REPRODUCED, DIFFERS, NOT_MEASURABLE, DEFINITION = "reproduced", "differs", "not measurable here", "definition"
-VERDICTS = (REPRODUCED, DIFFERS, NOT_MEASURABLE, DEFINITION)
+NOT_RUN = "not run (full lab only)"
+VERDICTS = (REPRODUCED, DIFFERS, NOT_MEASURABLE, NOT_RUN, DEFINITION)
 
 
 @dataclass
@@ -56,7 +60,10 @@ class Claim:
         self.verdict, self.details = NOT_MEASURABLE, reason
         return self
 
+    def not_run(self, reason: str) -> Claim:
+        """Skipped by --quick, not undecidable: the full lab measures it."""
+        self.verdict, self.details = NOT_RUN, reason
+        return self
+
     def to_dict(self) -> dict:
-        d = asdict(self)
-        d.pop("plots")
-        return d
+        return asdict(self)

@@ -94,13 +94,14 @@ def environment() -> dict:
 
 
 def write_results(out: Path, claims: list[Claim], quick: bool, timings: dict[str, float] | None = None) -> None:
-    from llamablock.lab.report import render_report
+    """results.json, then report.md written from what results.json holds (read back, so the report
+    can say nothing the file does not)."""
+    from llamablock.lab.report import document, render_report
 
-    env = environment()
-    doc = {"environment": env, "quick": quick, "seconds": timings or {}, "claims": [c.to_dict() for c in claims]}
-    atomic_write(out / "results.json", lambda p: p.write_text(json.dumps(doc, indent=2, default=str)))
-    expected = {s: declared(s) for s in SECTIONS}
-    atomic_write(out / "report.md", lambda p: p.write_text(render_report(claims, env, quick, timings, expected)))
+    doc = document(claims, environment(), quick, timings, {s: declared(s) for s in SECTIONS})
+    text = json.dumps(doc, indent=2, default=str)
+    atomic_write(out / "results.json", lambda p: p.write_text(text))
+    atomic_write(out / "report.md", lambda p: p.write_text(render_report(json.loads(text))))
 
 
 def _short(value, width: int) -> str:
@@ -118,4 +119,4 @@ def table(claims: list[Claim]) -> str:
     for c in claims:
         rows.append(f"{c.id:<30} {_short(c.claim, 44):<44} {_short(c.source_value, 22):<22} "
                     f"{_short(c.measured, 22):<22} {c.verdict}{' (indicative)' if c.indicative else ''}")
-    return "\n".join(rows + ["", headline(claims)])
+    return "\n".join(rows + ["", " ".join(headline(claims))])
