@@ -1,0 +1,147 @@
+"""Self-Extend and StreamingLLM's attention sinks in generation: studies/grouped_attention.py's
+scores with a KV cache, behind the engine interface (runtime/engine.py).
+
+Each score q_i . k_j takes one of two rotations (studies/grouped_attention.py): plain (q at i, k
+at j) or the method's (q at P_q(i), k at P_k(j)). A key's two rotations never change once its
+position is known (P_k(j) is j // G for Self-Extend, j for sinks), so the cache holds every kept
+key in both, beside its value and its position; a new query is rotated twice and each score picks
+its rotation with the scheme's own `choose`. Nothing is re-rotated, nothing recomputed.
+
+    sinks        llama.cpp has no such mode; StreamingLLM (Xiao et al. 2023): the first S tokens
+                 and the W most recent stay, every other key is evicted once no later query can
+                 see it, so the cache never holds more than S + W keys and a generation goes on
+                 past any context (`generate --context-overflow sinks`)
+    Self-Extend  every key stays (llama.cpp's --grp-attn-n G --grp-attn-w W): distances past W
+                 shrink G times, so a model reads about G times its trained context
+
+Tested against the cache-free reference, studies/grouped_attention.py's full forward over the same
+tokens (tests/runtime/test_grouped_cache.py): the same logits at every step.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+from llamablock.model import Decoder
+from llamablock.studies.grouped_attention import GroupedAttention, SelfExtend, Sinks
+
+QUERY_BLOCK = 128  # queries scored at once in a prefill: (h, 128, keys) scores, never (h, t, t)
+
+
+class CachedGroupedAttention(GroupedAttention):
+    """`attn` through `scheme`, with a cache of (plain keys, the method's keys, values, positions)."""
+
+    def __init__(self, attn, scheme: Sinks | SelfExtend):
+        super().__init__(attn, scheme, QUERY_BLOCK)
+        self.reset()
+
+    def reset(self) -> None:
+        self.ka = self.kb = self.v = self.pos = None
+        self.start = 0  # the position of the next new token
+
+    @property
+    def kept(self) -> int:
+        """Keys in the cache now."""
+        return 0 if self.pos is None else int(self.pos.shape[0])
+
+    def forward(self, x: torch.Tensor, inputs=None, cache=None) -> torch.Tensor:
+        """x (b, t, D), the tokens at positions start..start+t-1 -> (b, t, D). `inputs` (the plain
+        model's angles) are not read: the positions are this cache's."""
+        a = self.attn
+        b, t, _ = x.shape
+        q = a.wq(x).view(b, t, a.h, a.hd).transpose(1, 2)  # (b, h, t, hd)
+        k = a.wk(x).view(b, t, a.n_kv, a.hd).transpose(1, 2)  # (b, n_kv, t, hd)
+        v = a.wv(x).view(b, t, a.n_kv, a.hd).transpose(1, 2)  # (b, n_kv, t, hd)
+        if a.q_norm is not None:
+            q, k = a.q_norm(q), a.k_norm(k)
+        pos = torch.arange(self.start, self.start + t, device=x.device)  # (t,)
+        pq, pk = self.scheme.positions(pos, pos)
+
+        def rotated(z, p):
+            return a.rotary.rotate(z, *a.rotary.cos_sin(p[None].expand(b, t), z.dtype))
+
+        qa, qb = rotated(q, pos), rotated(q, pq)
+        keep = (self.ka, self.kb, self.v, self.pos)
+        ka, kb, vs, kpos = (new if old is None else torch.cat((old, new), dim=-2 if new.dim() > 1 else 0)
+                            for old, new in zip(keep, (rotated(k, pos), rotated(k, pk), v, pos), strict=True))
+        g = a.h // a.n_kv
+        out = torch.empty_like(q)
+        for s in range(0, t, QUERY_BLOCK):
+            e = min(s + QUERY_BLOCK, t)
+            allowed, second = self.scheme.choose(pos[s:e], kpos)  # (T, keys)
+            scores = torch.where(second, self._scores(qb[:, :, s:e], kb, g), self._scores(qa[:, :, s:e], ka, g))
+            probs = torch.softmax(scores.masked_fill(~allowed, float("-inf")).float(), dim=-1).to(q.dtype)
+            out[:, :, s:e] = (probs @ vs[:, :, None]).reshape(b, a.h, e - s, a.hd)  # (b, n_kv, g, T, hd) -> heads
+        self.start += t
+        seen = self._still_seen(kpos)  # (keys,) what a later query can still see
+        self.ka, self.kb, self.v, self.pos = ka[:, :, seen], kb[:, :, seen], vs[:, :, seen], kpos[seen]
+        return a.wo(out.transpose(1, 2).reshape(b, t, a.h * a.hd))
+
+    def _still_seen(self, kpos: torch.Tensor) -> torch.Tensor:
+        """Sinks: the sink tokens and the last W - 1 positions (the next query, at `start`, makes W);
+        Self-Extend: every key."""
+        if isinstance(self.scheme, Sinks):
+            return (kpos < self.scheme.sinks) | (kpos > self.start - self.scheme.window)
+        return torch.ones_like(kpos, dtype=torch.bool)
+
+
+def _with_cached_attention(model: Decoder, scheme) -> Decoder:
+    """A shallow copy of `model` (the same weights, whatever their format) whose blocks attend
+    through CachedGroupedAttention; `model` itself is left as it was."""
+    cfg = model.cfg
+    if cfg.rope_scaling is not None or set(cfg.layer_kinds) != {"full"} or cfg.position != "rope":
+        raise ValueError("self-extend and sinks run models with plain RoPE on full-attention layers only "
+                         "(no rope scaling, no sliding-window layers)")
+    clone = copy.copy(model)
+    clone._modules = dict(model._modules)
+    layers = nn.ModuleList()
+    for layer in model.layers:
+        twin = copy.copy(layer)
+        twin._modules = dict(layer._modules)
+        twin.attn = CachedGroupedAttention(layer.attn, scheme)
+        layers.append(twin)
+    clone.layers = layers
+    return clone
+
+
+class GroupedEngine:
+    """The engine interface (runtime/engine.py) over CachedGroupedAttention: batch 1, eager.
+    `unbounded`: a generation may run past any context (sinks); Self-Extend is bounded by the
+    context it was given."""
+
+    def __init__(self, model: Decoder, scheme: Sinks | SelfExtend, context: int):
+        self.model, self.scheme = _with_cached_attention(model, scheme), scheme
+        self.cfg, self.context = model.cfg, context
+        self.device = next(model.parameters()).device
+        self.unbounded = isinstance(scheme, Sinks)
+        self.attentions = [layer.attn for layer in self.model.layers]
+
+    def prepare(self, total_tokens: int) -> None:
+        pass  # nothing to allocate: the cache grows to its bound
+
+    def covers(self, total_tokens: int) -> bool:
+        return True
+
+    def describe(self) -> str:
+        s = self.scheme
+        if isinstance(s, Sinks):
+            return f"eager, attention sinks: {s.sinks} first tokens + the last {s.window}"
+        return f"eager, Self-Extend: groups of {s.group} past a window of {s.window}"
+
+    @property
+    def kept(self) -> int:
+        """Keys each layer's cache holds now (the bound the tests assert)."""
+        return self.attentions[0].kept
+
+    def prefill(self, ids: torch.Tensor) -> torch.Tensor:
+        for attn in self.attentions:
+            attn.reset()
+        return self.model(ids, last_only=True)[:, -1]  # (1, V)
+
+    def step(self, ids: torch.Tensor, pos: int) -> torch.Tensor:
+        if pos != self.attentions[0].start:
+            raise ValueError(f"step at position {pos}, but the cache's next position is {self.attentions[0].start}")
+        return self.model(ids, last_only=True)[:, -1]
