@@ -282,7 +282,7 @@ def plot_cache(out) -> list[str]:
     fig, ax = new_figure()
     for kv in (32, 8, 1):
         ax.plot(tokens, [kv_cache_size(cfg, t, kv_heads=kv).total_bytes / GiB for t in tokens], marker="o",
-                label=f"{kv} KV heads" + (" (MHA)" if kv == 32 else " (LLaMA 3 8B)" if kv == 8 else " (MQA)"))
+                label=f"{kv} KV head{'s' if kv != 1 else ''}" + (" (MHA)" if kv == 32 else " (LLaMA 3 8B)" if kv == 8 else " (MQA)"))
     ax.axvline(8192, color="grey", linestyle=":")
     ax.set(xscale="log", yscale="log", xlabel="tokens", ylabel="KV cache, GiB (fp16, batch 1)",
            title="LLaMA 3 8B: the cache is proportional to the KV heads")
