@@ -75,3 +75,15 @@ def test_sinks_generate_past_the_context_in_a_bounded_cache(model):
 def test_a_keep_the_context_cannot_hold_is_refused(model, keep):
     with pytest.raises(ValueError, match="--keep must be between 0 and 14"):
         ShiftEngine(EagerEngine(model), CONTEXT, keep)
+
+
+def test_a_prompt_longer_than_the_context_is_cut_as_a_shift_leaves_it(model):
+    """A chat's history can outgrow the context: shift keeps the first `keep` tokens and the most
+    recent ones, as many as a shift leaves (context + 1 - (context - keep) // 2)."""
+    engine = ShiftEngine(EagerEngine(model), CONTEXT, keep=2)
+    prompt = list(range(1, 41))
+    engine.prepare(len(prompt))
+    logits = engine.prefill(torch.tensor([prompt]))
+    assert engine.tokens == prompt[:2] + prompt[-(CONTEXT + 1 - 7 - 2):]
+    want = llamablock.runtime.engine.RecomputeEngine(model).prefill(torch.tensor([engine.tokens]))
+    assert (logits - want).abs().max() <= 1e-5 * want.abs().max()

@@ -46,9 +46,13 @@ class ShiftEngine:
         return f"{self.inner.describe()}; context shift past {self.context} tokens, keeping the first {self.keep}"
 
     def prefill(self, ids: torch.Tensor) -> torch.Tensor:
-        if ids.shape[1] > self.context:
-            raise ValueError(f"the prompt ({ids.shape[1]} tokens) is longer than the context ({self.context})")
+        """A prompt longer than the context (a chat's history) is cut as a shift would leave it: the
+        first `keep` tokens and the most recent ones, in a window a shift's size."""
         self.tokens = ids[0].tolist()
+        if len(self.tokens) > self.context:
+            recent = self.context + 1 - (self.context - self.keep) // 2 - self.keep
+            self.tokens = self.tokens[:self.keep] + self.tokens[-recent:]
+            ids = torch.tensor([self.tokens], device=self.device)
         return self.inner.prefill(ids)
 
     def step(self, ids: torch.Tensor, pos: int) -> torch.Tensor:

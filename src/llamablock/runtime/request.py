@@ -28,16 +28,13 @@ from llamablock.runtime.sampling import Sampling, next_token
 
 def check_request(model, n_prompt: int, max_new_tokens: int) -> None:
     """Refuse an empty prompt, a non-positive length, or a request longer than the model's context
-    (an engine with a context overflow policy, `unbounded`, takes any length of a prompt that fits)."""
+    (an engine with a context overflow policy, `unbounded`, takes any length)."""
     if n_prompt == 0:
         raise ValueError("the prompt is empty: give some text (or token ids) to continue")
     if not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
         raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
     ctx = model.cfg.max_seq_len
-    if getattr(model, "unbounded", False):  # a context overflow policy (runtime/overflow.py): the prompt must fit
-        if n_prompt > ctx:
-            raise ValueError(f"the prompt ({n_prompt} tokens) exceeds the context of {ctx} tokens; shorten it or "
-                             "raise --ctx-size")
+    if getattr(model, "unbounded", False):  # a context overflow policy (runtime/overflow.py) takes any length
         return
     if n_prompt + max_new_tokens > ctx:
         raise ValueError(f"the prompt ({n_prompt} tokens) plus {max_new_tokens} new tokens exceeds the model's "
