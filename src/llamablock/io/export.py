@@ -15,6 +15,11 @@ kill at any moment leaves the old export or the new one whole:
                   matches, such as the 2017 model (post-LN LayerNorm, learned positions, biases):
                   only llamablock reads it.
 
+RoPE scaling (the checkpoint's own, or `export`'s flags: io/scaling_flags.py export_config and
+`with_config`) is written where other runtimes read it: config.json's `rope_parameters`
+(transformers 5) and `rope_scaling` with `rope_theta` (v4's keys, which vLLM and llama.cpp's
+converter read), `max_position_embeddings` the scaled context; GGUF's keys in io/export_gguf.py.
+
 Tokenizers: training's records ({"kind": "char", "chars"} or {"kind": "bpe", "tokenizer"})
 become a `tokenizers` JSON. A character tokenizer is a BPE model with no merges, so every
 character is its own token and any tokenizers-based reader (transformers included) splits text
@@ -45,7 +50,7 @@ from safetensors.torch import save_file, save_model
 from llamablock.config import ModelConfig
 from llamablock.io.export_gguf import export_gguf
 from llamablock.io.hf_config import config_to_hf
-from llamablock.io.llamablock_dir import load_checkpoint
+from llamablock.io.llamablock_dir import checkpoint_readers, load_checkpoint
 from llamablock.io.llamablock_records import CHAT_TEMPLATE, tokenizer_json
 from llamablock.io.resolve import (
     resolve_model,
@@ -64,6 +69,9 @@ from llamablock.util.files import (
 )
 
 EXPORT_FORMATS = ("auto", "hf", "gguf", "llamablock")  # what `export --format` writes
+# RoPE scalings a transformers llama computes alike (static "ntk" as default RoPE at its raised base;
+# not dynamic NTK: transformers' grows from max_position_embeddings, llamablock's from the original length)
+EXPORTED_SCALING = ("linear", "ntk", "yarn", "llama3")
 
 
 def _write_tokenizer(folder: Path, record: dict, max_len: int, out: Path) -> None:
@@ -83,8 +91,11 @@ def transformers_family(cfg: ModelConfig) -> tuple[str | None, str | None]:
         return None, f"{cfg.norm_placement}-LN {cfg.norm} (transformers' llama is pre-LN RMSNorm)"
     if cfg.ffn != "swiglu":
         return None, f"a {cfg.ffn} feed-forward (transformers' llama uses SwiGLU)"
-    if cfg.rope_scaling or cfg.sliding_window is not None:
-        return None, "RoPE scaling or a sliding window (not exported)"
+    kind = (cfg.rope_scaling or {}).get("rope_type")
+    if kind not in (None, *EXPORTED_SCALING):
+        return None, f"RoPE scaling {kind} (exported: {', '.join(EXPORTED_SCALING)})"
+    if cfg.sliding_window is not None:
+        return None, "a sliding window (not exported)"
     if cfg.qkv_bias == cfg.o_bias:
         return "llama", None  # attention_bias puts biases on q, k, v and o together
     if cfg.qkv_bias and not cfg.mlp_bias:
@@ -171,7 +182,10 @@ def export_hf(model: Decoder, record: dict, out: str | Path) -> Path:
     if family is None:
         choose_format(cfg, "hf")  # raises, saying why
     hf = config_to_hf(cfg.replace(family=family, rope_layout="half", extra={}))
-    hf.update(dtype="float32", bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    hf.update(dtype="float32", bos_token_id=None, eos_token_id=None, pad_token_id=None,
+              rope_theta=hf["rope_parameters"]["rope_theta"])
+    if hf["rope_parameters"]["rope_type"] != "default":  # v4's key too, which vLLM and llama.cpp's converter read
+        hf["rope_scaling"] = {k: v for k, v in hf["rope_parameters"].items() if k != "rope_theta"}
     tensors = {hf_name(n): t for n, t in half_layout_state(model).items()}
     tmp = staging_dir(out, EXPORT_MARKER)
     try:
@@ -217,7 +231,23 @@ def export_model(model: Decoder, record: dict, out: str | Path, fmt: str = "auto
     return fmt, (export_hf if fmt == "hf" else export_llamablock)(model, record, out)
 
 
-def export_run(run_dir: str | Path, out: str | Path, fmt: str = "auto") -> tuple[str, Path]:
-    """Export the latest checkpoint of a training run directory, its weights checksummed first."""
-    model, _, state = load_checkpoint(resolve_model(run_dir), verify=True)
+def with_config(model: Decoder, cfg: ModelConfig) -> Decoder:
+    """`model`'s weights in a Decoder of `cfg` (the same shapes; another context or RoPE scaling)."""
+    if cfg == model.cfg:
+        return model
+    new = Decoder(cfg)
+    new.load_state_dict(model.state_dict(), strict=True)
+    return new.eval()
+
+
+def export_run(run_dir: str | Path, out: str | Path, fmt: str = "auto", scaling=None) -> tuple[str, Path]:
+    """Export the latest complete checkpoint of a training run directory (or one checkpoint folder),
+    its weights checksummed first, read while no trainer may delete it (`checkpoint_readers`).
+    `scaling`: parsed context and RoPE-scaling flags (io/scaling_flags.py), applied to the config."""
+    from llamablock.io.scaling_flags import export_config
+
+    with checkpoint_readers(run_dir):
+        model, _, state = load_checkpoint(resolve_model(run_dir), verify=True)
+    if scaling is not None:
+        model = with_config(model, export_config(model.cfg, scaling))
     return export_model(model, state["tokenizer"], out, fmt)

@@ -2,10 +2,21 @@
 writes it; its config.json holds ModelConfig's fields and no model_type).
 
 A checkpoint's state.json is checked (io/checkpoint_state.py) before any model is built from it.
+
+A run being trained deletes its older checkpoints after each save (training.checkpoint._prune),
+so a reader that resolved `checkpoints/latest` could find the folder gone before it had read it
+(`export` of a running run: "step-000073/model.safetensors is missing"). `checkpoint_readers`
+holds a shared flock on the run's checkpoints/ folder while reading; training deletes only when
+`checkpoint_deleter` gets the same lock exclusively at once, and otherwise leaves the old
+folders to its next save. Nobody waits on a reader's account: the trainer skips, the reader
+waits only for a deletion in progress.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import os
 from pathlib import Path
 
 import torch
@@ -96,3 +107,47 @@ def load_llamablock_dir(path: Path, dtype: torch.dtype | None = None):
     """(Decoder, Tokenizer) of a checkpoint folder or a llamablock export."""
     cfg, tok, where = read_llamablock_dir(Path(path))
     return load_llamablock_weights(path, cfg, where, dtype), tok
+
+
+def _checkpoints_root(path: Path) -> Path | None:
+    """The checkpoints/ folder of a run directory, or of the run a checkpoint folder belongs to."""
+    path = Path(path)
+    if (path / "checkpoints").is_dir():
+        return path / "checkpoints"
+    if path.parent.name == "checkpoints" and path.is_dir():
+        return path.parent
+    return None
+
+
+@contextlib.contextmanager
+def _folder_lock(root: Path | None, mode: int):
+    """flock(`mode`) on the folder `root` itself for the block (a folder's inode stays while the
+    files in it are replaced; no lock file is written, so a read-only run is read the same way);
+    yields whether it is held."""
+    fd = None
+    if root is not None:
+        with contextlib.suppress(OSError):
+            fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        held = fd is not None
+        if held:
+            try:
+                fcntl.flock(fd, mode)
+            except BlockingIOError:
+                held = False
+        yield held
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
+def checkpoint_readers(path: str | Path):
+    """Hold the shared lock of the run that `path` (a run directory or one of its checkpoint
+    folders) belongs to, for a block that reads its checkpoints (a context manager)."""
+    return _folder_lock(_checkpoints_root(Path(path)), fcntl.LOCK_SH)
+
+
+def checkpoint_deleter(root: str | Path):
+    """The exclusive lock of a run's checkpoints/ folder `root`, if no reader holds it now: the
+    context manager yields whether it is held (only then may checkpoints be deleted)."""
+    return _folder_lock(Path(root), fcntl.LOCK_EX | fcntl.LOCK_NB)

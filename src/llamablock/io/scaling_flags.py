@@ -1,5 +1,5 @@
 """The context and RoPE-scaling flags of the commands that run a model (`generate`, `perplexity`,
-`serve`), named as llama.cpp names them, and the model source they make.
+`serve`) and of `export`, named as llama.cpp names them, and the model source they make.
 
     --ctx-size N             tokens the run allows (default: the model's context, cfg.max_seq_len)
     --rope-scaling METHOD    none, linear, ntk, dynamic, yarn or llama3 (rope_scaling.py's types)
@@ -10,7 +10,8 @@
     --rope-freq-base THETA   RoPE's base, replacing rope_theta
 
 A command reads its model once (io/source.py open_source), then `scaled_source(source, args)`
-turns the flags into transformers' `rope_scaling` dict and a new config,
+(`scaled_config` on a config alone; `export_config` for an export, which declares a context
+rather than runs one) turns the flags into transformers' `rope_scaling` dict and a new config,
 `cfg.replace(rope_scaling=..., max_seq_len=N)`: the run is the model whose config.json said so,
 and everything below it (the plan, the loader, the context checks of generation, perplexity and
 the server) reads that config and nothing else. The config checks the dict
@@ -24,6 +25,7 @@ generation, `dynamic-consistent` re-rotates the cached keys (rope_scaling.rotate
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import math
 
@@ -117,12 +119,12 @@ def scaling_dict(cfg, method: str, n: int, args) -> dict:
     return d
 
 
-def scaled_source(source: ModelSource, args, window: int | None = None) -> ModelSource:
-    """`source` with the config the flags in `args` say (`source` itself when they change nothing).
-    `window`: tokens one forward pass needs (perplexity's --context): without --ctx-size it is the
-    context, when longer than the model's."""
+def scaled_config(cfg, args, window: int | None = None):
+    """`cfg` as the flags in `args` change it (`cfg` itself when they change nothing). `window`:
+    tokens one forward pass needs (perplexity's --context): without --ctx-size it is the context,
+    when longer than the model's."""
     check_flags(args)
-    cfg, method = source.cfg, args.rope_scaling
+    method = args.rope_scaling
     trained = cfg.max_seq_len
     n = args.ctx_size if args.ctx_size is not None else max(trained, window or 0)
     extends = method not in (None, "none")
@@ -141,12 +143,37 @@ def scaled_source(source: ModelSource, args, window: int | None = None) -> Model
     if args.rope_freq_base is not None:
         changes["rope_theta"] = float(args.rope_freq_base)
     if not changes:
-        return source
+        return cfg
     try:
-        new = cfg.replace(**changes)
+        return cfg.replace(**changes)
     except ValueError as e:
         message = str(e)
         for field, flag in FLAG_OF.items():
             message = message.replace(f"rope_scaling.{field}", flag).replace(f" {field} (", f" {flag} (")
         raise ValueError(message) from None
-    return source if new == cfg else dataclasses.replace(source, cfg=new)
+
+
+def scaled_source(source: ModelSource, args, window: int | None = None) -> ModelSource:
+    """`source` with the config the flags in `args` say (`source` itself when they change nothing)."""
+    new = scaled_config(source.cfg, args, window)
+    return source if new == source.cfg else dataclasses.replace(source, cfg=new)
+
+
+def export_config(cfg, args):
+    """The config an export declares (`llamablock export`): scaled_config's, except that a method
+    without --ctx-size declares the context its factor reaches (original context x --rope-scale),
+    since an export has no prompt to size it, and a method with neither is refused (its factor
+    would be 1). A model with other positions than RoPE takes none of these flags."""
+    check_flags(args)
+    given = [f"--{d.replace('_', '-')}" for d in ("ctx_size", "rope_scaling", "rope_freq_base", *NEEDS)
+             if getattr(args, d) is not None]
+    if given and cfg.position != "rope":
+        raise ValueError(f"{given[0]} applies to a model with RoPE positions; this one has {cfg.position} positions")
+    method = args.rope_scaling
+    if method not in (None, "none") and args.ctx_size is None:
+        if args.rope_scale is None:
+            raise ValueError(f"--rope-scaling {method} needs --rope-scale S or --ctx-size N: the export declares the "
+                             "context the model is extended to")
+        reach = round((args.yarn_orig_ctx or original_context(cfg)) * args.rope_scale)
+        args = argparse.Namespace(**{**vars(args), "ctx_size": max(reach, 2)})
+    return scaled_config(cfg, args)

@@ -11,7 +11,9 @@ Layout of a run directory:
 Atomicity: a checkpoint is written into a hidden temporary folder and renamed into place
 (os.replace), then `latest` is rewritten the same way (write a temporary file, rename). A writer
 killed at any point leaves `latest` naming the previous complete checkpoint, so it stays loadable;
-the half-written folder is ignored and removed by the next save.
+the half-written folder is ignored and removed by the next save. Old checkpoints are deleted
+only while no reader holds the run's readers lock (io/llamablock_dir.py checkpoint_readers: an
+export reading the run meanwhile), else at a later save.
 Trust: state.json records the sha256 of both tensor files; `verify` (before a resume) refuses a
 checkpoint without them, with a mistyped or unbounded state.json (training.state_check) or with
 bytes that differ, and the resume falls back to the newest checkpoint that passes.
@@ -31,6 +33,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file, save_model
 
+from llamablock.io.llamablock_dir import checkpoint_deleter
 from llamablock.io.resolve import latest_checkpoint, read_state  # noqa: F401 (the run layout's reader)
 from llamablock.training.state_check import TENSOR_FILES, checked_checkpoint
 from llamablock.training.state_check import sha256 as _sha256
@@ -147,14 +150,18 @@ def newest_good_checkpoint(run_dir: str | Path, warn=None) -> Path:
 
 
 def _prune(root: Path, keep: str) -> None:
-    """Drop leftovers of killed writers and all but the newest KEEP checkpoints."""
+    """Drop leftovers of killed writers and all but the newest KEEP checkpoints; the checkpoints
+    only while no reader (an export) holds the run's readers lock, else at a later save."""
     for p in root.glob(".tmp-*"):
         if not p.name.endswith(f"-{os.getpid()}"):
             shutil.rmtree(p, ignore_errors=True)
-    steps = sorted(p for p in root.glob("step-*") if p.is_dir())
-    for p in steps[:-KEEP]:
-        if p.name != keep:  # `keep`, the checkpoint just written and checksummed, always stays
-            shutil.rmtree(p, ignore_errors=True)
+    with checkpoint_deleter(root) as free:
+        if not free:
+            return
+        steps = sorted(p for p in root.glob("step-*") if p.is_dir())
+        for p in steps[:-KEEP]:
+            if p.name != keep:  # `keep`, the checkpoint just written and checksummed, always stays
+                shutil.rmtree(p, ignore_errors=True)
 
 
 def load_weights(path: str | Path, model: torch.nn.Module) -> None:
