@@ -281,3 +281,19 @@ def test_a_simulated_read_only_cache_serves_a_valid_library(tmp_path, monkeypatc
     err = capsys.readouterr().err
     assert "cannot be moved aside" in err and "for this process only" in err and path.exists()
     assert torch.equal(ggml_kernel.matmul("Q8_0", raw, x, lib=lib), ggml_kernel.matmul("Q8_0", raw, x))
+
+
+@pytest.mark.parametrize("damage", ["directory", "broken link"])
+def test_a_directory_or_a_broken_link_in_a_librarys_place_is_replaced(tmp_path, capsys, damage):
+    """Not a file at all, and with a damaged library set aside before (which a directory cannot be
+    renamed over): said in one line and built again in place, not in a temporary folder for ever."""
+    path = tmp_path / "ggml_dot-f1-key.so"
+    path.write_bytes(b"built")
+    build.record(path)
+    path.with_name(path.name + ".damaged").write_bytes(b"an earlier damaged one")
+    path.unlink()
+    path.mkdir() if damage == "directory" else path.symlink_to(tmp_path / "nowhere.so")
+    assert build.verified(path, lambda tmp: tmp.write_bytes(b"built")) == path
+    assert path.is_file() and not path.is_symlink() and path.read_bytes() == b"built" and build.damage(path) is None
+    [line] = capsys.readouterr().err.splitlines()
+    assert str(path) in line and "is damaged" in line and "building it again" in line

@@ -239,11 +239,12 @@ def set_aside(path: Path, why: str, what: str = "kernel library", again: str = "
     aside = path.with_name(path.name + ".damaged")
     try:
         os.replace(path, aside)
-        os.utime(aside)  # set aside now: kept_build deletes it UNUSED_DAYS from now
+        with contextlib.suppress(OSError):  # set aside now: kept_build deletes it UNUSED_DAYS from now
+            os.utime(aside, follow_symlinks=False)
         done = f"moved it to {aside.name}"
-    except OSError:
+    except OSError:  # a directory in its place, or one set aside before of another kind
         try:
-            path.unlink()
+            shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
             done = "deleted it"
         except OSError:
             return False
@@ -260,7 +261,7 @@ def verified(path: Path, write: Callable[[Path], object]) -> Path:
     build it once and a reader never finds a library without its record. Where the folder cannot be
     written (read-only, full), the library is built in a temporary folder for this process."""
     with file_lock(lock_file(path), required=False):
-        why = damage(path) if path.exists() else None
+        why = damage(path) if path.exists() or path.is_symlink() else None  # a broken link: said, replaced
         if why is None and path.exists():
             return path  # valid: used as it is, even from a read-only cache
         cannot = f"{path.name} cannot be moved aside" if why is not None and not set_aside(path, why) \
