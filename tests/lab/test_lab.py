@@ -499,49 +499,59 @@ def test_conversion_fails_when_uptraining_recovers_nothing(monkeypatch):
 
 
 def _long_result(alibi_rise: float, ft_gain: float, moved: float, rope_rise: float = 0.4) -> dict:
-    """A stand-in for the long-context study: per-position losses (3.0 inside L, with a little
-    deterministic jitter so that the noise margins are not zero), rising past L by `rope_rise` for
-    unscaled RoPE, `moved` more for linear scaling, `alibi_rise` for ALiBi; the fine-tuned
-    interpolation and YaRN gain `ft_gain`, the unscaled control nothing."""
+    """A stand-in for the long-context study, window by window: per-position losses (3.0 inside L, with a
+    little deterministic jitter so that the noise margins are not zero), rising past L by `rope_rise`
+    for unscaled RoPE, `moved` more for linear scaling, `alibi_rise` for ALiBi; linear scaling costs 0.5
+    inside L (the blur), of which fine-tuning removes `ft_gain`, and removes `ft_gain` past L for the
+    fine-tuned interpolation and YaRN; the unscaled control gains nothing."""
     from llamablock.studies.long_context import bands
 
-    L, ft = 16, 64
+    L, ft, n_windows = 16, 64, 8
     far = {"alibi": alibi_rise, "rope none": rope_rise, "rope linear": rope_rise + moved}
     far |= {n: rope_rise for n in ("rope ntk", "rope dynamic", "rope yarn")}
     far |= {"rope linear + fine-tune": rope_rise + moved - ft_gain, "rope yarn + fine-tune": rope_rise + moved - ft_gain,
             "rope none + fine-tune": rope_rise}
+    blur = {"rope linear": 0.5, "rope linear + fine-tune": 0.5 - ft_gain}
 
-    def curve(rise, n):
-        return [3.0 + 0.001 * math.sin(i) + (rise if i >= L else 0.0) for i in range(n)]
+    def curve(name, n):
+        return [3.0 + 0.001 * math.sin(i) + (far[name] if i >= L else blur.get(name, 0.0)) for i in range(n)]
 
-    curves = {"learned": {"16": curve(0.0, L)}}
-    for name, rise in far.items():
-        lengths = (ft,) if "fine-tune" in name else (L, 2 * L, 4 * L, 8 * L)
-        curves[name] = {str(n): curve(rise, n) for n in lengths}
+    def windows(name, n):  # offsets per window that average to zero, so the windows' mean is the curve
+        offsets = [0.01 * math.sin(w * (1 + len(name)) + n + i) for w in range(n_windows) for i in range(n)]
+        offsets = [[offsets[w * n + i] for i in range(n)] for w in range(n_windows)]
+        mean = [sum(o[i] for o in offsets) / n_windows for i in range(n)]
+        return [[c + o[i] - mean[i] for i, c in enumerate(curve(name, n))] for o in offsets]
+
+    lengths = {name: (ft,) if "fine-tune" in name else (L, 2 * L, 4 * L, 8 * L) for name in far}
+    window_curves = {name: {str(n): windows(name, n) for n in ns} for name, ns in lengths.items()}
+    curves = {name: {n: [sum(w[i] for w in per) / n_windows for i in range(int(n))] for n, per in by.items()}
+              for name, by in window_curves.items()}
+    curves["learned"] = {"16": curve("alibi", L)}
     summary = {name: {n: bands(c, L) for n, c in per.items()} for name, per in curves.items()}
-    return {"L": L, "summary": summary, "finetune_length": ft, "finetune_steps": 10, "notes": [], "curves": curves}
+    return {"L": L, "summary": summary, "finetune_length": ft, "finetune_steps": 10, "notes": [], "curves": curves,
+            "window_curves": window_curves}
 
 
 def test_long_context_claims_fail_or_refuse(monkeypatch):
-    from llamablock.studies import long_context
+    long_context = exp_long  # the study, window by window, as exp_long runs it
 
     # a model that uses position, where ALiBi degrades like RoPE and fine-tuning gains nothing over the control
-    monkeypatch.setattr(long_context, "run_long_context", lambda **k: _long_result(0.4, 0.0, 0.1))
+    monkeypatch.setattr(long_context, "run_with_windows", lambda **k: _long_result(0.4, 0.0, 0.1))
     got = _by_id(exp_long.long_context_claims(True, None))
     assert got.pop("15.2.unscaled-rise").verdict == REPRODUCED
     for c in got.values():
         assert c.verdict == DIFFERS, (c.id, c.details)
     # ... and where ALiBi holds, and fine-tuning an extension gains far more than the control
-    monkeypatch.setattr(long_context, "run_long_context", lambda **k: _long_result(0.05, 0.45, 0.1))
+    monkeypatch.setattr(long_context, "run_with_windows", lambda **k: _long_result(0.05, 0.45, 0.1))
     for c in exp_long.long_context_claims(True, None):
         assert c.verdict == REPRODUCED, (c.id, c.details)
     # a model that uses position but whose unscaled RoPE does not rise past L
-    monkeypatch.setattr(long_context, "run_long_context", lambda **k: _long_result(0.0, 0.3, 0.1, rope_rise=0.0))
+    monkeypatch.setattr(long_context, "run_with_windows", lambda **k: _long_result(0.0, 0.3, 0.1, rope_rise=0.0))
     got = _by_id(exp_long.long_context_claims(True, None))
     assert got.pop("15.2.unscaled-rise").verdict == DIFFERS
     assert all(c.verdict == NOT_MEASURABLE for c in got.values())
     # a model that ignores position: nothing can be told apart
-    monkeypatch.setattr(long_context, "run_long_context", lambda **k: _long_result(0.0, 0.3, 0.0))
+    monkeypatch.setattr(long_context, "run_with_windows", lambda **k: _long_result(0.0, 0.3, 0.0))
     for c in exp_long.long_context_claims(True, None):
         assert c.verdict == NOT_MEASURABLE, (c.id, c.details)
 

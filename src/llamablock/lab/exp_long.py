@@ -17,6 +17,7 @@ import math
 import statistics
 from pathlib import Path
 
+from llamablock.lab.long_windows import band_means, paired, run_with_windows
 from llamablock.lab.record import Claim
 from llamablock.studies import long_context, trace
 
@@ -52,12 +53,14 @@ def _paired(a: list[float], b: list[float]) -> tuple[float, float]:
 
 
 def long_context_claims(quick: bool, out) -> list[Claim]:
-    """Judged on per-position losses (averaged over the same evaluation windows), every threshold a
-    noise margin of twice the standard error over the positions of a band. Precondition for all: the
-    model uses position, i.e. rescaling RoPE's frequencies moves the far loss beyond the noise."""
+    """The rise past L and interpolation's fine-tuning are judged window by window (long_windows: the
+    unit is the evaluation window, margins twice the standard error over windows, each difference
+    taken inside one window); the others on per-position losses averaged over the windows, with a
+    margin over a band's positions. Precondition for all: the model uses position, i.e. rescaling
+    RoPE's frequencies moves the far loss beyond the noise."""
     p = (dict(L=16, steps=60, finetune_steps=10, windows=8, size=dict(d_model=64, n_layers=2))
          if quick else dict(L=64, steps=300, finetune_steps=40, windows=16))
-    res = long_context.run_long_context(**p, log=None)
+    res = run_with_windows(**p, log=None)
     L, s = res["L"], res["summary"]
     far_band, ft = f"{4 * L}-{8 * L}", res["finetune_length"]
     ft_band = f"{ft // 2}-{ft}"
@@ -75,8 +78,13 @@ def long_context_claims(quick: bool, out) -> list[Claim]:
     moved = max((_paired(_band(res, n, 8 * L, far_band), _band(res, "rope none", 8 * L, far_band))
                  for n in far if n.startswith("rope") and n != "rope none"), key=lambda m: abs(m[0]))
     uses_position = abs(moved[0]) > moved[1]
-    rope_far, rope_inside = _band(res, "rope none", 8 * L, far_band), _band(res, "rope none", L, f"0-{L}")
-    rope_deg, rope_noise = statistics.fmean(rope_far) - rope_in, _noise(rope_far, rope_inside)
+    # the rise within each 8L window: its positions 4L-8L against its own first L positions (the far
+    # positions have more context, not less, so any rise is not the context's)
+    def rise(name: str) -> tuple[float, float]:
+        far_w, in_w = band_means(res, name, 8 * L, 4 * L, 8 * L), band_means(res, name, 8 * L, 0, L)
+        return paired([f - i for f, i in zip(far_w, in_w, strict=True)])
+
+    (rope_deg, rope_noise), windows = rise("rope none"), len(res["window_curves"]["rope none"][str(8 * L)])
     rises = rope_deg > rope_noise
     why_not = (f"rescaling RoPE moves the loss at {far_band} by at most {abs(moved[0]):.4f} nats against a noise "
                f"margin of {moved[1]:.4f}: the model barely uses position at this size, so no scheme can be told apart")
@@ -85,15 +93,17 @@ def long_context_claims(quick: bool, out) -> list[Claim]:
     claims = []
 
     c = Claim("15.2.unscaled-rise", "15.2", "RoPE trained at L, run far past L unscaled, loses quality", "rises",
-              measured=round(rope_deg, 3), unit=f"unscaled RoPE loss at {far_band} minus at 0-{L}, nats/char",
-              tolerance="a rise beyond twice the standard error over the bands' positions")
-    detail = (f"{size}; unscaled RoPE {rope_in:.3f} inside L and {statistics.fmean(rope_far):.3f} at {far_band}: "
-              f"{rope_deg:+.4f}, noise margin {rope_noise:.4f}.")
+              measured=round(rope_deg, 3),
+              unit=f"unscaled RoPE loss at {far_band} minus at 0-{L} of the same {8 * L}-token windows, nats/char",
+              tolerance="a rise beyond twice the standard error over the evaluation windows (paired within each)")
+    detail = (f"{size}; unscaled RoPE in {windows} windows of {8 * L} tokens, positions {far_band} minus 0-{L} of "
+              f"the same window: {rope_deg:+.4f}, noise margin {rope_noise:.4f} (2 standard errors over windows).")
     claims.append(c.judge(rises, detail) if uses_position else c.unmeasurable(why_not + ". " + detail))
 
-    alibi_deg = far["alibi"] - inside["alibi"]
+    alibi_deg = rise("alibi")[0]
     c = Claim("15.2.long-context", "15.2", "ALiBi degrades gracefully beyond its training length", "graceful",
-              measured=round(alibi_deg, 3), unit=f"ALiBi loss rise from 0-{L} to {far_band}, nats/char",
+              measured=round(alibi_deg, 3),
+              unit=f"ALiBi loss rise from 0-{L} to {far_band} of the same {8 * L}-token windows, nats/char",
               tolerance="at most half of unscaled RoPE's rise ('gracefully': less than half as much)")
     c.table = table
     if out is not None:
@@ -105,23 +115,26 @@ def long_context_claims(quick: bool, out) -> list[Claim]:
     claims.append(c.judge(alibi_deg <= 0.5 * rope_deg, detail) if uses_position and rises
                   else c.unmeasurable((why_not if not uses_position else no_rise) + ". " + detail))
 
-    band = {n: _band(res, n, ft, ft_band) for n in ("rope none", "rope linear", "rope linear + fine-tune",
-                                                    "rope none + fine-tune", "rope yarn + fine-tune")}
-    lin_gain = _paired(band["rope linear"], band["rope linear + fine-tune"])
-    ctrl_gain = _paired(band["rope none"], band["rope none + fine-tune"])
-    beyond = _paired([a - b for a, b in zip(band["rope linear"], band["rope linear + fine-tune"], strict=True)],
-                     [a - b for a, b in zip(band["rope none"], band["rope none + fine-tune"], strict=True)])
+    band = {n: _band(res, n, ft, ft_band) for n in ("rope none", "rope linear + fine-tune", "rope none + fine-tune",
+                                                    "rope yarn + fine-tune")}
+    # inside L, where the module puts interpolation's blur: past L the unscaled control meets unseen
+    # angles, and what fine-tuning teaches it there is not the blur's repair
+    def gain(before: str, after: str) -> list[float]:
+        return [x - y for x, y in zip(band_means(res, before, ft, 0, L), band_means(res, after, ft, 0, L), strict=True)]
+
+    lin_gain, ctrl_gain = gain("rope linear", "rope linear + fine-tune"), gain("rope none", "rope none + fine-tune")
+    beyond = paired([a - b for a, b in zip(lin_gain, ctrl_gain, strict=True)])
     c = Claim("15.2.interpolation-finetune", "15.2", "linear interpolation needs some fine-tuning",
-              "fine-tuning needed", measured=[round(lin_gain[0], 3), round(ctrl_gain[0], 3)],
-              unit=f"loss gain from {res['finetune_steps']} fine-tuning steps at {ft_band} (length {ft}): "
-                   "interpolated / unscaled control, nats/char",
-              tolerance="the interpolated model gains more than the unscaled control given the same steps, by more "
-                        "than the paired noise margin")
-    detail = (f"{size}; rope_scaling linear with factor {ft // L} at {ft} tokens: {at_ft['rope linear']:.3f} before "
-              f"and {at_ft['rope linear + fine-tune']:.3f} after {res['finetune_steps']} fine-tuning steps at that "
-              f"length; the control, unscaled RoPE fine-tuned the same steps: {at_ft['rope none']:.3f} -> "
-              f"{at_ft['rope none + fine-tune']:.3f}. Paired over the band's positions the interpolated model gains "
-              f"{beyond[0]:+.4f} more than the control (margin {beyond[1]:.4f}).")
+              "fine-tuning needed", measured=[round(statistics.fmean(lin_gain), 3), round(statistics.fmean(ctrl_gain), 3)],
+              unit=f"loss gain inside L (positions 0-{L} of {ft}-token windows) from {res['finetune_steps']} "
+                   "fine-tuning steps: interpolated / unscaled control, nats/char",
+              tolerance="inside L the interpolated model gains more than the unscaled control given the same steps, "
+                        "by more than twice the standard error over the evaluation windows (paired by window)")
+    detail = (f"{size}; rope_scaling linear with factor {ft // L} at {ft} tokens, inside L (positions 0-{L}): "
+              f"fine-tuning {res['finetune_steps']} steps at that length lowers its loss by "
+              f"{statistics.fmean(lin_gain):+.4f}; the same steps lower unscaled RoPE's (the control) by "
+              f"{statistics.fmean(ctrl_gain):+.4f}. Paired over the {len(lin_gain)} windows the interpolated model "
+              f"gains {beyond[0]:+.4f} more (margin {beyond[1]:.4f}).")
     claims.append(c.judge(beyond[0] > beyond[1], detail) if uses_position and rises
                   else c.unmeasurable((why_not if not uses_position else no_rise) + ". " + detail))
 
