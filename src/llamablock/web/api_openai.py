@@ -1,6 +1,6 @@
 """An OpenAI-compatible API for one model, beside the page on the same port.
 
-    GET  /v1/models                 the served model
+    GET  /v1/models                 the served model, with its context in force (max_model_len)
     GET  /v1/models/{id}
     POST /v1/completions            a prompt continued             (stream: server-sent events)
     POST /v1/chat/completions       messages through the model's chat template
@@ -20,6 +20,10 @@ The body is read within MAX_BODY bytes as it streams, and only as JSON (llamablo
 templating and tokenizing a request run on a worker thread of their own (`PREPARE`), never on the
 event loop, so a flood of large prompts does not hold up the page or /v1/models; a prompt too
 long for the context even at the vocabulary's longest token is refused before it is tokenized.
+The context is the served model's config's, with serve's --ctx-size and RoPE scaling applied: a
+prompt and max_tokens that together exceed it get OpenAI's 400 `context_length_exceeded` (its
+message as OpenAI words it), never a shortened prompt or reply. A chat without max_tokens may
+run to the end of the context, as OpenAI's does; a completion's max_tokens defaults to 16.
 
 Generation runs on the scheduler of llamablock.web.scheduler (several requests decoded as one
 batch); these endpoints are `async` and only wait for their job's events, so they hold no
@@ -172,12 +176,20 @@ async def _stream(job: Job, head: dict, chat: bool, n_prompt: int, include_usage
 
 
 # Endpoints --------------------------------------------------------------------------------------
+def _card(served: ServedModel) -> dict:
+    """The model as /v1/models lists it: OpenAI's four fields, and the context in force (what
+    serve's --ctx-size and RoPE-scaling flags made it) as vLLM names it (`max_model_len`) and in
+    llama-server's `meta` (`n_ctx`), with the RoPE scaling that reaches it."""
+    cfg = served.model.cfg
+    return {"id": served.name, "object": "model", "created": served.created, "owned_by": "llamablock",
+            "max_model_len": cfg.max_seq_len,
+            "meta": {"n_ctx": cfg.max_seq_len, "n_vocab": cfg.vocab_size, "rope_scaling": cfg.rope_scaling}}
+
+
 @router.get("/v1/models")
 async def list_models(request: Request) -> dict:
     served = request.app.state.served
-    data = [] if served is None else [{"id": served.name, "object": "model", "created": served.created,
-                                       "owned_by": "llamablock"}]
-    return {"object": "list", "data": data}
+    return {"object": "list", "data": [] if served is None else [_card(served)]}
 
 
 @router.get("/v1/models/{name:path}")
@@ -186,7 +198,7 @@ async def get_model(name: str, request: Request):
         served = _served(request, name)
     except OpenAIError as e:
         return e.response()
-    return {"id": served.name, "object": "model", "created": served.created, "owned_by": "llamablock"}
+    return _card(served)
 
 
 def _prepare_completion(request: Request, raw: bytes):
