@@ -86,6 +86,21 @@ def test_a_recorded_package_checks_out_and_one_cut_short_is_set_aside(tmp_path, 
     assert str(library) in line and "is damaged" in line and "compiling it again" in line
 
 
+def test_garbage_of_the_right_size_is_not_loaded(tmp_path, capsys):
+    """The size check alone passes a library overwritten in place; its first bytes are not ELF's, and
+    the loader would refuse it with a traceback."""
+    package, library = _package(tmp_path)
+    package_check.record_package(package)
+    library.write_bytes((b"not a library " * 1000)[:library.stat().st_size])
+    assert package_check.damaged_package(package) == (library, "it is not a shared library (its first bytes are not "
+                                                               "ELF's)")
+    assert package_check.set_aside_package(package) is None
+    assert not library.exists() and library.with_name(library.name + ".damaged").exists()
+    assert not build.record_file(library).exists()
+    [line] = capsys.readouterr().err.splitlines()
+    assert str(library) in line and "is damaged" in line and "compiling it again" in line
+
+
 def test_a_damaged_package_that_cannot_be_moved_aside_is_refused(tmp_path, monkeypatch, capsys):
     """A read-only cache: nothing can be moved or deleted, so the package is neither loaded nor set aside."""
     package, library = _package(tmp_path)

@@ -6,8 +6,9 @@ place ends in a traceback. So, as for the kernel libraries (fast/kernels/build.p
 checks these are), each file that a load maps (the package's shared libraries, and its weights where
 it keeps them as files) gets a record of its size and sha256 when the package is written, and each
 one's size is checked against it before the package is loaded (a cut-short file is the case that
-faults; reading the weights through to hash them would cost every warm start). A package with a damaged or unrecorded shared
-library has that library set aside (one line on stderr), which makes the package absent: it is
+faults; reading the weights through to hash them would cost every warm start), and each library's
+first bytes (garbage of the right size is not a shared library). A package with a damaged or
+unrecorded shared library has that library set aside (one line on stderr), which makes the package absent: it is
 compiled again. A package in a read-only cache whose files check out is loaded as it is.
 
 A compile builds its package in a staging folder beside the packages (`.<key>.<pid>`, aoti_step) and
@@ -22,6 +23,7 @@ import contextlib
 import os
 import re
 import shutil
+import sys
 from pathlib import Path
 
 from llamablock.fast.kernels.build import damage, record, record_file, set_aside
@@ -50,9 +52,24 @@ def damaged_package(package: Path) -> tuple[Path, str] | None:
     no record), or None when every one agrees with its record."""
     for path in mapped_files(package):
         why = damage(path, digest=False)  # size alone: the weights are inside it, and hashing them costs every start
+        if why is None and path.suffix == ".so":
+            why = _not_elf(path)
         if why is not None:
             return path, why
     return None
+
+
+def _not_elf(library: Path) -> str | None:
+    """Why `library` is not a shared library by its first bytes (garbage of the right size, which the
+    size check cannot see and the loader refuses with a traceback); None on a system without ELF."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        with open(library, "rb") as f:
+            head = f.read(4)
+    except OSError as e:
+        return f"it cannot be read ({e.strerror})"
+    return None if head == b"\x7fELF" else "it is not a shared library (its first bytes are not ELF's)"
 
 
 def unusable(package: Path) -> str | None:
