@@ -36,10 +36,11 @@ def test_an_entry_is_read_back_for_its_tokens(tmp_path, capsys):
     assert capsys.readouterr().err == ""
 
 
-@pytest.mark.parametrize("damage", ["nan", "altered", "other tokens", "no header", "short"])
+@pytest.mark.parametrize("damage", ["nan", "altered", "other tokens", "another entry", "no header", "short"])
 def test_an_entry_of_the_wrong_content_is_ignored_in_one_line(tmp_path, capsys, damage):
     """NaN or changed values of the right length (once used silently: a wrong perplexity), an entry
-    made for other tokens, a file of raw losses without a header, one cut short."""
+    made for other tokens, another method's entry on the same tokens copied over it, a file of raw
+    losses without a header, one cut short."""
     cache, key = _kept(tmp_path)
     path = cache.path(key)
     start, data = _body(path)
@@ -53,6 +54,10 @@ def test_an_entry_of_the_wrong_content_is_ignored_in_one_line(tmp_path, capsys, 
     elif damage == "other tokens":
         LossCache(tmp_path / "other").put(key, LOSSES, IDS + 1)
         path.write_bytes((tmp_path / "other" / path.name).read_bytes())
+    elif damage == "another entry":
+        other = cache.key("model", IDS, "ntk", {"factor": 2}, 10, "torch.float32")
+        cache.put(other, LOSSES * 2, IDS)
+        path.write_bytes(cache.path(other).read_bytes())
     elif damage == "no header":
         path.write_bytes(bytes(body))
     else:

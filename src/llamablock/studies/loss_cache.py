@@ -8,8 +8,8 @@ text or tokenizer is a new entry.
 
 The cache is never trusted: a file of the right length can hold the wrong numbers (a disk error,
 an edit, another entry copied over it), and those would give a wrong perplexity in silence. So
-each entry carries, in a one-line header before its losses, the SHA-256 of the ids it was computed
-on and of its losses; an entry whose header, length, digests or values (NaN, infinite) are not
+each entry carries, in a one-line header before its losses, its own name (another entry copied or
+renamed over it is not it), the SHA-256 of the ids it was computed on and of its losses; an entry whose header, length, digests or values (NaN, infinite) are not
 what they should be is ignored with one line on stderr and computed again. Entries are written
 atomically (util.files.atomic_write). A cache that cannot be written (read-only, full, not a
 folder) is still read; what is computed is then kept for this run only, said in one line.
@@ -30,7 +30,7 @@ import torch
 from llamablock.util.files import atomic_write, is_disk_full, user_cache_dir
 
 VERSION = 2  # bump when the losses a key names would be computed differently, or entries are written so
-MAGIC = b"llamablock losses 2 "  # then the header's JSON: {"n": losses, "tokens": sha256, "losses": sha256}
+MAGIC = b"llamablock losses 2 "  # then the header's JSON: {"key", "n": losses, "tokens": sha256, "losses": sha256}
 UNWRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOTDIR, errno.EEXIST)
 
 
@@ -84,7 +84,7 @@ class LossCache:
         if data is None:
             self.misses += 1
             return None
-        losses, why = _parse(data, n, tokens_digest(ids))
+        losses, why = _parse(data, key, n, tokens_digest(ids))
         if why is not None:
             _say(f"the loss-cache entry {path} is damaged ({why}): ignoring it and computing it again")
             self.misses += 1
@@ -98,7 +98,7 @@ class LossCache:
         if not self.writable:
             return
         data = losses.detach().to(torch.float32).cpu().numpy().tobytes()
-        header = {"n": len(data) // 4, "tokens": tokens_digest(ids), "losses": hashlib.sha256(data).hexdigest()}
+        header = {"key": key, "n": len(data) // 4, "tokens": tokens_digest(ids), "losses": hashlib.sha256(data).hexdigest()}
         entry = MAGIC + json.dumps(header, sort_keys=True).encode() + b"\n" + data
         try:
             os.makedirs(self.dir, exist_ok=True)
@@ -110,17 +110,19 @@ class LossCache:
             _say(f"the loss cache {self.dir} cannot be written ({e.strerror or e}): computing without caching")
 
 
-def _parse(data: bytes, n: int, tokens: str) -> tuple[torch.Tensor | None, str | None]:
-    """(losses, None) for an entry that holds `n` finite losses computed on `tokens` (a digest) and
-    agrees with its own digest; else (None, what is wrong)."""
+def _parse(data: bytes, key: str, n: int, tokens: str) -> tuple[torch.Tensor | None, str | None]:
+    """(losses, None) for the entry named `key` that holds `n` finite losses computed on `tokens` (a
+    digest) and agrees with its own digest; else (None, what is wrong)."""
     head, sep, body = data.partition(b"\n")
     if not head.startswith(MAGIC) or not sep:
         return None, "no header"
     try:
         header = json.loads(head[len(MAGIC):])
-        want_n, want_tokens, want_losses = header["n"], header["tokens"], header["losses"]
+        want_key, want_n, want_tokens, want_losses = header["key"], header["n"], header["tokens"], header["losses"]
     except (ValueError, KeyError, TypeError):
         return None, "its header cannot be read"
+    if want_key != key:
+        return None, "it is another entry's (copied or renamed)"
     if want_tokens != tokens:
         return None, "computed on other tokens"
     if want_n != n or len(body) != 4 * n:
