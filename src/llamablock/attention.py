@@ -159,6 +159,7 @@ class Attention(nn.Module):
         keys = None
         if cache is not None:
             k, v = cache.update(self.layer, k, v)  # (b, n_kv, s, hd)
+            k, v = k.to(q.dtype), v.to(q.dtype)  # a 16-bit cache read upcast, to attend in q's dtype
             if t == 1 and inputs.key_rope is None:  # a decode step: keys padded to a bucket, maybe
                 k, v, keys = cache.bucketed(self.layer, k, v)  # (b, n_kv, S >= s, hd)
         if inputs.key_rope is not None:  # keys cached before rotation: rotate all with today's angles

@@ -129,8 +129,8 @@ class KVCache:
         tests/runtime/test_generate.py measures the memory a generation adds; `llamablock bench
         decode` the speed.
         """
-        if k.device.type != "cpu" or k.dtype not in _ONEDNN_DTYPES:
-            return k, v, None
+        if k.device.type != "cpu" or k.dtype not in _ONEDNN_DTYPES or self.keys[layer].dtype != k.dtype:
+            return k, v, None  # (keys the attention cast from another cache dtype are not the buffers')
         buf_k, buf_v = self.keys[layer], self.values[layer]
         s = k.shape[2]
         padded = min(-(-s // KEY_BUCKET) * KEY_BUCKET, buf_k.shape[2])
@@ -201,6 +201,7 @@ class StaticKVCache:
         """Store k, v (b, n_kv, 1, hd) in slot `pos`, a long tensor (so that a compiled step takes it
         as an input, not a constant): (1,), the same slot in every row, or (b,), row i's in slot
         pos[i]; return all L slots, (b, n_kv, L, hd) each."""
+        k, v = k.to(self.keys[layer].dtype), v.to(self.values[layer].dtype)  # a 16-bit cache rounds them here
         if pos.shape[0] == 1:  # a shape, fixed in a compiled program: no branch on values
             self.keys[layer].index_copy_(2, pos, k)
             self.values[layer].index_copy_(2, pos, v)

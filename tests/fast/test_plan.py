@@ -24,7 +24,9 @@ from llamablock.util.cpu import CPU
 
 CPUS = {"AMX": CPU("sim", 2, "AVX512", frozenset({"avx512_f", "amx_bf16"})),
         "AVX-512": CPU("sim", 2, "AVX512", frozenset({"avx512_f"})),
-        "AVX2": CPU("sim", 2, "AVX2", frozenset({"avx2"})), "other": CPU("sim", 2, "DEFAULT", frozenset())}
+        "AVX2": CPU("sim", 2, "AVX2", frozenset({"avx2"})), "other": CPU("sim", 2, "DEFAULT", frozenset()),
+        "AVX-512 BF16": CPU("sim", 2, "AVX512", frozenset({"avx512_f", "avx512_bf16"})),
+        "AMX as AVX2": CPU("sim", 2, "AVX2", frozenset({"avx2", "avx512_f", "avx512_bf16", "amx_bf16"}))}
 NO_CC = "no C compiler (cc) on the PATH"
 
 # What llama-quantize and the converters write: the matrices' stored types by tensor name.
@@ -45,14 +47,14 @@ def _source(stored: dict, tied: bool = False, kind: str = "gguf") -> ModelSource
 
 
 def _plan(stored, *, tied=False, kind="gguf", device="cpu", fmt="auto", engine="auto", built=None, stale=False,
-          kernel=True, cpu="AVX-512", rescaled=False, monkeypatch=None):
+          kernel=True, cpu="AVX-512", rescaled=False, kv="auto", monkeypatch=None):
     recorded = built is not None or stale
     monkeypatch.setattr(builds, "any_build", lambda path: recorded)
     monkeypatch.setattr(builds, "built_length", lambda path, f, batch=1: built)
     monkeypatch.setattr(builds, "stale_build", lambda path: stale)
     monkeypatch.setattr(builds, "autotuned", lambda path, f: True)
     machine = machine_for(CPUS[cpu], kernel, NO_CC)
-    return decide(_source(stored, tied, kind), fmt, engine, device, machine=machine, rescaled=rescaled)
+    return decide(_source(stored, tied, kind), fmt, engine, device, machine=machine, rescaled=rescaled, kv=kv)
 
 
 # (row id, source and flags, the plan's fields expected); "reason"/"note": a phrase the line holds
@@ -112,6 +114,27 @@ TABLE = [
                                                                rescaled=True), dict(engine="eager", note=None)),
     ("flags changed the scaling off the CPU: eager as before", dict(stored=Q4_1_TIED, device="cuda", rescaled=True),
      dict(engine="eager", binding=None)),
+    # The KV cache (plan.kv_dtype): the CPU's 16-bit type for quantized weights with float32 activations.
+    ("KV cache: blocks on AMX in bfloat16", dict(stored=Q4_1_TIED, tied=True, cpu="AMX"), dict(kv="bfloat16")),
+    ("KV cache: blocks on AVX-512 BF16 in bfloat16", dict(stored=Q4_K_M, cpu="AVX-512 BF16"), dict(kv="bfloat16")),
+    ("KV cache: blocks on AVX-512 without BF16 in float16", dict(stored=Q4_1_TIED, tied=True), dict(kv="float16")),
+    ("KV cache: blocks on AVX2 in float16", dict(stored=Q4_1_TIED, tied=True, cpu="AVX2"), dict(kv="float16")),
+    ("KV cache: an AMX CPU dispatched as AVX2 is an AVX2 one", dict(stored=Q4_1_TIED, cpu="AMX as AVX2"),
+     dict(kv="float16")),
+    ("KV cache: no vector conversion known, float32", dict(stored=Q4_1_TIED, tied=True, cpu="other"),
+     dict(kv="float32")),
+    ("KV cache: a float32 model keeps float32", dict(stored=F32_ONLY, cpu="AMX"), dict(kv="float32")),
+    ("KV cache: a float32 directory keeps float32", dict(stored={"*": "float32"}, kind="transformers", cpu="AMX"),
+     dict(kv="float32")),
+    ("KV cache: bfloat16 activations (q8) keep theirs on AVX2", dict(stored=Q4_1_TIED, fmt="q8", cpu="AVX2"),
+     dict(kv="bfloat16")),
+    ("KV cache: --kv-dtype float32 on blocks", dict(stored=Q4_1_TIED, kv="float32", cpu="AMX"), dict(kv="float32")),
+    ("KV cache: --kv-dtype float16 on AMX", dict(stored=Q4_1_TIED, kv="float16", cpu="AMX"), dict(kv="float16")),
+    ("KV cache: off the CPU, the activations'", dict(stored=Q4_1_TIED, device="cuda", cpu="AMX"), dict(kv="bfloat16")),
+    ("KV cache: the compiled engine over blocks", dict(stored=Q4_1_TIED, built=512, cpu="AMX"),
+     dict(engine="compiled", kv="bfloat16")),
+    ("KV cache: the compiled engine in float32", dict(stored=F32_ONLY, engine="compiled", cpu="AMX"),
+     dict(engine="compiled", fmt="float32", kv="float32")),
 ]
 
 
@@ -135,6 +158,8 @@ def test_the_plan_table(row, given, want, monkeypatch):
     (dict(stored=Q5_MAJORITY, fmt="blocks"), "its layer matrices are Q4_0, Q5_1"),
     (dict(stored=Q4_1_TIED, engine="fast"), "--engine must be one of auto, eager, compiled"),
     (dict(stored=Q4_1_TIED, fmt="int3"), "--dtype must be one of auto"),
+    (dict(stored=Q4_1_TIED, kv="f8"), "--kv-dtype must be one of auto, float32, bfloat16, float16, got 'f8'"),
+    (dict(stored=Q4_1_TIED, kv="f8", device="cuda"), "--kv-dtype must be one of"),
     (dict(stored=Q4_1_TIED, engine="compiled", built=512, rescaled=True),
      "the compiled engine is built for the model's own context and RoPE scaling"),
 ])
@@ -149,8 +174,23 @@ def test_describe_says_every_choice(monkeypatch):
     for part in ("plan: eager engine on cpu", "Q4_0 -> blocks", "Q5_1 -> q8", "output head blocks", "activations bfloat16",
                  "the block kernel through ctypes, Q4_0, Q8_0 rows in groups of 8", "context: 512 tokens",
                  "RoPE scaling none",
-                 "q8 dequantizes from 64 rows", "batch engine", "llamablock compile", "kind AVX-512", "header: "):
+                 "q8 dequantizes from 64 rows", "batch engine", "llamablock compile", "kind AVX-512", "header: ",
+                 "KV cache bfloat16", "16-bit KV cache: float16"):
         assert part in text, (part, text)
+
+
+def test_a_build_is_found_under_its_kv_dtype(monkeypatch):
+    """The builds index names a build by format and kv dtype (builds.build_name): a build with a float32
+    cache is not the bfloat16 plan's, and a cache in the activations' dtype keeps the format's own name."""
+    def plan(recorded: str, kv: str = "auto"):
+        _plan(Q4_1_TIED, monkeypatch=monkeypatch)  # the other look-ups
+        monkeypatch.setattr(builds, "any_build", lambda path: True)
+        monkeypatch.setattr(builds, "built_length", lambda path, f, batch=1: 512 if f == recorded else None)
+        return decide(_source(Q4_1_TIED), machine=machine_for(CPUS["AMX"], True), kv=kv)
+
+    assert plan("blocks kv bfloat16").built == 512
+    assert plan("blocks").engine == "eager" and plan("blocks", kv="float32").built == 512
+    assert builds.build_name("q8", "bfloat16", "bfloat16") == "q8"
 
 
 def test_the_binding_the_plan_chose_is_the_one_a_layer_calls(tmp_path):

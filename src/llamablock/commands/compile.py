@@ -29,6 +29,8 @@ def add_arguments(p) -> None:
     p.add_argument("--batch", type=int, default=1, metavar="B",
                    help="sequences the decode step takes at once: `llamablock serve --parallel B` decodes its "
                         "requests' rows with it (default: %(default)s, the engine of `llamablock generate`)")
+    p.add_argument("--kv-dtype", default="auto", metavar="{auto,float32,bfloat16,float16}",
+                   help="the KV cache's dtype the programs take, as `generate --kv-dtype` (default: %(default)s)")
     p.add_argument("--no-autotune", action="store_true",
                    help="inductor's default kernels instead of autotuned GEMM templates (faster to build, slower to run)")
 
@@ -47,13 +49,13 @@ def run(args) -> int:
     source = open_source(args.model, tokenizer=False)
     if args.tokens > source.cfg.max_seq_len:
         raise ValueError(f"--tokens {args.tokens} exceeds the model's context of {source.cfg.max_seq_len}")
-    plan = decide(source, args.dtype, "compiled", batch=args.batch)
+    plan = decide(source, args.dtype, "compiled", batch=args.batch, kv=args.kv_dtype)
     fmt, start = plan.fmt, time.perf_counter()
 
     def report(stage: str) -> None:
         print(f"  [{time.perf_counter() - start:6.1f} s] {stage}", flush=True)
 
-    last = builds.last_build_seconds(source.path, fmt)
+    last = builds.last_build_seconds(source.path, builds.build_name(fmt, plan.kv, plan.activations))
     print(f"compiling {source.path.name} in {fmt}" + (f" (the last build took {last:.0f} s)" if last else ""), flush=True)
     engine = build(source, replace(plan, autotune=not args.no_autotune), notify=report).engine
     with torch.no_grad():

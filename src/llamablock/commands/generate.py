@@ -54,6 +54,11 @@ def add_arguments(p) -> None:
                         "directory's torch_dtype); blocks: every layer matrix the file's own blocks, float32 "
                         "activations; q8/q4: int8/int4 "
                         "weights, bfloat16 activations (default: %(default)s)")
+    p.add_argument("--kv-dtype", default="auto", metavar="{auto,float32,bfloat16,float16}",
+                   help="the KV cache's dtype; auto: this CPU's 16-bit type (bfloat16 where it converts bfloat16 in "
+                        "hardware, else float16) for quantized weights with float32 activations (the file's blocks), "
+                        "else the activations' dtype; attention reads a 16-bit cache upcast to float32; --verbose "
+                        "says which (default: %(default)s)")
     p.add_argument("--engine", choices=("auto", "eager", "compiled"), default="auto",
                    help="compiled: decode and prefill with the static layout compiled ahead of time "
                         "(llamablock.fast.compiled.static_engine, AOTInductor; BENCHMARKS.md compares its speed), compiling "
@@ -193,7 +198,7 @@ def run(args) -> int:
     own = open_source(args.model)
     source = scaled_source(own, args)  # the context and RoPE scaling the flags set, else the model's
     sampling = sampling_for(given, source.generation, chat=args.chat, greedy=args.greedy)
-    plan = decide(source, args.dtype, engine, device, rescaled=source.cfg != own.cfg)
+    plan = decide(source, args.dtype, engine, device, rescaled=source.cfg != own.cfg, kv=args.kv_dtype)
     if args.verbose:  # before a single weight is read
         print(plan.describe(), file=sys.stderr, flush=True)
     running = build(source, plan).engine

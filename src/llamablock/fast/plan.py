@@ -27,6 +27,8 @@ layers are handed what the plan says (tests/fast/test_plan.py states the rules a
   block type, else the one most layer matrices map to (it quantizes its fused q/k/v itself).
 - Blocks: the eager layers call the kernel through ctypes, compiled programs through the torch
   operator; rows are held in groups of 8 where this CPU's build is faster so.
+- KV cache (`kv_dtype`, --kv-dtype): the CPU's 16-bit type (Machine.kv16) for a quantized model with float32
+  activations (attended upcast to float32), else the activations' dtype; builds are recorded per kv dtype.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ from llamablock.io.source import ModelSource
 from llamablock.runtime.engine import EagerEngine
 
 ENGINES = ("auto", "eager", "compiled")
+KV_DTYPES = ("auto", "float32", "bfloat16", "float16")
 FLOATS = frozenset({"F32", "F16", "BF16"})
 
 
@@ -75,6 +78,7 @@ class Plan:
     reasons: tuple[str, ...] = ()  # why a stored type runs other than as stored
     machine: str = ""  # the Machine record's description, for --verbose
     reader: str = ""  # which GGUF header reader read the file, and why (io/gguf_fast_reader.py)
+    kv: str = "float32"  # the KV cache's dtype (kv_dtype)
 
     @property
     def serving(self) -> str:
@@ -94,9 +98,8 @@ class Plan:
         """What the run will do, before it loads: what `--verbose` prints."""
         built = f", built for {self.built} tokens" if self.built else ""
         lines = [f"plan: {self.engine} engine on {self.device}{built}, batch {self.batch}; a server decodes with the "
-                 f"{self.serving} engine",
-                 f"  weights: {self.weights()}",
-                 f"  context: {self.context} tokens, RoPE scaling {self.scaling}"]
+                 f"{self.serving} engine", f"  weights: {self.weights()}",
+                 f"  context: {self.context} tokens, RoPE scaling {self.scaling}; KV cache {self.kv}"]
         if any(f in PACKED for f in (*self.formats.values(), self.head)) and self.prefill:
             lines.append("  packed prefill: " + ", ".join(f"{f} dequantizes from {r} rows" if r is not None else
                                                           f"{f} never dequantizes" for f, r in self.prefill.items()))
@@ -158,6 +161,16 @@ def _own_precision(source: ModelSource, machine: Machine, binding: str) -> dict:
                 grouped=blocks and machine.grouped, reasons=reasons)
 
 
+def kv_dtype(asked: str, fields: dict, kv16: str) -> str:
+    """`asked` (--kv-dtype) unless "auto"; for a quantized model (packed or blocks formats) with float32
+    activations `kv16`, the CPU's 16-bit type (Machine.kv16); else the activations' dtype."""
+    if asked not in KV_DTYPES:
+        raise ValueError(f"--kv-dtype must be one of {', '.join(KV_DTYPES)}, got {asked!r}")
+    quantized = {*fields["formats"].values(), fields.get("head")} & {*PACKED, "blocks"}
+    auto = kv16 if quantized and fields["activations"] == "float32" else fields["activations"]
+    return auto if asked == "auto" else asked
+
+
 def _in_format(source: ModelSource, fmt: str, machine: Machine, binding: str = "ctypes") -> dict:
     """Plan fields for every weight in one format `fmt` (fast/formats.py FORMATS)."""
     if fmt == "blocks":
@@ -175,14 +188,14 @@ def _in_format(source: ModelSource, fmt: str, machine: Machine, binding: str = "
 
 
 def decide(source: ModelSource, fmt: str = "auto", engine: str = "auto", device: str = "cpu", batch: int = 1,
-           machine: Machine | None = None, rescaled: bool = False) -> Plan:
+           machine: Machine | None = None, rescaled: bool = False, kv: str = "auto") -> Plan:
     """The plan for running `source`: `fmt` one of formats.CHOICES, `engine` one of ENGINES,
     `device` a resolved device name (util/devices.resolve_device); `batch` the sequences a compiled
     step decodes at once (its builds are recorded apart); `machine` this process's (fast/machine.py)
     unless a test simulates another. `rescaled`: the command's flags changed the source's context or
     RoPE scaling (io/scaling_flags.py); the builds index records neither, so no compiled build may
     run it: `auto` is eager, with a note that says why, and `compiled` is refused. A plan that
-    cannot run is refused here (ValueError), before anything is loaded."""
+    cannot run is refused here (ValueError), before anything is loaded. `kv`: --kv-dtype (kv_dtype)."""
     if engine not in ENGINES:
         raise ValueError(f"--engine must be one of {', '.join(ENGINES)}, got {engine!r}")
     if fmt not in CHOICES:
@@ -202,22 +215,25 @@ def decide(source: ModelSource, fmt: str = "auto", engine: str = "auto", device:
                              f"kernel); use --device cpu, or bfloat16 on {device}")
         f = float_format(source) if fmt == "auto" else fmt
         types = matrix_types(source) if source.kind == "gguf" else {"*"}
-        return Plan("eager", f, device, {t: f for t in types}, f, f, **common)
+        kv = kv_dtype(kv, dict(formats={}, activations=f), "")
+        return Plan("eager", f, device, {t: f for t in types}, f, f, kv=kv, **common)
     machine = machine or machines.this_machine()
     common.update(machine=machine.describe(), prefill=dict(machine.prefill))
     built = None
     if engine != "eager" and not rescaled and (engine == "compiled" or builds.any_build(source.path)):
         compiled_fmt = own_format(source, machine) if fmt == "auto" else fmt
-        built = builds.built_length(source.path, compiled_fmt, batch)
+        fields = _in_format(source, compiled_fmt, machine, binding="operator")
+        fields["kv"] = kv_dtype(kv, fields, machine.kv16)
+        name = builds.build_name(compiled_fmt, fields["kv"], fields["activations"])
+        built = builds.built_length(source.path, name, batch)
     if engine == "eager" or rescaled or (engine == "auto" and built is None):
         note = (None if engine == "eager" else
                 "eager engine: compiled builds hold the model's own context and RoPE scaling, not the ones "
                 "these flags set" if rescaled else _not_built(source, batch))
         fields = (_own_precision(source, machine, "ctypes") if fmt == "auto" and source.kind == "gguf" else
                   _in_format(source, dir_format(source.stored["*"], source.where) if fmt == "auto" else fmt, machine))
-        return Plan("eager", fmt, device, note=note, **fields, **common)
-    fields = _in_format(source, compiled_fmt, machine, binding="operator")
-    return Plan("compiled", compiled_fmt, device, built=built, autotune=builds.autotuned(source.path, compiled_fmt),
+        return Plan("eager", fmt, device, note=note, kv=kv_dtype(kv, fields, machine.kv16), **fields, **common)
+    return Plan("compiled", compiled_fmt, device, built=built, autotune=builds.autotuned(source.path, name),
                 **fields, **common)
 
 
@@ -276,11 +292,11 @@ def build(source: ModelSource, plan: Plan, notify=None) -> Built:
     here (`prepare` does it, loading or compiling its programs); `notify` gets its build lines."""
     model, what = load_model(source, plan, notify)
     if plan.engine == "eager":
-        return Built(model, EagerEngine(model, what))
+        return Built(model, EagerEngine(model, what, kv_dtype=getattr(torch, plan.kv)))
     from llamablock.fast.compiled.aoti_engine import AOTIEngine
 
     return Built(model, AOTIEngine(model, plan.fmt, autotune=plan.autotune, notify=notify, batch=plan.batch,
-                                   prefill=plan.prefill,
+                                   prefill=plan.prefill, kv_dtype=getattr(torch, plan.kv),
                                    weights_id=builds.weights_identity(source.path, plan.fmt, plan.grouped)))
 
 

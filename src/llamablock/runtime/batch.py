@@ -129,11 +129,12 @@ class EagerBatchEngine:
     FIRST = 256  # cache slots allocated before the first growth, as EagerEngine
 
     def __init__(self, model, rows: int = 4, chunk: int = 256,
-                 place: Callable[[Row, BatchKVCache, int, int], bool] | None = None):
+                 place: Callable[[Row, BatchKVCache, int, int], bool] | None = None, kv_dtype: torch.dtype | None = None):
         if rows <= 0 or chunk <= 0:
             raise ValueError(f"rows and chunk must be positive integers, got {rows!r}, {chunk!r}")
         self.model, self.cfg, self.chunk, self.start_rows = model, model.cfg, chunk, rows
         self.place = place
+        self.kv_dtype = kv_dtype or model.embed.weight.dtype  # the caches' dtype (the plan's)
         rotary = model.rotary
         # Length-dependent RoPE would turn every row at the longest row's frequencies: one at a time.
         self.max_rows = 1 if rotary is not None and rotary.follows_length else None
@@ -148,7 +149,8 @@ class EagerBatchEngine:
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.model.embed.weight.dtype
+        """The caches' dtype."""
+        return self.kv_dtype
 
     def describe(self) -> str:
         return "the eager engine"

@@ -82,12 +82,14 @@ class BatchEngine(Protocol):
 
 class EagerEngine:
     """A Decoder with a KVCache that grows (doubling) with the tokens actually generated, up to the
-    request's length: a request may allow the whole context and stop early at end-of-sequence."""
+    request's length: a request may allow the whole context and stop early at end-of-sequence. The
+    cache is kept in `kv_dtype` (the plan's; default the model's dtype)."""
 
     FIRST = 256  # cache slots allocated before the first growth
 
-    def __init__(self, model, what: str | None = None):
+    def __init__(self, model, what: str | None = None, kv_dtype: torch.dtype | None = None):
         self.model, self.cfg, self.what = model, model.cfg, what  # what: the weights' formats, said by describe()
+        self.kv_dtype = kv_dtype or model.embed.weight.dtype
         self.cache: KVCache | None = None
         self.total = 0
 
@@ -103,7 +105,7 @@ class EagerEngine:
 
     def prepare(self, total_tokens: int) -> None:
         self.total = total_tokens
-        self.cache = KVCache(self.cfg, 1, min(total_tokens, self.FIRST), dtype=self.model.embed.weight.dtype,
+        self.cache = KVCache(self.cfg, 1, min(total_tokens, self.FIRST), dtype=self.kv_dtype,
                              device=self.model.embed.weight.device)
 
     def _room(self, tokens: int) -> None:

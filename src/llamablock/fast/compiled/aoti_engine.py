@@ -43,8 +43,8 @@ class AOTIEngine(StaticEngine):
 
     def __init__(self, model, fmt: str | None = None, *, autotune: bool = True, inductor: dict | None = None,
                  compile_prefill: bool = True, huge_pages: bool = True, notify=None, batch: int = 1,
-                 weights_id: str | None = None, prefill: dict | None = None):
-        super().__init__(model, fmt, batch, prefill)
+                 weights_id: str | None = None, prefill: dict | None = None, kv_dtype: torch.dtype | None = None):
+        super().__init__(model, fmt, batch, prefill, kv_dtype)
         self.weights_id = weights_id
         self.autotune, self.inductor = autotune, inductor
         self.compile_prefill, self.huge_pages = compile_prefill, huge_pages

@@ -47,7 +47,8 @@ class CompiledBatchEngine:
         if compiled.batch < 1 or compiled.static is None:
             raise ValueError("give a prepared compiled engine (AOTIEngine(batch=B), prepared for its length)")
         self.model, self.cfg, self.compiled = model, model.cfg, compiled
-        self.eager = EagerBatchEngine(model, rows=compiled.batch, chunk=chunk, place=self._place)
+        self.eager = EagerBatchEngine(model, rows=compiled.batch, chunk=chunk, place=self._place,
+                                      kv_dtype=compiled.kv_dtype)  # the rows it hands over keep their rounding
         self.max_rows = self.eager.max_rows
         self.slots: list[Row | None] = [None] * compiled.batch  # the sequence in each compiled row
         self._total: dict[int, int] = {}  # id(row) -> prompt + max new tokens

@@ -146,6 +146,9 @@ class _Layer(nn.Module):
         b, t, _ = x.shape
         q, k, v = self._qkv(self.norm1(x), cos, sin)
         cache.fill(self.index, k, v)
+        # Attend to the slots just filled, as the steps will read them (a 16-bit cache's rounding): read
+        # back from the buffers, since inductor drops a round trip k.to(kv).to(q.dtype) from a program.
+        k, v = (buf[:, :, :t].to(q.dtype) for buf in (cache.keys[self.index], cache.values[self.index]))
         if self.window is None:
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_kv != self.h)
         else:  # the window's mask at every length: a branch on t > window would fix t in a compiled program
@@ -181,11 +184,12 @@ class StaticDecoder(nn.Module):
     """`model`'s weights in the static layout, with a cache of `length` slots for `batch` rows.
 
     The fused matrices are new tensors; the norms, output projections, embedding and head are
-    shared with `model` (no copy). `step` is the function to compile (llamablock.fast.compiled.static_engine);
+    shared with `model` (no copy); the cache is kept in `kv_dtype` (default the model's dtype) and
+    read upcast to float32. `step` is the function to compile (llamablock.fast.compiled.static_engine);
     the cache is a plain attribute, not module state, so a compiled program can take it as input.
     """
 
-    def __init__(self, model, length: int, batch: int = 1):
+    def __init__(self, model, length: int, batch: int = 1, kv_dtype: torch.dtype | None = None):
         super().__init__()
         cfg = model.cfg
         reason = unsupported_reason(cfg)
@@ -197,7 +201,7 @@ class StaticDecoder(nn.Module):
         self.cfg, self.length, self.batch = cfg, length, batch
         self.embed, self.final_norm, self.head = model.embed, model.final_norm, model.head
         self.layers = nn.ModuleList(_Layer(block, cfg, model.rotary) for block in model.layers)
-        self.cache = StaticKVCache(cfg, batch, length, dtype)
+        self.cache = StaticKVCache(cfg, batch, length, kv_dtype or dtype)
         cos, sin = model.rotary.cos_sin(torch.arange(length)[None], dtype, seq_len=length)  # (1, L, r/2)
         self.register_buffer("cos", cos[0], persistent=False)  # (L, r/2)
         self.register_buffer("sin", sin[0], persistent=False)

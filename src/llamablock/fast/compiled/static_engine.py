@@ -19,7 +19,9 @@ int8 or int4 matrix, with the plan's prefill crossovers (`prefill`). The float m
 request longer than the cache rebuilds the static layout at the next power-of-two length
 (static_decode.cache_length) from it. "blocks" takes the model as the plan loads a GGUF of
 Q4_0/Q4_1/Q8_0 blocks: its BlockLinear layers are fused as rows of blocks, never quantized again,
-and keep the binding the plan gave them (the torch operator, for programs to call).
+and keep the binding the plan gave them (the torch operator, for programs to call). `kv_dtype` is
+the static cache's dtype (the plan's kv_dtype; default the model's), which the step reads upcast
+to float32.
 """
 
 
@@ -48,7 +50,8 @@ class StaticEngine:
     """The static layout of `model` in format `fmt`, run eagerly. The compiled engines below
     change only how `step` (and the prefill) run."""
 
-    def __init__(self, model, fmt: str | None = None, batch: int = 1, prefill: dict | None = None):
+    def __init__(self, model, fmt: str | None = None, batch: int = 1, prefill: dict | None = None,
+                 kv_dtype: torch.dtype | None = None):
         reason = unsupported_reason(model.cfg)
         if reason is not None:
             raise ValueError(f"the compiled decoder does not support {reason}; run without compilation")
@@ -70,6 +73,7 @@ class StaticEngine:
         if batch <= 0:
             raise ValueError(f"batch must be a positive integer, got {batch!r}")
         self.model, self.cfg, self.fmt, self.batch = model, model.cfg, fmt, batch
+        self.kv_dtype = kv_dtype or dtype
         self.crossovers = prefill  # the packed layers' prefill crossovers (the plan's), for quantize_model
         self.static: StaticDecoder | None = None
         self._buckets: dict[int, tuple] = {}  # rows -> (static layout viewing that many rows, program or None)
@@ -96,7 +100,7 @@ class StaticEngine:
             return
         length = cache_length(total_tokens, self.cfg.max_seq_len)
         with torch.no_grad():
-            static = StaticDecoder(self.model, length, batch=self.batch)
+            static = StaticDecoder(self.model, length, batch=self.batch, kv_dtype=self.kv_dtype)
             if self.fmt in PACKED:
                 quantize_model(static, self.fmt, prefill=self.crossovers)
         self.static, self._buckets = static, {}
