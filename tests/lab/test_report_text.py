@@ -17,30 +17,47 @@ from llamablock.lab.report_text import READINGS, TEMPLATES
 CLAIM_FIELDS = ("claim", "source_value", "measured", "unit", "tolerance", "indicative")
 
 
-def _regex(template: str) -> re.Pattern:
+def _regex(template: str, fixed: dict[str, str] | None = None) -> re.Pattern:
+    """The template as a regex: a field in `fixed` must be that text exactly, any other is free (.*?);
+    an {id} never holds a backtick, so it is read first and the claim's own fields fixed from it."""
+    fixed = fixed or {}
     parts = re.split(r"(\{[a-z_]+\})", template)
-    return re.compile("".join(f"(?P<{p[1:-1]}>.*?)" if p.startswith("{") else re.escape(p) for p in parts))
+
+    def field(name):
+        if name in fixed:
+            return f"(?P<{name}>{fixed[name]})"
+        return f"(?P<{name}>[^`]*)" if name == "id" else f"(?P<{name}>.*?)"
+
+    return re.compile("".join(field(p[1:-1]) if p.startswith("{") else re.escape(p) for p in parts))
 
 
 PATTERNS = {name: _regex(t) for name, t in TEMPLATES.items()}
 
 
-def _fits(name: str, got: dict, claims: dict, known_ids: set) -> bool:
-    """The fields of one template match hold what the document says they hold."""
+def _matches(name: str, line: str, claims: dict, known_ids: set) -> bool:
+    """`line` is template `name` filled from the document: the claim it names supplies its own fields."""
+    m = PATTERNS[name].fullmatch(line)
+    if not m:
+        return False
+    got = m.groupdict()
     if name.startswith("reading "):
         _, cid, outcome = name.split(" ")
         c = claims.get(cid)
-        return c is not None and c["verdict"] == outcome and got.get("measured", _cell(c["measured"])) == _cell(c["measured"])
+        return c is not None and c["verdict"] == outcome and got.get("measured", _cell(c["measured"])) == _cell(
+            c["measured"])
     if "id" in got:
         c = claims.get(got["id"])
         if c is None:
             return False
-        if any(f in got and got[f] != _cell(c[f]) for f in CLAIM_FIELDS):
+        fixed = {f: re.escape(_cell(c[f])) for f in CLAIM_FIELDS if f in got}
+        if "details" in got:
+            fixed["details"] = f"{re.escape(_cell(c['details']))}\\.?"
+        if "plot" in got:
+            fixed["plot"] = "|".join(re.escape(p) for p in c["plots"]) or "(?!)"
+        m = _regex(TEMPLATES[name], fixed | {"id": re.escape(c["id"])}).fullmatch(line)
+        if not m:
             return False
-        if "details" in got and got["details"] not in (_cell(c["details"]), _cell(c["details"] + ".")):
-            return False
-        if "plot" in got and got["plot"] not in c["plots"]:
-            return False
+        got = m.groupdict()
     if "ids" in got and not set(re.findall(r"`([^`]+)`", got["ids"])) <= known_ids:
         return False
     counts = ("n", "reproduced", "differs", "unmeasurable", "not_run", "definitions")
@@ -53,8 +70,7 @@ def check_report(text: str, doc: dict) -> list[str]:
     known = set(claims) | {i for ids in doc["declared"].values() for i in ids}
     bad = [] if render_report(json.loads(json.dumps(doc))) == text else ["<not the rendering of results.json>"]
     for line in text.splitlines():
-        if line and not any((m := p.fullmatch(line)) and _fits(n, m.groupdict(), claims, known)
-                            for n, p in PATTERNS.items()):
+        if line and not any(_matches(n, line, claims, known) for n in PATTERNS):
             bad.append(line)
     return bad
 

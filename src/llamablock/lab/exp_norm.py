@@ -151,7 +151,7 @@ def claim_speed_fused(quick: bool) -> Claim:
     details = (f"2048 rows, float32, one thread, warm, {n} interleaved rounds per width; "
                "llamablock.norm.rms_norm against a three-pass LayerNorm, both torch.compile'd (inductor). "
                "torch's one-pass F.layer_norm is timed beside: it has no separate mean pass, so it does not "
-               "test the claim. Per width: " + "; ".join(f"d {d}: {describe(r['vs three-pass'])}"
+               "test the claim. Per width: " + " ".join(f"d {d}: {describe(r['vs three-pass'])}"
                                                         for d, r in timed.items()))
     widths = {v: [str(d) for d, x in verdicts.items() if x == v] for v in (DIFFERS, NOT_MEASURABLE)}
     if widths[DIFFERS]:
