@@ -8,6 +8,7 @@ version could leave; the writers are separate processes, as two `llamablock comp
 
 from __future__ import annotations
 
+import errno
 import json
 import multiprocessing
 
@@ -94,3 +95,21 @@ def test_writers_at_once_keep_every_entry(tmp_path, monkeypatch):
     want = {(str((tmp_path / f"model-{w}.gguf").resolve()), str(n)) for w in range(WRITERS)
             for n in range(1, ENTRIES + 1)}
     assert kept == want, f"{len(want - kept)} of {len(want)} entries lost"
+
+
+def test_a_read_only_index_serves_its_builds_and_a_new_one_is_one_line(index, monkeypatch, capsys):
+    """`generate` records the build it loaded: where that changes nothing, nothing is written (a
+    read-only cache once ended the run with "Read-only file system"); a new build that cannot be
+    recorded is one line naming the index, and the run goes on."""
+    f, model, package = index
+
+    def refuse(*args, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system", str(f))
+
+    monkeypatch.setattr(builds, "atomic_write", refuse)
+    builds.record(model, "q8", 64, [package], 0.0)  # loaded, not built: the index already says so
+    assert builds.built_length(model, "q8") == 64 and capsys.readouterr().err == ""
+    builds.record(model, "q4", 64, [package], 3.0)
+    [line] = capsys.readouterr().err.splitlines()
+    assert str(f) in line and "Read-only file system" in line and "not recorded" in line
+    assert builds.built_length(model, "q4") is None

@@ -29,6 +29,7 @@ that processes building at once each keep the others' entries.
 
 from __future__ import annotations
 
+import errno
 import json
 import re
 import sys
@@ -112,11 +113,11 @@ def _problem(entry) -> str | None:
     return None
 
 
-def _say(problem: str) -> None:
+def _say(problem: str, again: str = "; the next `llamablock compile` writes it again") -> None:
     """One line on stderr, once a process: the index is read several times a command."""
     if problem not in _said:
         _said.add(problem)
-        print(f"llamablock: {problem}; the next `llamablock compile` writes it again", file=sys.stderr, flush=True)
+        print(f"llamablock: {problem}{again}", file=sys.stderr, flush=True)
 
 
 def _size(length: int, batch: int) -> str:
@@ -129,17 +130,33 @@ def record(path: Path, fmt: str, length: int, packages: list[Path], seconds: flo
     `packages`, built with `autotune` or not; entries of this file and format by other code go
     (their packages can no longer serve). Read, changed and replaced under the index's lock."""
     f = _index_file()
-    f.parent.mkdir(parents=True, exist_ok=True)
-    with file_lock(f.with_name(f.name + ".lock")):
-        index = {k: v for k, v in _read().items() if k == _key(path, fmt) or not _same_file_and_format(k, path, fmt)}
-        entry = index.setdefault(_key(path, fmt), {"lengths": {}, "seconds": None})
-        size = _size(length, batch)
-        entry["lengths"][size] = [str(p) for p in packages]
-        if seconds > 0:
-            entry["seconds"] = seconds
-        if entry.get("autotune", autotune) != autotune:  # the other setting's packages are not these
-            entry["lengths"] = {size: entry["lengths"][size]}
-        entry["autotune"] = autotune
+    try:
+        f.parent.mkdir(parents=True, exist_ok=True)
+        with file_lock(f.with_name(f.name + ".lock"), required=False):  # a read-only cache: written only if changed
+            _record(f, path, fmt, length, packages, seconds, autotune, batch)
+    except OSError as e:  # a read-only or full cache: the build serves this run, and the next looks for it again
+        if e.errno not in (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT):
+            raise
+        _say(f"{f} cannot be written ({e.strerror}): this build is not recorded, and `--engine auto` will not "
+             "find it", again="")
+
+
+def _record(f: Path, path: Path, fmt: str, length: int, packages: list[Path], seconds: float, autotune: bool,
+            batch: int) -> None:
+    """record()'s change of the index, under its lock; nothing written where nothing changes (a run
+    that loaded the build it found)."""
+    read = _read()
+    before = json.dumps(read, sort_keys=True)
+    index = {k: v for k, v in read.items() if k == _key(path, fmt) or not _same_file_and_format(k, path, fmt)}
+    entry = index.setdefault(_key(path, fmt), {"lengths": {}, "seconds": None})
+    size = _size(length, batch)
+    entry["lengths"][size] = [str(p) for p in packages]
+    if seconds > 0:
+        entry["seconds"] = seconds
+    if entry.get("autotune", autotune) != autotune:  # the other setting's packages are not these
+        entry["lengths"] = {size: entry["lengths"][size]}
+    entry["autotune"] = autotune
+    if json.dumps(index, sort_keys=True) != before:
         atomic_write(f, lambda p: p.write_text(json.dumps(index, indent=1)))
 
 
