@@ -17,6 +17,7 @@ import dataclasses
 
 import torch
 
+from llamablock.lab.benefits import STABLE, claim_ablation
 from llamablock.lab.record import Claim
 from llamablock.lab.shared import (
     FULL,
@@ -108,31 +109,22 @@ def ablation_claims(quick: bool, out) -> list[Claim]:
         claims.append(c.unmeasurable(said + " GQA is within the noise of MHA, but MQA and GQA are within the noise "
                                      "of each other, so 'better than MQA' is not settled at this size."))
 
-    delta, noise, text = _compare(records, summary, "2024")
-    c = Claim("15.6.ablation", "15.6", "the 2024 block against the 2017 block at equal parameters and compute",
-              "better or equal", measured=round(delta, 4), unit="val loss change vs 2017, nats/char",
-              tolerance="not worse by more than the noise")
+    hot_records = run_variants(p["steps"], p["seeds"], p["size"], p["context"], names=("2017", STABLE, "2024"),
+                               lr=1e-2, warmup=0.1)
+    hot = ablation.summarize(hot_records)
+    c = claim_ablation(records, summary, hot_records, hot, p["steps"])
     c.plots = plots
-    ok = delta <= noise
-    claims.append(c.judge(ok, text + f". All variants, {p['steps']} steps x seeds {list(p['seeds'])}, in the table "
-                          "below; the module states the direction, not a size."))
-    c.table = [{"variant": r["variant"], "params": r["params"], "KV B/token": r["kv_bytes_per_token"],
-                "seeds": r["seeds"], "val loss": round(r["val_loss"], 4),
-                "sd": round(r["val_std"], 4) if r["seeds"] > 1 else "",
-                "vs 2017": round(r["delta_vs_2017"] or 0.0, 4)} for r in summary]
-    claims.append(claim_stability(p, records, summary))
+    claims.append(c)
+    claims.append(claim_stability(records, summary, hot_records, hot))
     if quick:
         for claim in claims:
             claim.indicative = INDICATIVE
     return claims
 
 
-def claim_stability(p: dict, records: list[dict], summary: list[dict]) -> Claim:
+def claim_stability(records: list[dict], summary: list[dict], hot_records: list[dict], hot: list[dict]) -> Claim:
     """'Each detail makes training more stable': both blocks again at ten times the learning rate
     with a short warm-up (a tenth of the steps); the more stable block loses less."""
-    hot_records = run_variants(p["steps"], p["seeds"], p["size"], p["context"], names=("2017", "2024"), lr=1e-2,
-                               warmup=0.1)
-    hot = ablation.summarize(hot_records)
     rise = {n: _row(hot, n)["val_loss"] - _row(summary, n)["val_loss"] for n in ("2017", "2024")}
     noise, how = shared_noise([(hot_records, hot, "2024", 1), (records, summary, "2024", -1),
                                (hot_records, hot, "2017", -1), (records, summary, "2017", 1)])
