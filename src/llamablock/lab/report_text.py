@@ -116,6 +116,10 @@ READINGS = {
                          "median's 95% interval meeting the module's 0.85-0.90",
                          "compiled, RMSNorm takes {measured} of a three-pass LayerNorm's time (medians), a median's "
                          "95% interval outside the module's 0.85-0.90 at some width"),
+    "15.3.division-stabilizes": ("at a learning rate where LayerNorm trains, removing its division hurt and removing "
+                                 "its mean did not (no mean, no division: {measured})",
+                                 "at a learning rate where LayerNorm trains, it was not the division alone that "
+                                 "mattered (no mean, no division: {measured})"),
     "15.3.training-quality": ("the model with RMSNorm trained about as well as with LayerNorm ({measured} nats)",
                               "the model with RMSNorm trained worse than with LayerNorm ({measured} nats)"),
     "15.4.gate-closes": ("the library's SwiGLU unit closes when its gate input is large and negative",

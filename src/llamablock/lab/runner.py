@@ -31,6 +31,7 @@ EXPERIMENTS = [
     ("llamablock.lab.exp_gqa", ("15.5",), "Grouped-query attention"),
     ("llamablock.lab.exp_blocks", ("15.6", "exercises"), "The two blocks side by side, and the exercises"),
     ("llamablock.lab.exp_training", ("15.3", "15.4", "15.5", "15.6"), "Training: ablation and MHA -> GQA"),
+    ("llamablock.lab.exp_norm_parts", ("15.3",), "Training: which part of LayerNorm keeps training stable"),
     ("llamablock.lab.exp_long", ("15.2", "15.6"), "Training: long context and the tracer"),
     ("llamablock.lab.exp_extend_real", ("15.2",), "Context extension on SmolLM2-135M past its trained length"),
     ("llamablock.lab.exp_beyond", ("beyond",), "Beyond the module: q/k norm and sandwich norms"),
