@@ -18,6 +18,7 @@ import torch
 
 from llamablock.commands import UsageError
 from llamablock.fast.formats import CHOICES
+from llamablock.io.overflow_flags import add_overflow_arguments
 from llamablock.io.scaling_flags import add_scaling_arguments
 from llamablock.util.devices import DEVICES
 
@@ -75,6 +76,7 @@ def add_arguments(p) -> None:
                         "block kernel's binding and layout, the engine, how a server would decode, the context and "
                         "RoPE scaling, and the machine facts they follow from (CPU features and kind, kernel build)")
     add_scaling_arguments(p)
+    add_overflow_arguments(p)
 
 
 def _summary(g, engine, plan) -> str:
@@ -90,6 +92,8 @@ def _budget(args, plan, n_prompt: int, context: int) -> int:
     built cache ends (or at COMPILED_NEW_TOKENS), so that a default request never compiles again."""
     if args.max_new_tokens is not None:
         return args.max_new_tokens
+    if args.context_overflow != "stop" or args.grp_attn_n is not None:
+        return context  # past the context: one context's worth of new tokens unless told otherwise
     room = max(1, context - n_prompt)
     if plan.engine != "compiled":
         return room
@@ -188,20 +192,28 @@ def run(args) -> int:
     given = {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p,
              "repetition_penalty": args.repetition_penalty}
     from llamablock.fast.plan import build, decide
+    from llamablock.io.overflow_flags import check_overflow_flags, eager_only, overflow_engine, self_extend_source
     from llamablock.io.scaling_flags import check_flags, scaled_source
     from llamablock.io.source import open_source
     from llamablock.util.devices import resolve_device
 
     check_flags(args)  # before the model is read
+    check_overflow_flags(args)
     device = resolve_device(args.device)
     engine = args.engine if args.compile is None else ("compiled" if args.compile else "eager")
+    if eager_only(args):  # sinks and Self-Extend attend their own way, on the eager Decoder
+        if engine == "compiled":
+            raise UsageError("--context-overflow sinks and --grp-attn-n run on the eager engine; drop --engine compiled")
+        engine = "eager"
     own = open_source(args.model)
-    source = scaled_source(own, args)  # the context and RoPE scaling the flags set, else the model's
+    # the context and RoPE scaling the flags set, else the model's; Self-Extend reaches past it unscaled
+    source = self_extend_source(own, args, scaled_source) if args.grp_attn_n else scaled_source(own, args)
     sampling = sampling_for(given, source.generation, chat=args.chat, greedy=args.greedy)
     plan = decide(source, args.dtype, engine, device, rescaled=source.cfg != own.cfg, kv=args.kv_dtype)
     if args.verbose:  # before a single weight is read
         print(plan.describe(), file=sys.stderr, flush=True)
-    running = build(source, plan).engine
+    built = build(source, plan)
+    running = overflow_engine(args, built.engine, built.model)  # itself, unless a flag runs past the context
     history = [{"role": "system", "content": args.system}] if args.system else []
     if args.prompt is not None:
         _one(source, plan, running, args.prompt, args, sampling, history if args.chat else None)

@@ -112,8 +112,8 @@ class GroupedEngine:
     `unbounded`: a generation may run past any context (sinks); Self-Extend is bounded by the
     context it was given."""
 
-    def __init__(self, model: Decoder, scheme: Sinks | SelfExtend, context: int):
-        self.model, self.scheme = _with_cached_attention(model, scheme), scheme
+    def __init__(self, model: Decoder, scheme: Sinks | SelfExtend, context: int, weights: str = ""):
+        self.model, self.scheme, self.weights = _with_cached_attention(model, scheme), scheme, weights
         self.cfg, self.context = model.cfg, context
         self.device = next(model.parameters()).device
         self.unbounded = isinstance(scheme, Sinks)
@@ -127,9 +127,9 @@ class GroupedEngine:
 
     def describe(self) -> str:
         s = self.scheme
-        if isinstance(s, Sinks):
-            return f"eager, attention sinks: {s.sinks} first tokens + the last {s.window}"
-        return f"eager, Self-Extend: groups of {s.group} past a window of {s.window}"
+        how = (f"attention sinks: {s.sinks} first tokens + the last {s.window}" if isinstance(s, Sinks)
+               else f"Self-Extend: groups of {s.group} past a window of {s.window}")
+        return f"{self.weights + '; ' if self.weights else ''}eager, {how}"
 
     @property
     def kept(self) -> int:
