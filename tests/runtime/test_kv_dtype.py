@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from hf_reference import tiny_hf_model
-from kv16_bound import assert_within_bound, logits_along
+from kv16_bound import assert_rounded_once, assert_within_bound, logits_along
 
 import llamablock
 from llamablock import cli
@@ -31,11 +31,12 @@ def tiny(tmp_path_factory):
 @pytest.mark.parametrize("kv", [torch.bfloat16, torch.float16])
 def test_a_16_bit_cache_keeps_the_logits_within_its_bound(tiny, kv):
     ids = torch.randint(0, tiny.cfg.vocab_size, (1, 96), generator=torch.Generator().manual_seed(0))
-    want = logits_along(EagerEngine(tiny), ids, 48)
-    engine = EagerEngine(tiny, kv_dtype=kv)
-    got = logits_along(engine, ids, 48)
+    reference, engine = EagerEngine(tiny), EagerEngine(tiny, kv_dtype=kv)
+    want, got = logits_along(reference, ids, 48), logits_along(engine, ids, 48)
     assert {t.dtype for t in engine.cache.keys + engine.cache.values} == {kv}
     assert_within_bound(got, want, kv)
+    assert_rounded_once([engine.cache.keys[0], engine.cache.values[0]],
+                        [reference.cache.keys[0], reference.cache.values[0]], kv)
 
 
 @pytest.mark.parametrize("dtype", sorted(DTYPES))

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from hf_reference import tiny_hf_model
-from kv16_bound import assert_within_bound, logits_along
+from kv16_bound import assert_rounded_once, assert_within_bound, logits_along
 
 import llamablock
 from llamablock.fast.compiled import builds
@@ -34,25 +34,28 @@ def ids(tiny):
 
 @pytest.mark.parametrize("kv", [torch.bfloat16, torch.float16])
 def test_the_static_layout_with_a_16_bit_cache_keeps_its_bound(tiny, ids, kv):
-    want = logits_along(StaticEngine(tiny, "float32"), ids, 48)
-    engine = StaticEngine(tiny, "float32", kv_dtype=kv)
-    got = logits_along(engine, ids, 48)
+    reference, engine = StaticEngine(tiny, "float32"), StaticEngine(tiny, "float32", kv_dtype=kv)
+    want, got = logits_along(reference, ids, 48), logits_along(engine, ids, 48)
     assert {t.dtype for t in engine.static.cache.tensors()} == {kv}
     assert_within_bound(got, want, kv)
+    assert_rounded_once(engine.static.cache.tensors(), reference.static.cache.tensors(), kv)
 
 
 def test_the_compiled_step_with_a_bfloat16_cache_keeps_its_bound(tiny, ids):
-    """The AOTInductor step over a bfloat16 cache, against the float32 cache's static layout; and
+    """The AOTInductor step and prefill over a bfloat16 cache, against the float32 cache's static layout; and
     against the same cache run eagerly, to the compiled step's own tolerance (1e-4)."""
     torch._dynamo.reset()
     want = logits_along(StaticEngine(tiny, "float32"), ids, 48)
     same = logits_along(StaticEngine(tiny, "float32", kv_dtype=torch.bfloat16), ids, 48)
-    engine = AOTIEngine(tiny, "float32", autotune=False, compile_prefill=False, kv_dtype=torch.bfloat16)
+    engine = AOTIEngine(tiny, "float32", autotune=False, kv_dtype=torch.bfloat16)
     got = logits_along(engine, ids, 48)
-    assert engine.running.get("step") not in (None, "eager"), engine.running
+    assert {engine.running.get(m) for m in ("step", "prefill")}.isdisjoint({None, "eager"}), engine.running
     assert all(t.dtype == torch.bfloat16 for t in engine._step_program.caches)
     assert_within_bound(got, want, torch.bfloat16)
     torch.testing.assert_close(got, same, atol=1e-4, rtol=0)
+    float32 = StaticEngine(tiny, "float32")
+    logits_along(float32, ids, 48)
+    assert_rounded_once(engine.static.cache.tensors(), float32.static.cache.tensors(), torch.bfloat16)
 
 
 def test_a_program_over_another_cache_dtype_is_another_package(tiny):
