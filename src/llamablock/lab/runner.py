@@ -29,6 +29,7 @@ EXPERIMENTS = [
     ("llamablock.lab.exp_norm", ("15.3",), "RMSNorm"),
     ("llamablock.lab.exp_ffn", ("15.4",), "SwiGLU"),
     ("llamablock.lab.exp_gqa", ("15.5",), "Grouped-query attention"),
+    ("llamablock.lab.exp_decode_share", ("15.5",), "A decode step: the cache's share"),
     ("llamablock.lab.exp_blocks", ("15.6", "exercises"), "The two blocks side by side, and the exercises"),
     ("llamablock.lab.exp_training", ("15.3", "15.4", "15.5", "15.6"), "Training: ablation and MHA -> GQA"),
     ("llamablock.lab.exp_norm_parts", ("15.3",), "Training: which part of LayerNorm keeps training stable"),
