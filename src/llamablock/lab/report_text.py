@@ -132,6 +132,10 @@ READINGS = {
                           "interval meeting the module's 3-4x",
                           "on this CPU 32 -> 8 KV heads decodes {measured}x faster (median), outside the module's "
                           "3-4x"),
+    "15.5.decode-share": ("reading the cache took a tenth or more of a layer's decode step at 32 KV heads and 8,192 "
+                          "tokens, more with more KV heads (shares {measured})",
+                          "reading the cache did not both take a tenth of the step and grow with the cache (shares "
+                          "{measured})"),
     "15.5.training-quality": ("GQA's loss stayed within the noise of MHA's and below MQA's (GQA - MHA, MQA - GQA: "
                               "{measured})",
                               "GQA's loss was not both close to MHA's and below MQA's (GQA - MHA, MQA - GQA: "
