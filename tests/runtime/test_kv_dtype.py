@@ -91,3 +91,21 @@ def test_the_calculator_command_says_the_dtype_it_counts(capsys):
     assert f"{auto_dtype()} (auto: a quantized model's cache on this CPU" in header
     assert cli.main(["kv-cache", "--config", "llama-3-8b", "--tokens", "8192", "--dtype", "float32"]) == 0
     assert capsys.readouterr().out.splitlines()[0].endswith("x batch 1, float32")
+
+
+def test_the_server_s_eager_rows_keep_the_plan_s_cache_dtype(tmp_path):
+    """`serve` on a quantized file: its batch engine's cache is the plan's dtype, as generate's."""
+    from gguf_tiny import write_tiny_gguf
+
+    from llamablock.fast.plan import decide
+    from llamablock.io.source import open_source
+    from llamablock.web.generation import load_served
+
+    f = tmp_path / "q8.gguf"
+    write_tiny_gguf(f, tiny_hf_model("llama", n_heads=4, n_kv=2, hidden_size=64, intermediate_size=128, head_dim=16),
+                    qtype="Q8_0")
+    served = load_served(str(f), engine="eager", parallel=2)
+    try:
+        assert served.worker.engine.kv_dtype == getattr(torch, decide(open_source(f), "auto", "eager").kv)
+    finally:
+        served.worker.close()

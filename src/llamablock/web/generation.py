@@ -14,9 +14,13 @@ the eager model beside it.
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass
 
+import torch
+
+from llamablock.runtime.batch import EagerBatchEngine
 from llamablock.web.scheduler import Scheduler
 
 
@@ -64,5 +68,8 @@ def load_served(model: str | None = None, max_queue: int = 8, compile_tokens: in
     else:
         m = built.model
     arg = model or source.name
-    worker = Scheduler(m, source.tokenizer, max_queue, compiled, parallel=parallel, chunk=chunk)
+    # the eager rows keep the plan's cache dtype (a 16-bit cache for a quantized file), as generate's
+    eager_rows = functools.partial(EagerBatchEngine, kv_dtype=getattr(torch, plan.kv))
+    worker = Scheduler(m, source.tokenizer, max_queue, compiled, parallel=parallel, chunk=chunk,
+                       engine_factory=eager_rows)
     return ServedModel(source.name, m, source.tokenizer, worker, int(time.time()), (arg,))
