@@ -123,6 +123,16 @@ def test_self_extend_with_group_one_and_sinks_with_a_long_window_are_the_plain_m
         assert (token_losses(with_grouped_attention(model, scheme, block=5), ids) - one).abs().max() <= 1e-5
 
 
+@pytest.mark.parametrize("kind", ["dynamic", "dynamic-consistent"])
+def test_grouped_attention_refuses_rope_that_follows_the_length(tmp_path, kind):
+    _hf(tmp_path)
+    model = with_rope_scaling(llamablock.load_pretrained(tmp_path), {"rope_type": kind, "factor": 3.0})
+    from llamablock.studies.grouped_attention import GroupedAttention
+
+    with pytest.raises(ValueError, match="length-dependent"):  # its rotations take no length
+        GroupedAttention(model.layers[0].attn, Sinks(sinks=2, window=7))
+
+
 def _by_definition(attn, scheme, x):
     """One attention layer on x (1, t, D) with every (query, key) score written out as grouped_attention's
     docstring defines it, on whole (t, t) matrices: the reference for the banded blocks."""
