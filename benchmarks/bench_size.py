@@ -53,10 +53,10 @@ ROUNDS, NEW, PROMPT_TOKENS = 3, 64, 512
 def files(mixes, shape) -> dict[str, Path]:
     """{mix: path}: each written once into the user's cache (a half-written file is never left)."""
     from benchmarks.scaled_gguf import write_scaled
+    from llamablock.commands.cache import bench_dir
     from llamablock.io.resolve import resolve_model
-    from llamablock.util.files import user_cache_dir
 
-    folder = user_cache_dir() / "bench"
+    folder = bench_dir()
     folder.mkdir(parents=True, exist_ok=True)
     out = {}
     for mix in mixes:

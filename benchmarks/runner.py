@@ -41,6 +41,7 @@ BENCHMARKS = {
     "startup": "benchmarks.bench_startup",
     "serve": "benchmarks.bench_serve",
     "size": "benchmarks.bench_size",
+    "overflow": "benchmarks.bench_overflow",
 }
 
 

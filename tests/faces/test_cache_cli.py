@@ -62,7 +62,7 @@ def test_a_users_inductor_directory_keeps_everything_but_llamablocks_packages(ho
 def test_clear_names_its_choices(home, capsys):
     with pytest.raises(SystemExit) as e:
         main(["cache", "--clear", "everything"])
-    assert e.value.code == 2 and "choose from 'compiled', 'losses', 'models', 'all'" in capsys.readouterr().err
+    assert e.value.code == 2 and "choose from 'compiled', 'losses', 'models', 'bench', 'all'" in capsys.readouterr().err
 
 
 def test_cache_lists_and_clears_the_kernel_libraries_and_killed_compiles(home, capsys):
@@ -107,6 +107,7 @@ def test_cache_lists_and_clears_every_kind_llamablock_writes(home, tmp_path, cap
     _fill(home / "inductor" / "llamablock-aoti" / "builds.json", 100)
     _fill(home / "kernels" / "ggml_dot-f1-key.so", 600)
     _fill(home / "rope-eval" / "key.losses", 700)
+    _fill(home / "bench" / "llama-Q4_0.gguf", 300)
     killed, running = tmp / f"llamablock-inductor-{dead}-abcd1234", tmp / f"llamablock-kernels-{os.getpid()}-efgh5678"
     _fill(killed / "fxgraph" / "entry", 800)
     _fill(running / "ggml_dot.so", 50)
@@ -117,7 +118,8 @@ def test_cache_lists_and_clears_every_kind_llamablock_writes(home, tmp_path, cap
     lines = {ln.split("  ")[0].strip(): ln for ln in capsys.readouterr().out.splitlines()}
     for what, size in [("compiled programs", "2.93 KiB"), ("builds index", "100 B"), ("inductor's caches", "1.95 KiB"),
                        ("kernel libraries", "600 B"), ("rope eval's losses", "700 B"),
-                       ("trained tracer models", "1000 B"), ("temporary folders", "850 B"), ("inductor's headers", "900 B")]:
+                       ("trained tracer models", "1000 B"), ("benchmark files", "300 B"), ("temporary folders", "850 B"),
+                       ("inductor's headers", "900 B")]:
         assert size in lines[what], (what, lines)
     assert "1 in use by running processes" in lines["temporary folders"]
     assert "--clear keeps them" in lines["inductor's headers"]
@@ -127,7 +129,9 @@ def test_cache_lists_and_clears_every_kind_llamablock_writes(home, tmp_path, cap
     assert not (home / "inductor").exists() and not (home / "kernels").exists() and not killed.exists()
     assert (home / "rope-eval" / "key.losses").is_file() and running.is_dir() and (headers / "c0.h.gch").is_file()
     assert main(["cache", "--clear", "losses"]) == 0
-    assert not (home / "rope-eval").exists() and (home / "trace-v1").is_dir()
+    assert not (home / "rope-eval").exists() and (home / "trace-v1").is_dir() and (home / "bench").is_dir()
+    assert main(["cache", "--clear", "bench"]) == 0
+    assert not (home / "bench").exists() and (home / "trace-v1").is_dir()
     assert main(["cache", "--clear", "all"]) == 0
     assert not (home / "trace-v1").exists()
     assert running.is_dir() and (headers / "c0.h.gch").is_file() and (tmp / "someone-elses" / "file").is_file()

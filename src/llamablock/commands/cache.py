@@ -13,7 +13,8 @@ Under $XDG_CACHE_HOME/llamablock (default ~/.cache/llamablock):
     the damaged ones it set aside (`.damaged`);
   * rope eval's losses: per-token losses of each pass (llamablock.studies.loss_cache);
   * trained tracer models: the 2017 and 2024 pair that `llamablock trace` and the page's tracer
-    train on first use (llamablock.studies.trace).
+    train on first use (llamablock.studies.trace);
+  * benchmark files: the 1B-class GGUF files `llamablock bench size` writes once (benchmarks/bench_size.py).
 In the temporary folder: `llamablock-kernels-<pid>-*` (kernels built for one process where the cache
 cannot be written) and `llamablock-inductor-<pid>-*` (the test suite's inductor caches), each removed
 when its process ends, left when it is killed: --clear removes those of processes that are gone.
@@ -41,7 +42,7 @@ from typing import NamedTuple
 
 from llamablock.util.files import process_alive, user_cache_dir
 
-CLEAR_CHOICES = ("compiled", "losses", "models", "all")
+CLEAR_CHOICES = ("compiled", "losses", "models", "bench", "all")
 # a temporary folder of ours: `<prefix>-<pid>-<random>`, or `<prefix>-<random>` as earlier versions named them
 TEMPORARY = re.compile(r"llamablock-(?:inductor|kernels)-(?:(\d+)-)?[a-z0-9_]+")
 UNCLAIMED_HOURS = 24  # a temporary folder named without its process: stale once unchanged this long
@@ -50,7 +51,7 @@ UNCLAIMED_HOURS = 24  # a temporary folder named without its process: stale once
 def add_arguments(p) -> None:
     p.add_argument("--clear", nargs="?", const="compiled", choices=CLEAR_CHOICES, default=None,
                    help="delete the compile caches, builds index, kernel libraries and killed processes' temporary "
-                        "folders (the default), rope eval's losses, the trained tracer models, or all")
+                        "folders (the default), rope eval's losses, the trained tracer models, the benchmark files, or all")
 
 
 class Cache(NamedTuple):
@@ -60,6 +61,11 @@ class Cache(NamedTuple):
     clear: str | None  # the --clear choice that deletes it besides "all"; None: --clear keeps it
     note: str = ""  # what else the listing says of it: staging folders, damaged libraries, whose it is
     paths: tuple[Path, ...] = ()  # what --clear deletes, where not `where` itself
+
+
+def bench_dir() -> Path:
+    """Where `llamablock bench size` keeps the files it writes (benchmarks/bench_size.py files)."""
+    return user_cache_dir() / "bench"
 
 
 def kernels_dir() -> Path:
@@ -140,6 +146,7 @@ def entries() -> list[Cache]:
                   f"{len(damaged)} damaged, set aside" if damaged else ""),
             Cache("rope eval's losses", losses_dir(), directory_bytes(losses_dir()), "losses"),
             Cache("trained tracer models", models_dir(), directory_bytes(models_dir()), "models"),
+            Cache("benchmark files", bench_dir(), directory_bytes(bench_dir()), "bench"),
             Cache("temporary folders", Path(tempfile.gettempdir()) / "llamablock-*",
                   sum(directory_bytes(p) for p, _ in temporary), "compiled",
                   f"{in_use} in use by running processes: --clear keeps them" if in_use else "", tuple(left)),
@@ -216,5 +223,5 @@ def run(args) -> int:
         print(f"{c.what:<22} {human_bytes(c.nbytes):>11}  {c.where}{note}")
     print("`llamablock cache --clear` deletes the compile caches, builds index, kernel libraries and killed "
           "processes' temporary folders (rebuilt on next use); `--clear losses` rope eval's losses, `--clear models` "
-          "the tracer models, `--clear all` all of them")
+          "the tracer models, `--clear bench` the benchmark files, `--clear all` all of them")
     return 0
