@@ -180,7 +180,7 @@ def test_verbose_prints_the_scaling_in_force(tiny, capsys):
     argv = ["generate", "--model", str(f), "--prompt", "abc", "--max-new-tokens", "2", "--verbose"]
     assert cli.main([*argv, "--ctx-size", "128", "--rope-scaling", "yarn"]) == 0
     err = capsys.readouterr().err
-    assert "context: 128 tokens, RoPE scaling yarn" in err and "compiled builds hold the model's own" in err
+    assert "context: 128 tokens, RoPE scaling yarn" in err and "no compiled build for the context and RoPE scaling these flags set" in err
     assert cli.main(argv) == 0
     assert "context: 64 tokens, RoPE scaling none" in capsys.readouterr().err
 
@@ -218,5 +218,6 @@ def test_serve_runs_the_scaled_model_and_never_a_compiled_build_of_the_unscaled_
         assert type(served.worker.engine).__name__ == "EagerBatchEngine"
     finally:
         served.worker.close()
-    with pytest.raises(ValueError, match="the compiled engine is built for the model's own context"):
-        load_served(str(tiny), max_queue=1, parallel=1, engine="compiled", scaling=scaling)
+    dynamic = flags(["--ctx-size", "128", "--rope-scaling", "dynamic"])  # a static step cannot follow it
+    with pytest.raises(ValueError, match="changes RoPE's frequencies with the length"):
+        load_served(str(tiny), max_queue=1, parallel=1, engine="compiled", scaling=dynamic)

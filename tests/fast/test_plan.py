@@ -41,20 +41,23 @@ Q5_MAJORITY = {"token_embd.weight": "Q8_0", "blk.0.attn_q.weight": "Q5_1", "blk.
                "blk.0.ffn_down.weight": "Q4_0"}  # Q5_1: a type the kernel does not keep
 
 
-def _source(stored: dict, tied: bool = False, kind: str = "gguf") -> ModelSource:
+def _source(stored: dict, tied: bool = False, kind: str = "gguf", scaling: str | None = None) -> ModelSource:
     cfg = preset("llama-2024-small", tie_embeddings=tied, max_seq_len=512)
+    if scaling is not None:  # as --ctx-size 1024 --rope-scaling S sets it (io/scaling_flags.py)
+        cfg = cfg.replace(max_seq_len=1024, rope_scaling={"rope_type": scaling, "factor": 2.0,
+                                                          "original_max_position_embeddings": 512})
     return ModelSource(None, Path("/nonexistent/model.gguf"), kind, cfg, stored, where="model.gguf")
 
 
 def _plan(stored, *, tied=False, kind="gguf", device="cpu", fmt="auto", engine="auto", built=None, stale=False,
-          kernel=True, cpu="AVX-512", rescaled=False, kv="auto", monkeypatch=None):
+          kernel=True, cpu="AVX-512", rescaled=False, kv="auto", scaling=None, monkeypatch=None):
     recorded = built is not None or stale
     monkeypatch.setattr(builds, "any_build", lambda path: recorded)
     monkeypatch.setattr(builds, "built_length", lambda path, f, batch=1: built)
     monkeypatch.setattr(builds, "stale_build", lambda path: stale)
     monkeypatch.setattr(builds, "autotuned", lambda path, f: True)
     machine = machine_for(CPUS[cpu], kernel, NO_CC)
-    return decide(_source(stored, tied, kind), fmt, engine, device, machine=machine, rescaled=rescaled, kv=kv)
+    return decide(_source(stored, tied, kind, scaling), fmt, engine, device, machine=machine, rescaled=rescaled, kv=kv)
 
 
 # (row id, source and flags, the plan's fields expected); "reason"/"note": a phrase the line holds
@@ -104,12 +107,14 @@ TABLE = [
      dict(engine="compiled", fmt="q8", activations="bfloat16", head="q8")),
     ("AMX: the packed GEMM from 32 rows", dict(stored=Q4_K_M, cpu="AMX", kernel=False),
      dict(prefill={"q8": 32, "q4": 32})),
-    ("flags changed the context or RoPE scaling: eager despite a build, and why",
+    ("flags changed the context or RoPE scaling, built with them: compiled (the name: test below)",
      dict(stored=Q4_1_TIED, tied=True, built=512, rescaled=True),
-     dict(engine="eager", built=None, binding="ctypes", serving="batch",
-          note="compiled builds hold the model's own context and RoPE scaling")),
-    ("flags changed the scaling, nothing built: eager, the same why", dict(stored=Q4_1_TIED, tied=True, rescaled=True),
-     dict(engine="eager", note="not the ones these flags set")),
+     dict(engine="compiled", built=512, binding="operator", serving="compiled batch")),
+    ("flags changed the scaling, nothing built: eager, and why", dict(stored=Q4_1_TIED, tied=True, rescaled=True),
+     dict(engine="eager", note="no compiled build for the context and RoPE scaling these flags set")),
+    ("flags set a length-dependent scaling: eager despite a build, and why",
+     dict(stored=Q4_1_TIED, tied=True, built=512, rescaled=True, scaling="dynamic"),
+     dict(engine="eager", built=None, note="cannot follow a length-dependent RoPE scaling")),
     ("flags changed the scaling, --engine eager: no note", dict(stored=Q4_1_TIED, engine="eager", built=512,
                                                                rescaled=True), dict(engine="eager", note=None)),
     ("flags changed the scaling off the CPU: eager as before", dict(stored=Q4_1_TIED, device="cuda", rescaled=True),
@@ -160,8 +165,8 @@ def test_the_plan_table(row, given, want, monkeypatch):
     (dict(stored=Q4_1_TIED, fmt="int3"), "--dtype must be one of auto"),
     (dict(stored=Q4_1_TIED, kv="f8"), "--kv-dtype must be one of auto, float32, bfloat16, float16, got 'f8'"),
     (dict(stored=Q4_1_TIED, kv="f8", device="cuda"), "--kv-dtype must be one of"),
-    (dict(stored=Q4_1_TIED, engine="compiled", built=512, rescaled=True),
-     "the compiled engine is built for the model's own context and RoPE scaling"),
+    (dict(stored=Q4_1_TIED, engine="compiled", built=512, rescaled=True, scaling="dynamic"),
+     "--rope-scaling dynamic changes RoPE's frequencies with the length"),
 ])
 def test_a_plan_that_cannot_run_is_refused_before_loading(given, message, monkeypatch):
     with pytest.raises(ValueError, match=message):
@@ -191,6 +196,26 @@ def test_a_build_is_found_under_its_kv_dtype(monkeypatch):
     assert plan("blocks kv bfloat16").built == 512
     assert plan("blocks").engine == "eager" and plan("blocks", kv="float32").built == 512
     assert builds.build_name("q8", "bfloat16", "bfloat16") == "q8"
+
+
+def test_a_rescaled_model_s_build_is_found_under_its_scaling_only(monkeypatch):
+    """A build for the context and RoPE scaling of the flags is recorded under them (builds.scaled_name,
+    as `llamablock compile` with those flags records it): the model's own build does not serve the
+    rescaled run, nor a build of another scaling."""
+    yarn = _source(Q4_1_TIED, scaling="yarn")
+    linear = _source(Q4_1_TIED, scaling="linear")
+    own = builds.build_name("blocks", "bfloat16", "float32")
+
+    def plan(recorded: str, source):
+        _plan(Q4_1_TIED, monkeypatch=monkeypatch)  # the other look-ups
+        monkeypatch.setattr(builds, "any_build", lambda path: True)
+        monkeypatch.setattr(builds, "built_length", lambda path, f, batch=1: 512 if f == recorded else None)
+        return decide(source, machine=machine_for(CPUS["AMX"], True), rescaled=True)
+
+    scaled = builds.build_name("blocks", "bfloat16", "float32", builds.scaled_name(yarn.cfg))
+    assert plan(scaled, yarn).engine == "compiled" and plan(scaled, yarn).scaled == builds.scaled_name(yarn.cfg)
+    assert plan(own, yarn).engine == "eager" and plan(scaled, linear).engine == "eager"
+    assert '"rope_type": "yarn"' in scaled and "ctx 1024" in scaled
 
 
 def test_the_binding_the_plan_chose_is_the_one_a_layer_calls(tmp_path):

@@ -15,6 +15,7 @@ import time
 from dataclasses import replace
 
 from llamablock.fast.formats import CHOICES
+from llamablock.io.scaling_flags import add_scaling_arguments
 
 
 def add_arguments(p) -> None:
@@ -33,6 +34,7 @@ def add_arguments(p) -> None:
                    help="the KV cache's dtype the programs take, as `generate --kv-dtype` (default: %(default)s)")
     p.add_argument("--no-autotune", action="store_true",
                    help="inductor's default kernels instead of autotuned GEMM templates (faster to build, slower to run)")
+    add_scaling_arguments(p)  # a build for a context and RoPE scaling of the flags': generate with them uses it
 
 
 def run(args) -> int:
@@ -40,22 +42,25 @@ def run(args) -> int:
 
     from llamablock.fast.compiled import builds
     from llamablock.fast.plan import build, decide
+    from llamablock.io.scaling_flags import check_flags, scaled_source
     from llamablock.io.source import open_source
 
     if args.tokens < 2:
         raise ValueError(f"--tokens must be at least 2, got {args.tokens}")
     if args.batch < 1:
         raise ValueError(f"--batch must be a positive integer, got {args.batch}")
-    source = open_source(args.model, tokenizer=False)
+    check_flags(args)
+    own = open_source(args.model, tokenizer=False)
+    source = scaled_source(own, args)  # the flags' context and RoPE scaling, else the model's own
     if args.tokens > source.cfg.max_seq_len:
         raise ValueError(f"--tokens {args.tokens} exceeds the model's context of {source.cfg.max_seq_len}")
-    plan = decide(source, args.dtype, "compiled", batch=args.batch, kv=args.kv_dtype)
+    plan = decide(source, args.dtype, "compiled", batch=args.batch, kv=args.kv_dtype, rescaled=source.cfg != own.cfg)
     fmt, start = plan.fmt, time.perf_counter()
 
     def report(stage: str) -> None:
         print(f"  [{time.perf_counter() - start:6.1f} s] {stage}", flush=True)
 
-    last = builds.last_build_seconds(source.path, builds.build_name(fmt, plan.kv, plan.activations))
+    last = builds.last_build_seconds(source.path, builds.build_name(fmt, plan.kv, plan.activations, plan.scaled))
     print(f"compiling {source.path.name} in {fmt}" + (f" (the last build took {last:.0f} s)" if last else ""), flush=True)
     engine = build(source, replace(plan, autotune=not args.no_autotune), notify=report).engine
     with torch.no_grad():
@@ -65,8 +70,9 @@ def run(args) -> int:
               "(the lines above say why): `llamablock generate` runs the eager engine; another --dtype may build",
               flush=True)
         return 0
-    builds.record_engine(source.path, engine, seconds)
-    user = (f"`llamablock generate --model {args.model or source.path.name}`" if args.batch == 1 else
+    builds.record_engine(source.path, engine, seconds, plan.scaled)
+    flags = " with the same context flags" if plan.scaled else ""
+    user = (f"`llamablock generate --model {args.model or source.path.name}`{flags}" if args.batch == 1 else
             f"`llamablock serve --model {args.model or source.path.name} --parallel {args.batch}`")
     print(f"  [{time.perf_counter() - start:6.1f} s] done: {engine.describe()}; {seconds:.0f} s compiling, the rest "
           f"loaded from the cache; {user} now uses it for requests of up to {engine.length} tokens",

@@ -120,7 +120,7 @@ def _one(source, plan, engine, text: str, args, sampling, chat_history=None):
               file=sys.stderr, flush=True)
         # at least the built length: a shorter request on a smaller cache would be another program,
         # compiled in the foreground although `llamablock compile` built one that holds it
-        prepare(engine, source, max(total, plan.built or 0))
+        prepare(engine, source, max(total, plan.built or 0), plan.scaled)
     g = generate(engine, ids, new, sampling, seed=args.seed, eos_ids=tok.eos_ids, stop_strings=args.stop,
                  tokenizer=tok, on_text=on_text)
     if args.json:

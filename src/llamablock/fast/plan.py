@@ -13,9 +13,8 @@ process's Machine record (fast/machine.py); nothing else reads process-wide stat
 layers are handed what the plan says (tests/fast/test_plan.py states the rules as a table):
 - Device: the packed formats and the compiled engine run on the CPU; elsewhere the engine is
   eager and `auto` is the float format (float32 for an all-F32 file or a float32 directory).
-- Engine: `compiled` when asked; `auto` is compiled when the builds index records a build of
-  this file in this format by this llamablock and torch (`llamablock compile` made it), else
-  eager, with a note that says how to build it (or that the build is another version's).
+- Engine: `compiled` when asked; `auto` is compiled when the builds index records a build of this
+  file, format, KV dtype and scaling by this llamablock and torch, else eager, with a note saying why.
 - Formats (eager `auto` on a GGUF): each stored type in its own precision. The kernel's types
   (ggml_kernel.KEPT: Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K) as the file's blocks where the
   block kernel built (else re-quantized, and the plan says why: 4-bit types q4, Q4_K keeping its
@@ -28,8 +27,7 @@ layers are handed what the plan says (tests/fast/test_plan.py states the rules a
 - Blocks: the eager layers call the kernel through ctypes, compiled programs through the torch
   operator; rows are held in groups of 8 where this CPU's build is faster so.
 - KV cache (`kv_dtype`, --kv-dtype): the CPU's 16-bit type (Machine.kv16) for a quantized model with float32
-  activations (attended upcast to float32), else the activations' dtype; builds are recorded per kv dtype.
-"""
+  activations (attended upcast to float32), else the activations' dtype."""
 
 from __future__ import annotations
 
@@ -51,6 +49,7 @@ from llamablock.fast.machine import Machine
 from llamablock.io.gguf_fast_reader import reader_choice
 from llamablock.io.loading import load_decoder
 from llamablock.io.source import ModelSource
+from llamablock.rope_scaling import follows_length, rope_type
 from llamablock.runtime.engine import EagerEngine
 
 ENGINES = ("auto", "eager", "compiled")
@@ -79,6 +78,7 @@ class Plan:
     machine: str = ""  # the Machine record's description, for --verbose
     reader: str = ""  # which GGUF header reader read the file, and why (io/gguf_fast_reader.py)
     kv: str = "float32"  # the KV cache's dtype (kv_dtype)
+    scaled: str = ""  # the flags' context and RoPE scaling where they rescaled it (builds.scaled_name), else ""
 
     @property
     def serving(self) -> str:
@@ -193,17 +193,18 @@ def decide(source: ModelSource, fmt: str = "auto", engine: str = "auto", device:
     `device` a resolved device name (util/devices.resolve_device); `batch` the sequences a compiled
     step decodes at once (its builds are recorded apart); `machine` this process's (fast/machine.py)
     unless a test simulates another. `rescaled`: the command's flags changed the source's context or
-    RoPE scaling (io/scaling_flags.py); the builds index records neither, so no compiled build may
-    run it: `auto` is eager, with a note that says why, and `compiled` is refused. A plan that
+    RoPE scaling (io/scaling_flags.py): its builds are recorded apart (builds.scaled_name), and one
+    whose frequencies follow the length (dynamic NTK) is never compiled. A plan that
     cannot run is refused here (ValueError), before anything is loaded. `kv`: --kv-dtype (kv_dtype)."""
     if engine not in ENGINES:
         raise ValueError(f"--engine must be one of {', '.join(ENGINES)}, got {engine!r}")
     if fmt not in CHOICES:
         raise ValueError(f"--dtype must be one of {', '.join(CHOICES)}, got {fmt!r}")
-    if rescaled and engine == "compiled":
-        raise ValueError("the compiled engine is built for the model's own context and RoPE scaling, which "
-                         "--ctx-size, --rope-scaling or --rope-freq-base change; use --engine eager")
     cfg = source.cfg
+    eager_only = rescaled and follows_length(cfg)  # each pass's own frequencies: the static step has one set
+    if eager_only and engine == "compiled":
+        raise ValueError(f"--rope-scaling {rope_type(cfg)} changes RoPE's frequencies with the length, which a "
+                         "compiled step cannot; use --engine eager")
     scaling = cfg.rope_scaling or {}
     common = dict(context=cfg.max_seq_len, scaling=scaling.get("rope_type") or scaling.get("type") or "none",
                   batch=batch, reader=reader_choice().reason if source.kind == "gguf" else "")
@@ -219,17 +220,18 @@ def decide(source: ModelSource, fmt: str = "auto", engine: str = "auto", device:
         return Plan("eager", f, device, {t: f for t in types}, f, f, kv=kv, **common)
     machine = machine or machines.this_machine()
     common.update(machine=machine.describe(), prefill=dict(machine.prefill))
-    built = None
-    if engine != "eager" and not rescaled and (engine == "compiled" or builds.any_build(source.path)):
+    built, common["scaled"] = None, builds.scaled_name(cfg) if rescaled else ""
+    if engine != "eager" and not eager_only and (engine == "compiled" or builds.any_build(source.path)):
         compiled_fmt = own_format(source, machine) if fmt == "auto" else fmt
         fields = _in_format(source, compiled_fmt, machine, binding="operator")
         fields["kv"] = kv_dtype(kv, fields, machine.kv16)
-        name = builds.build_name(compiled_fmt, fields["kv"], fields["activations"])
+        name = builds.build_name(compiled_fmt, fields["kv"], fields["activations"], common["scaled"])
         built = builds.built_length(source.path, name, batch)
-    if engine == "eager" or rescaled or (engine == "auto" and built is None):
-        note = (None if engine == "eager" else
-                "eager engine: compiled builds hold the model's own context and RoPE scaling, not the ones "
-                "these flags set" if rescaled else _not_built(source, batch))
+    if engine == "eager" or eager_only or (engine == "auto" and built is None):
+        note = (None if engine == "eager" else "eager engine: a compiled step cannot follow a length-dependent "
+                "RoPE scaling" if eager_only else "eager engine: no compiled build for the context and RoPE "
+                "scaling these flags set; `llamablock compile` with the same flags builds one" if rescaled
+                else _not_built(source, batch))
         fields = (_own_precision(source, machine, "ctypes") if fmt == "auto" and source.kind == "gguf" else
                   _in_format(source, dir_format(source.stored["*"], source.where) if fmt == "auto" else fmt, machine))
         return Plan("eager", fmt, device, note=note, kv=kv_dtype(kv, fields, machine.kv16), **fields, **common)
@@ -330,11 +332,12 @@ def load_gguf_native(path, rope_layout: str = "half", engine: str = "eager") -> 
     return _native(source, plan)
 
 
-def prepare(engine, source: ModelSource, total_tokens: int) -> float:
+def prepare(engine, source: ModelSource, total_tokens: int, scaled: str = "") -> float:
     """Make `engine` ready for `total_tokens` (loading or compiling a compiled engine's programs) and
-    record a compiled build (fast/compiled/builds.py), so that later commands choose it; seconds compiling."""
+    record a compiled build (fast/compiled/builds.py; `scaled`: the plan's), so that later commands
+    choose it; seconds compiling."""
     seconds = engine.prepare(total_tokens) or 0.0
     running = getattr(engine, "running", None)
     if running is not None and running.get("step") != "eager":  # a step run eagerly is no build to choose
-        builds.record_engine(source.path, engine, seconds)
+        builds.record_engine(source.path, engine, seconds, scaled)
     return seconds

@@ -64,7 +64,7 @@ def load_served(model: str | None = None, max_queue: int = 8, compile_tokens: in
     if plan.serving == "compiled batch":
         compiled, m = built.engine, eager_beside(built, plan)
         # --engine compiled with nothing built: `llamablock compile`'s default length
-        prepare(compiled, source, min(compile_tokens or plan.built or 512, source.cfg.max_seq_len))
+        prepare(compiled, source, min(compile_tokens or plan.built or 512, source.cfg.max_seq_len), plan.scaled)
     else:
         m = built.model
     arg = model or source.name

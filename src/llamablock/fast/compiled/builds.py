@@ -160,18 +160,26 @@ def _record(f: Path, path: Path, fmt: str, length: int, packages: list[Path], se
         atomic_write(f, lambda p: p.write_text(json.dumps(index, indent=1)))
 
 
-def build_name(fmt: str, kv: str, activations: str) -> str:
-    """The format a build is recorded under: the weights' format, and the KV cache's dtype (the plan's
+def build_name(fmt: str, kv: str, activations: str, scaling: str = "") -> str:
+    """The format a build is recorded under: the weights' format, the KV cache's dtype (the plan's
     kv_dtype) where it is not the activations' (a program takes its cache in one dtype: another is
-    another build)."""
-    return fmt if kv == activations else f"{fmt} kv {kv}"
+    another build), and the context and RoPE scaling the command's flags set, if any (`scaled_name`:
+    a program's angles are its config's)."""
+    name = fmt if kv == activations else f"{fmt} kv {kv}"
+    return f"{name} {scaling}" if scaling else name
 
 
-def record_engine(path: Path, engine, seconds: float) -> None:
+def scaled_name(cfg) -> str:
+    """The context and RoPE scaling of `cfg`, as a build of a model the flags rescaled is recorded."""
+    return f"ctx {cfg.max_seq_len} rope {json.dumps(cfg.rope_scaling, sort_keys=True)} theta {cfg.rope_theta:g}"
+
+
+def record_engine(path: Path, engine, seconds: float, scaling: str = "") -> None:
     """Record the compiled `engine` of the file at `path` as built (its format and kv dtype, cache
-    length, batch, packages and autotune setting): the one call every command that builds makes."""
+    length, batch, packages and autotune setting; `scaling` where flags rescaled the model): the one
+    call every command that builds makes."""
     kv, act = (str(t).removeprefix("torch.") for t in (engine.kv_dtype, engine.model.embed.weight.dtype))
-    fmt = build_name(engine.fmt, kv, act)
+    fmt = build_name(engine.fmt, kv, act, scaling)
     record(path, fmt, engine.length, engine.packages(), seconds, autotune=engine.autotune, batch=engine.batch)
 
 
