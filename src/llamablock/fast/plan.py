@@ -167,8 +167,7 @@ def kv_dtype(asked: str, fields: dict, kv16: str) -> str:
     if asked not in KV_DTYPES:
         raise ValueError(f"--kv-dtype must be one of {', '.join(KV_DTYPES)}, got {asked!r}")
     quantized = {*fields["formats"].values(), fields.get("head")} & {*PACKED, "blocks"}
-    auto = kv16 if quantized and fields["activations"] == "float32" else fields["activations"]
-    return auto if asked == "auto" else asked
+    return (kv16 if quantized and fields["activations"] == "float32" else fields["activations"]) if asked == "auto" else asked
 
 
 def _in_format(source: ModelSource, fmt: str, machine: Machine, binding: str = "ctypes") -> dict:
@@ -220,7 +219,7 @@ def decide(source: ModelSource, fmt: str = "auto", engine: str = "auto", device:
         return Plan("eager", f, device, {t: f for t in types}, f, f, kv=kv, **common)
     machine = machine or machines.this_machine()
     common.update(machine=machine.describe(), prefill=dict(machine.prefill))
-    built, common["scaled"] = None, builds.scaled_name(cfg) if rescaled else ""
+    built, common["scaled"] = None, builds.scaled_name(cfg) if rescaled else ""  # rescaled: its own builds
     if engine != "eager" and not eager_only and (engine == "compiled" or builds.any_build(source.path)):
         compiled_fmt = own_format(source, machine) if fmt == "auto" else fmt
         fields = _in_format(source, compiled_fmt, machine, binding="operator")
@@ -254,9 +253,8 @@ class Built:
 
 
 def _binding(plan: Plan, notify=None):
-    """The function block layers call: the ctypes kernel, or the torch operator that compiled programs
-    can trace (built here on first use; where it cannot be, the ctypes kernel with one line, and the
-    compiled engine runs those programs eagerly)."""
+    """The function block layers call: the ctypes kernel, or the torch operator compiled programs trace
+    (built on first use; where it cannot be, the ctypes kernel with one line: those programs run eagerly)."""
     from llamablock.fast.kernels import block_op, ggml_kernel
 
     if plan.binding != "operator":
@@ -274,8 +272,7 @@ def _native(source: ModelSource, plan: Plan, notify=None) -> tuple[nn.Module, di
 
 
 def load_model(source: ModelSource, plan: Plan, notify=None) -> tuple[nn.Module, str]:
-    """(model, what) as `plan` says, the weights read once; `what` says in one line which formats
-    the weights run in, for the command line to print."""
+    """(model, what) as `plan` says, the weights read once; `what`: the weights' formats in one line."""
     if plan.device != "cpu":
         return load_decoder(source, load_dtype(plan.fmt)).to(plan.device), f"{plan.fmt} on {plan.device}"
     if source.kind == "gguf" and (plan.fmt in ("auto", "blocks")):
