@@ -48,6 +48,7 @@ CLAIM = ("at 1B parameters in the files people download (Q4_K_M, Q4_0, Q8_0), th
 SHAPE = (2048, 16, 32, 8, 8192)  # width, layers, heads, kv heads, feed-forward: Llama-3.2-1B's
 QUICK_SHAPE = (256, 2, 4, 2, 512)
 ROUNDS, NEW, PROMPT_TOKENS = 3, 64, 512
+COMPILE = True  # False: the plain command without a build only (a shorter run; the title says so)
 
 
 def files(mixes, shape) -> dict[str, Path]:
@@ -145,7 +146,8 @@ def run(quick: bool = False) -> list[Section]:
     long_prompt = _prompt(prompt_tokens)
     sec = Section(f"{'Tiny files' if quick else 'Llama-3.2-1B-shaped files'} ({'x'.join(map(str, QUICK_SHAPE if quick else SHAPE))}: "
                   f"width x layers x heads x kv heads x ffn), {threads} thread(s), medians of {rounds} fresh process(es) "
-                  f"per side; a plain read streams {rate / 1e9:.1f} GB/s on these threads",
+                  f"per side{'' if COMPILE or quick else ', no `llamablock compile` in this run'}; a plain read streams "
+                  f"{rate / 1e9:.1f} GB/s on these threads",
                   ["file", "MiB", "side", "decode tok/s", f"prefill tok/s ({prompt_tokens})", "vs llama.cpp (decode / prefill)",
                    "bandwidth share", "peak MiB", "peak / (file + KV)"])
     notes = []
@@ -157,7 +159,7 @@ def run(quick: bool = False) -> list[Section]:
             kv = kv_cache_size(cfg, prompt_tokens + new, dtype="float32").total_bytes  # our eager cache: float32
             _ours(path, "The", 1, threads, env)  # builds the block kernel into the fresh cache, untimed
             flags = {"llamablock (no build: eager)": ()}
-            if not quick:
+            if not quick and COMPILE:
                 t0 = time.perf_counter()
                 _spawn([sys.executable, "-m", "llamablock", "compile", "--model", str(path), "--threads", str(threads)],
                        env)
