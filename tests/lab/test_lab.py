@@ -278,8 +278,10 @@ def test_norm_speed_claims_reject_broken_competitors(monkeypatch):
     # an "RMSNorm" that skips normalizing (one multiply) is faster than LayerNorm: the claim that
     # six ops are slower must not be reproduced. (Not LayerNorm against itself: a null effect is
     # judged by median against spread, and one CI run read 1.14 ± 0.07 for two identical kernels.)
+    # (the full run's 60 rounds: the broken one is only about a fifth faster, and 15 rounds on a busy
+    # machine can leave the median's interval holding 1)
     monkeypatch.setattr(exp_norm, "six_op_rmsnorm", lambda x, w: x * w)
-    _broken(exp_norm.claim_speed_eager(True))
+    _broken(exp_norm.claim_speed_eager(False))
     # an "RMSNorm" that does twice the three-pass LayerNorm's work, all eager (no compiling in the test)
     monkeypatch.setattr(exp_norm, "_compile", lambda fn: fn)
     monkeypatch.setattr(exp_norm, "FUSED_WIDTHS", (512, 1024))

@@ -103,6 +103,7 @@ def judge_ratio(c: Claim, r: dict, low: float, high: float, details: str) -> Cla
         return c.unmeasurable(details + " The per-round spread is at least the effect, or the median's interval "
                                         "holds 1, so the sign of the effect is not settled on this machine.")
     ok = found == REPRODUCED
-    return c.judge(ok, details + (f" The median's interval meets {low:g}-{high:g}." if ok else
-                                  f" The median's interval lies outside {low:g}-{high:g}: on this CPU, measured like "
-                                  "for like, the effect has another size."))
+    band = f"{low:g}-{high:g}" if high != float("inf") else f"the band above {low:g}"
+    return c.judge(ok, details + (f" The median's interval meets {band}." if ok else
+                                  f" The median's interval lies outside {band}: on this CPU, measured like for like, "
+                                  "the effect has another size."))
