@@ -8,10 +8,11 @@ that a compiler can turn the whole step into a few kernels:
     2 d_ff x D matrix (gpt-fast's `wqkv` and litgpt's fused `qkv`): the same bytes read by two
     matmuls instead of five;
   * a static cache (llamablock.kv_cache.StaticKVCache): per-layer buffers of one fixed length L.
-    A step writes its key and value at slot `pos` and attends over all L slots with the slots
-    after `pos` masked, so every step has the same shapes and one compiled graph serves them all.
-    L is rounded up to a power of two (`cache_length`), so a few graphs cover every request and
-    reading the unused slots costs at most the used ones again;
+    A step writes its key and value at slot `pos` and attends over the filled slots 0..pos only
+    (`filled`: a slice whose length is a symbol of the traced program, so one compiled graph
+    serves every position; in a batch, up to the longest row's position, a shorter row masking
+    the slots after its own). L is rounded up to a power of two (`cache_length`), so a few
+    graphs cover every request;
   * cos/sin of every position 0..L-1 computed once by the model's `Rotary`, looked up per step;
   * `step` has no checks and no Python branching on values, so it compiles to one graph
     (llamablock.fast.compiled.static_engine).
@@ -23,7 +24,7 @@ scaled_dot_product_attention over the t tokens only, and fills the cache's first
 no branch on t, so one program compiled with t symbolic serves every prompt length, and it
 returns the logits of a position it is given, so that a caller may pad a prompt at its end.
 Equality with `llamablock.model.Decoder`: the same operations on the same numbers, except that
-the step's softmax sums over L slots (zeros past `pos`) and the fused matmuls may block their
+the step's softmax sums over the filled slots (in a batch, zeros past a shorter row's `pos`) and the fused matmuls may block their
 sums differently, so logits agree to float rounding, not bit for bit (tests state the tolerance).
 Scope: RoPE models with frequencies fixed for the whole sequence, pre-LN (every LLaMA-family
 checkpoint). `unsupported_reason` names what is not covered; those run on the eager Decoder.
@@ -71,6 +72,21 @@ def unsupported_reason(cfg) -> str | None:
     if descendants:
         return f"{', '.join(descendants)} (the static decoder implements the LLaMA block; these run eagerly)"
     return None
+
+
+def filled(pos: torch.Tensor, length: int):
+    """The slots a step reads: 0 .. max(pos), the longest row's filled part, out of `length`.
+
+    A size that depends on a tensor's value: `.item()` makes it a symbol in a traced program (an
+    unbacked SymInt of torch.export; torch.compile needs dynamo's capture_scalar_outputs), and the
+    bounds given by torch._check let the slices `[:n]` of the cache be traced without a guard, so one
+    program serves every position and reads n slots, not L. A program per length bucket would be
+    the alternative where a slice cannot be exported.
+    """
+    n = pos.max().item() + 1
+    torch._check(n >= 1)
+    torch._check(n <= length)
+    return n
 
 
 class Concatenated(nn.Module):
@@ -160,20 +176,22 @@ class _Layer(nn.Module):
 
     def step(self, x: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
              allowed: torch.Tensor, cache: StaticKVCache) -> torch.Tensor:
-        """x (b, 1, D) at position pos, (1,) shared or (b,) one per row; allowed (1 or b, 1, 1, L)
-        bool: the slots each row's token may see."""
+        """x (b, 1, D) at position pos, (1,) shared or (b,) one per row; allowed (1 or b, 1, 1, n)
+        bool: which of the first n slots (the filled ones) each row's token may see."""
         b = x.shape[0]
         q, k, v = self._qkv(self.norm1(x), cos, sin)
         keys, values = cache.write(self.index, pos, k, v)  # (b, n_kv, L, hd) each, written in place
+        n = allowed.shape[-1]  # the filled slots read: n <= L (StaticDecoder.step)
+        keys, values = keys[:, :, :n], values[:, :, :n]  # (b, n_kv, n, hd) each, views
         g = self.h // self.n_kv
         qg = q.reshape(b, self.n_kv, g, self.hd)  # a group's query heads stacked, as llamablock.attention
         # Scores and output as products and sums, not matmuls: inductor's GEMM templates (the
         # bfloat16, q8 and q4 steps) copy and repack all L keys and values into their own layout at
         # every step and layer, while a sum reads the cache where it is (`llamablock bench decode`).
         # In float32, as a matmul accumulates.
-        scores = (qg.float()[:, :, :, None] * keys.float()[:, :, None]).sum(-1)  # (b, n_kv, g, L)
+        scores = (qg.float()[:, :, :, None] * keys.float()[:, :, None]).sum(-1)  # (b, n_kv, g, n)
         scores = (scores * self.hd**-0.5).masked_fill(~allowed, float("-inf"))
-        probs = torch.softmax(scores, dim=-1)  # (b, n_kv, g, L) float32
+        probs = torch.softmax(scores, dim=-1)  # (b, n_kv, g, n) float32
         out = (probs[..., None] * values.float()[:, :, None]).sum(-2)  # (b, n_kv, g, hd)
         out = out.to(q.dtype).reshape(b, 1, self.h * self.hd)  # (b, 1, h hd)
         x = x + self.wo(out)
@@ -242,7 +260,8 @@ class StaticDecoder(nn.Module):
         """
         x = self._embed(ids)
         cos, sin = self.cos[pos][:, None], self.sin[pos][:, None]  # (1 or b, 1, r/2)
-        allowed = allowed_slots(pos, self.slots, self.cfg.sliding_window)[:, None, None]  # (1 or b, 1, 1, L)
+        n = filled(pos, self.length)
+        allowed = allowed_slots(pos, self.slots[:n], self.cfg.sliding_window)[:, None, None]  # (1 or b, 1, 1, n)
         for layer in self.layers:
             x = layer.step(x, pos, cos, sin, allowed, self.cache)
         return self._logits(x)
