@@ -5,7 +5,7 @@ The reference is EagerEngine, one sequence at a time (itself tested against tran
 step for B rows runs eagerly here (StaticEngine(batch=B): the program's own graph, not compiled);
 tests/faces/test_compile_cli.py builds it with `llamablock compile --batch` and runs the same check
 on the AOTInductor program. Tolerances: the static layout fuses matmuls
-and softmaxes over all L slots (exact zeros past a row's position), so float32 logits agree to
+and softmaxes over the slots up to the longest row's (exact zeros past a row's position), so float32 logits agree to
 1e-5 of the largest as in test_compiled_decode.py; greedy tokens must be equal.
 """
 

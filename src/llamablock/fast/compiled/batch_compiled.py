@@ -7,9 +7,9 @@ step compiled once (AOTIEngine with batch=B, built by `llamablock compile --batc
 sequence (B = 1, `llamablock compile`) serves `--parallel 1` the same way, with one compiled row.
 
 Layout: the static cache gives each sequence a row of L slots of its own, its token i in slot i,
-and the step writes row r's key and value at slot pos[r] and masks the slots after it
-(StaticDecoder.step with one position per row): no alignment to a shared frontier, nothing
-shifted. The rows in use are always the first k (a row that leaves takes the last row's slots),
+and the step writes row r's key and value at slot pos[r], reads the slots up to the longest row's
+position and masks those after row r's own (StaticDecoder.step with one position per row): no
+alignment to a shared frontier, nothing shifted. The rows in use are always the first k (a row that leaves takes the last row's slots),
 and a step runs the smallest of the engine's `buckets` that holds them: a lone request runs the
 one-row program (the one `generate` runs), more run the B-row one, where a free row runs token 0
 at position 0 and its output is dropped (its slot 0 is overwritten when a sequence takes it).
