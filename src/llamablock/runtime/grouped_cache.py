@@ -52,11 +52,7 @@ class CachedGroupedAttention(GroupedAttention):
         model's angles) are not read: the positions are this cache's."""
         a = self.attn
         b, t, _ = x.shape
-        q = a.wq(x).view(b, t, a.h, a.hd).transpose(1, 2)  # (b, h, t, hd)
-        k = a.wk(x).view(b, t, a.n_kv, a.hd).transpose(1, 2)  # (b, n_kv, t, hd)
-        v = a.wv(x).view(b, t, a.n_kv, a.hd).transpose(1, 2)  # (b, n_kv, t, hd)
-        if a.q_norm is not None:
-            q, k = a.q_norm(q), a.k_norm(k)
+        q, k, v = self.projections(x)  # (b, h, t, hd), (b, n_kv, t, hd) twice
         pos = torch.arange(self.start, self.start + t, device=x.device)  # (t,)
         pq, pk = self.scheme.positions(pos, pos)
 

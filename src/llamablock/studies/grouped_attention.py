@@ -102,11 +102,7 @@ class GroupedAttention(nn.Module):
             raise ValueError("self-extend and sinks are evaluated without a KV cache here")
         a = self.attn
         b, t, _ = x.shape
-        q = a.wq(x).view(b, t, a.h, a.hd).transpose(1, 2)  # (b, h, t, hd)
-        k = a.wk(x).view(b, t, a.n_kv, a.hd).transpose(1, 2)  # (b, n_kv, t, hd)
-        v = a.wv(x).view(b, t, a.n_kv, a.hd).transpose(1, 2)  # (b, n_kv, t, hd)
-        if a.q_norm is not None:
-            q, k = a.q_norm(q), a.k_norm(k)
+        q, k, v = self.projections(x)
         pos = torch.arange(t, device=x.device)
         pq, pk = self.scheme.positions(pos, pos)
 
@@ -131,6 +127,17 @@ class GroupedAttention(nn.Module):
                 o += probs[..., :far] @ v[:, :, None, :far]
             out[:, :, start:end] = o.reshape(b, a.h, end - start, a.hd)
         return a.wo(out.transpose(1, 2).reshape(b, t, a.h * a.hd))
+
+    def projections(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x (b, t, D) -> q (b, h, t, hd), k and v (b, n_kv, t, hd), q and k normed where the model norms them."""
+        a = self.attn
+        b, t, _ = x.shape
+        q = a.wq(x).view(b, t, a.h, a.hd).transpose(1, 2)
+        k = a.wk(x).view(b, t, a.n_kv, a.hd).transpose(1, 2)
+        v = a.wv(x).view(b, t, a.n_kv, a.hd).transpose(1, 2)
+        if a.q_norm is not None:
+            q, k = a.q_norm(q), a.k_norm(k)
+        return q, k, v
 
     def _scores(self, q: torch.Tensor, k: torch.Tensor, g: int) -> torch.Tensor:
         """q (b, h, T, hd), k (b, n_kv, s, hd) -> (b, n_kv, g, T, s), soft-capped where the model is."""
