@@ -168,6 +168,6 @@ def plot_compare(records: list[dict], summary: list[dict], path) -> None:
     b.set_ylim(lo - pad, hi + pad)  # a zoomed axis: the title says so
     b.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)
     b.set(ylabel="final validation loss",
-          title="equal parameters, equal steps (axis zoomed; bars: ± 1 sd)" if seeds > 1 else
-          "equal parameters, equal steps (axis zoomed; one seed, no spread)")
+          title="equal parameters, equal steps\n(axis zoomed; bars: ± 1 sd)" if seeds > 1 else
+          "equal parameters, equal steps\n(axis zoomed; one seed, no spread)")  # two lines: one is clipped at 6 in
     save_png(fig, path)
