@@ -56,9 +56,9 @@ EXTEND = "extend it with --rope-scaling linear|ntk|dynamic|dynamic-consistent|ya
     (["--rope-freq-base", "-5"], "--rope-freq-base must be a positive number"),
     (["--ctx-size", "1"], "--ctx-size must be at least 2 tokens"),
     (["--rope-scaling", "dynamic", "--ctx-size", "32"], "would be a factor of 0.5, below 1"),
-    (["--ctx-size", "128", "--rope-scaling", "yarn", "--engine", "compiled"],
-     "the compiled engine is built for the model's own context and RoPE scaling"),
-    (["--ctx-size", "128", "--rope-scaling", "yarn", "--compile"], "use --engine eager"),
+    (["--ctx-size", "128", "--rope-scaling", "dynamic", "--engine", "compiled"],
+     "--rope-scaling dynamic changes RoPE's frequencies with the length"),
+    (["--ctx-size", "128", "--rope-scaling", "dynamic-consistent", "--compile"], "use --engine eager"),
 ])
 def test_bad_scaling_flags_are_one_line(capsys, tiny, flags, message):
     assert cli.main(["generate", "--model", tiny, "--prompt", "abc", *flags]) == 2
