@@ -42,6 +42,7 @@ BENCHMARKS = {
     "serve": "benchmarks.bench_serve",
     "size": "benchmarks.bench_size",
     "overflow": "benchmarks.bench_overflow",
+    "scaled_perplexity": "benchmarks.bench_scaled_perplexity",
 }
 
 

@@ -19,7 +19,7 @@ def test_bench_quick_prints_and_writes_every_table(tmp_path, capfd):
     printed = capfd.readouterr().out
     report = out.read_text()
     for name in ("attention", "norm", "rope", "swiglu", "train_step", "malloc", "decode", "long_prefill", "long_loss", "file_blocks", "kquants",
-                 "compile_cache", "huge_pages", "memory", "generate_command", "startup", "size", "overflow"):
+                 "compile_cache", "huge_pages", "memory", "generate_command", "startup", "size", "overflow", "scaled_perplexity"):
         assert f"## {name}" in report and f"## {name}" in printed
     assert "torch " + torch.__version__ in report and "Load average" in report
     # Every table row has as many cells as its header.
