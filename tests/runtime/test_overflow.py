@@ -1,4 +1,4 @@
-"""Generation past the context (runtime/overflow.py, runtime/grouped_cache.py): the cache stays
+"""Generation past the context (runtime/overflow.py, studies/grouped_cache.py): the cache stays
 bounded, and what each step computes is stated independently of the code under test.
 
 shift: after each shift the window is the first `keep` tokens plus a suffix of the sequence,
@@ -16,9 +16,9 @@ from hf_reference import tiny_hf_model
 import llamablock
 from llamablock.runtime.engine import EagerEngine
 from llamablock.runtime.generate import generate
-from llamablock.runtime.grouped_cache import GroupedEngine
 from llamablock.runtime.overflow import ShiftEngine
 from llamablock.studies.grouped_attention import Sinks
+from llamablock.studies.grouped_cache import GroupedEngine
 
 CONTEXT = 16
 

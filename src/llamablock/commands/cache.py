@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
-from llamablock.util.files import process_alive, user_cache_dir
+from llamablock.util.files import bench_dir, process_alive, user_cache_dir
 
 CLEAR_CHOICES = ("compiled", "losses", "models", "bench", "all")
 # a temporary folder of ours: `<prefix>-<pid>-<random>`, or `<prefix>-<random>` as earlier versions named them
@@ -61,11 +61,6 @@ class Cache(NamedTuple):
     clear: str | None  # the --clear choice that deletes it besides "all"; None: --clear keeps it
     note: str = ""  # what else the listing says of it: staging folders, damaged libraries, whose it is
     paths: tuple[Path, ...] = ()  # what --clear deletes, where not `where` itself
-
-
-def bench_dir() -> Path:
-    """Where `llamablock bench size` keeps the files it writes (benchmarks/bench_size.py files)."""
-    return user_cache_dir() / "bench"
 
 
 def kernels_dir() -> Path:

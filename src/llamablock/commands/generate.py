@@ -17,8 +17,8 @@ import sys
 import torch
 
 from llamablock.commands import UsageError
+from llamablock.commands.overflow_flags import add_overflow_arguments
 from llamablock.fast.formats import CHOICES
-from llamablock.io.overflow_flags import add_overflow_arguments
 from llamablock.io.scaling_flags import add_scaling_arguments
 from llamablock.util.devices import DEVICES
 
@@ -191,8 +191,8 @@ def run(args) -> int:
         _check_text(flag, text)
     given = {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p,
              "repetition_penalty": args.repetition_penalty}
+    from llamablock.commands.overflow_flags import check_overflow_flags, eager_only, overflow_engine, self_extend_source
     from llamablock.fast.plan import build, decide
-    from llamablock.io.overflow_flags import check_overflow_flags, eager_only, overflow_engine, self_extend_source
     from llamablock.io.scaling_flags import check_flags, scaled_source
     from llamablock.io.source import open_source
     from llamablock.util.devices import resolve_device

@@ -29,7 +29,6 @@ import argparse
 import dataclasses
 import math
 
-from llamablock.io.source import ModelSource
 from llamablock.rope_scaling import yarn_attention_factor
 
 METHODS = ("none", "linear", "ntk", "dynamic", "dynamic-consistent", "yarn", "llama3")
@@ -153,8 +152,10 @@ def scaled_config(cfg, args, window: int | None = None):
         raise ValueError(message) from None
 
 
-def scaled_source(source: ModelSource, args, window: int | None = None) -> ModelSource:
-    """`source` with the config the flags in `args` say (`source` itself when they change nothing)."""
+def scaled_source(source, args, window: int | None = None):
+    """`source` (an io/source.py ModelSource) with the config the flags in `args` say (`source` itself
+    when they change nothing). ModelSource is not imported: io/export.py reads this module, and the
+    import chain through it would pass tests/test_layers.py's bound."""
     new = scaled_config(source.cfg, args, window)
     return source if new == source.cfg else dataclasses.replace(source, cfg=new)
 

@@ -5,7 +5,7 @@
     shift   llama.cpp's context shift: keep the first `keep` tokens (its --keep), drop the oldest
             half of the rest, go on (ShiftEngine, here)
     sinks   StreamingLLM: the first 4 tokens and the most recent ones, positions inside the cache
-            (runtime/grouped_cache.py GroupedEngine)
+            (studies/grouped_cache.py GroupedEngine)
 
 ShiftEngine shifts by recomputation: the kept tokens are prefilled again at their new positions.
 llama.cpp instead re-rotates the cached keys by the shift (its K-shift), which keeps the deeper

@@ -245,3 +245,9 @@ def user_cache_dir() -> Path:
     programs, inductor's caches, the tracer's trained models."""
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "llamablock"
+
+
+def bench_dir() -> Path:
+    """Where `llamablock bench size` keeps the model files it writes once (benchmarks/bench_size.py);
+    `llamablock cache` lists them and `--clear bench` deletes them."""
+    return user_cache_dir() / "bench"

@@ -1,4 +1,4 @@
-"""Sinks and Self-Extend with a KV cache (runtime/grouped_cache.py) against the cache-free reference,
+"""Sinks and Self-Extend with a KV cache (studies/grouped_cache.py) against the cache-free reference,
 studies/grouped_attention.py's full forward over the same tokens (itself tested against plain
 attention and its definitions in tests/studies). The cached engine must give the reference's
 logits at every position, past the trained context, within float32 reordering (1e-5 of the
@@ -12,8 +12,8 @@ import torch
 from hf_reference import tiny_hf_model
 
 import llamablock
-from llamablock.runtime.grouped_cache import GroupedEngine
 from llamablock.studies.grouped_attention import SelfExtend, Sinks, with_grouped_attention
+from llamablock.studies.grouped_cache import GroupedEngine
 
 
 def _model(tmp_path):

@@ -1,5 +1,5 @@
 """The flags that let `generate` (and `generate --chat`) run past the context, with llama.cpp's names
-where it has them, and the engine they make (runtime/overflow.py, runtime/grouped_cache.py).
+where it has them, and the engine they make (runtime/overflow.py, studies/grouped_cache.py).
 
     --context-overflow stop|shift|sinks   what happens when the sequence fills --ctx-size
     --keep N                              shift: the first N tokens always kept (llama.cpp's --keep)
@@ -83,8 +83,8 @@ def self_extend_source(source, args, scaled_source):
 def overflow_engine(args, engine, model):
     """`engine` as the flags run it: wrapped for shift, or the grouped engine over `model` (the
     eager Decoder) for sinks and Self-Extend; `engine` itself for stop."""
-    from llamablock.runtime.grouped_cache import GroupedEngine
     from llamablock.studies.grouped_attention import SelfExtend, Sinks
+    from llamablock.studies.grouped_cache import GroupedEngine
 
     ctx = engine.cfg.max_seq_len
     if args.grp_attn_n is not None:

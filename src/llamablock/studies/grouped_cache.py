@@ -15,7 +15,7 @@ its rotation with the scheme's own `choose`. Nothing is re-rotated, nothing reco
                  shrink G times, so a model reads about G times its trained context
 
 Tested against the cache-free reference, studies/grouped_attention.py's full forward over the same
-tokens (tests/runtime/test_grouped_cache.py): the same logits at every step.
+tokens (tests/studies/test_grouped_cache.py): the same logits at every step.
 """
 
 from __future__ import annotations
