@@ -17,8 +17,8 @@ Each side runs as a fresh process, in turn, `ROUNDS` times (medians):
     llama.cpp    `llama-bench -m F -p 512 -n 64 -t T -r 1 -o json` (pp512 and tg64), where a
                  llama-bench built by hand is found ($LLAMA_CPP_BIN, else the PATH; the project
                  never installs it).
-Peak memory is each process's maximum resident set (wait4's ru_maxrss), torch's interpreter
-included on our side (the row "python + torch" shows that floor). The bandwidth share is decode
+Peak memory is each process's resident high-water mark (VmHWM, read while it runs), torch's
+interpreter included on our side (the row "python + torch" shows that floor). The bandwidth share is decode
 tok/s x the bytes a step reads (every tensor but an untied embedding) over a plain read's rate:
 a float32 matrix-vector product over a 1 GiB matrix on the same threads
 (benchmarks/decode_limits.py stream_rate). --quick: a tiny file, one round, eager only.
@@ -70,18 +70,31 @@ def files(mixes, shape) -> dict[str, Path]:
     return out
 
 
+def _peak(pid: int, last: int) -> int:
+    """The process's resident high-water mark (VmHWM) in bytes, or `last` once it is gone."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+    except (OSError, StopIteration):
+        return last
+
+
 def _spawn(argv: list[str], env: dict | None = None) -> tuple[str, str, int]:
-    """(stdout, stderr, peak resident bytes) of a process run to its end."""
+    """(stdout, stderr, peak resident bytes) of a process run to its end. The peak is VmHWM, read
+    every 20 ms while it runs: it starts afresh at exec, where wait4's ru_maxrss keeps the forking
+    parent's resident set (this benchmark's own gigabyte read buffer)."""
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         proc = subprocess.Popen(argv, stdout=out, stderr=err, env=env)
-        _, status, usage = os.wait4(proc.pid, 0)
-        proc.returncode = os.waitstatus_to_exitcode(status)
+        peak = 0
+        while proc.poll() is None:
+            peak = max(peak, _peak(proc.pid, peak))
+            time.sleep(0.02)
         out.seek(0), err.seek(0)
         stdout, stderr = out.read().decode(errors="replace"), err.read().decode(errors="replace")
     if proc.returncode != 0:
         raise RuntimeError(f"{Path(argv[0]).name} {' '.join(argv[1:4])} failed (exit status {proc.returncode}): "
                            f"{stderr.strip()[-1500:]}")
-    return stdout, stderr, usage.ru_maxrss * 1024
+    return stdout, stderr, peak
 
 
 def _ours(path: Path, prompt: str, new: int, threads: int, env: dict, *flags: str) -> dict:
