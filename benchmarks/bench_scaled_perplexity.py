@@ -16,27 +16,19 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
-import os
 import re
-import shutil
 import subprocess
 import tempfile
 from pathlib import Path
 
 import torch
 
-from benchmarks.common import Section, verdict
+from benchmarks.common import Section, llama_cpp_tool, verdict
 
 NAME = "scaled_perplexity"
 CLAIM = ("past the trained context, llamablock's perplexity with --rope-scaling linear or yarn at 2x equals "
          "llama.cpp's llama-perplexity with the same flags on the same file and text within 0.5%")
 METHODS = ("yarn", "linear")
-
-
-def llama_perplexity() -> str | None:
-    folder = os.environ.get("LLAMA_CPP_BIN")
-    found = Path(folder) / "llama-perplexity" if folder else None
-    return str(found) if found and found.exists() else shutil.which("llama-perplexity")
 
 
 def _ours(own, ids: list[int], method: str, n: int, original: int) -> float:
@@ -74,7 +66,7 @@ def run(quick: bool = False) -> list[Section]:
     n = 2 * original
     text = play_to_text(next(p for p in list_plays("all") if p.stem == "hamlet").read_text(encoding="utf-8"))
     ids = own.tokenizer.encode(text)
-    binary = None if quick else llama_perplexity()
+    binary = None if quick else llama_cpp_tool("llama-perplexity")
     sec = Section(f"SmolLM2-135M-Instruct, one chunk of {n:,} tokens of Hamlet (2x a context of {original:,}), the "
                   f"second half scored, {torch.get_num_threads()} thread(s)",
                   ["--rope-scaling (x2)", "llamablock", "llama-perplexity", "ratio"])

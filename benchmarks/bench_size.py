@@ -29,7 +29,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import statistics
 import subprocess
 import sys
@@ -39,7 +38,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.common import Section, verdict
+from benchmarks.common import Section, llama_cpp_tool, verdict
 
 NAME = "size"
 CLAIM = ("at 1B parameters in the files people download (Q4_K_M, Q4_0, Q8_0), the plain `llamablock generate` "
@@ -108,12 +107,6 @@ def _ours(path: Path, prompt: str, new: int, threads: int, env: dict, *flags: st
             "compiled": "compiled" in summary}
 
 
-def llama_bench() -> str | None:
-    folder = os.environ.get("LLAMA_CPP_BIN")
-    found = Path(folder) / "llama-bench" if folder else None
-    return str(found) if found and found.exists() else shutil.which("llama-bench")
-
-
 def _theirs(binary: str, path: Path, threads: int) -> dict:
     out, _, peak = _spawn([binary, "-m", str(path), "-p", str(PROMPT_TOKENS), "-n", str(NEW), "-t", str(threads),
                            "-r", "1", "-o", "json"])
@@ -154,7 +147,7 @@ def run(quick: bool = False) -> list[Section]:
     threads, rounds = torch.get_num_threads(), 1 if quick else ROUNDS
     new, prompt_tokens = (8, 64) if quick else (NEW, PROMPT_TOKENS)
     paths = files(("Q4_K_M",) if quick else ("Q4_K_M", "Q4_0", "Q8_0"), QUICK_SHAPE if quick else SHAPE)
-    binary = None if quick else llama_bench()
+    binary = None if quick else llama_cpp_tool("llama-bench")
     rate = stream_rate(64 if quick else 1024)
     long_prompt = _prompt(prompt_tokens)
     sec = Section(f"{'Tiny files' if quick else 'Llama-3.2-1B-shaped files'} ({'x'.join(map(str, QUICK_SHAPE if quick else SHAPE))}: "

@@ -10,9 +10,12 @@ round in one process, min and median over repeats; ratios are taken between medi
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -70,3 +73,11 @@ def run_child(code: str, *args: str, env: dict | None = None):
     if out.returncode != 0:
         raise RuntimeError(f"benchmark child process failed (exit status {out.returncode}): {out.stderr.strip()[-2000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def llama_cpp_tool(name: str) -> str | None:
+    """The path of llama.cpp's tool `name` (llama-bench, llama-perplexity) built by hand: in the folder
+    $LLAMA_CPP_BIN names, else on the PATH; None where neither has it (the project never installs it)."""
+    folder = os.environ.get("LLAMA_CPP_BIN")
+    found = Path(folder) / name if folder else None
+    return str(found) if found and found.exists() else shutil.which(name)
