@@ -79,7 +79,7 @@ def run(quick: bool = False) -> list[Section]:
                       f"of {ctx:,}, one thread, eager",
                       ["policy", "after tokens", "resident MiB", "step tok/s", f"mean loss, last {last} tokens",
                        "fresh model on the window"])
-        policies = {"sinks": GroupedEngine(built.model, Sinks(SINK_TOKENS, ctx - SINK_TOKENS), ctx),
+        policies = {"sinks": GroupedEngine(built.model, Sinks(SINK_TOKENS, ctx - SINK_TOKENS)),
                     "shift (keep 4)": ShiftEngine(built.engine, ctx, keep=4)}
         for name, engine in policies.items():
             engine.prepare(ctx)

@@ -66,7 +66,7 @@ def test_without_a_policy_a_request_past_the_context_is_refused(model):
 
 
 def test_sinks_generate_past_the_context_in_a_bounded_cache(model):
-    engine = GroupedEngine(model, Sinks(4, CONTEXT - 4), CONTEXT)
+    engine = GroupedEngine(model, Sinks(4, CONTEXT - 4))
     g = generate(engine, [1, 5, 7, 9], 60, eos_ids=())
     assert len(g.tokens) == 60 and engine.kept <= CONTEXT
 

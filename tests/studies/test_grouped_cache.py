@@ -28,7 +28,7 @@ def test_cached_steps_give_the_reference_logits(tmp_path, scheme, prompt):
     ids = torch.randint(0, model.cfg.vocab_size, (1, 70), generator=torch.Generator().manual_seed(1))  # 2x past 32
     with torch.no_grad():
         want = with_grouped_attention(model, scheme)(ids)[0]  # (70, V)
-        engine = GroupedEngine(model, scheme, context=128)
+        engine = GroupedEngine(model, scheme)
         got = [engine.prefill(ids[:, :prompt])[0]]
         kept = [engine.kept]
         for pos in range(prompt, ids.shape[1]):
@@ -47,5 +47,5 @@ def test_the_model_itself_is_left_as_it_was(tmp_path):
     ids = torch.randint(0, model.cfg.vocab_size, (1, 10))
     with torch.no_grad():
         before = model(ids)
-        GroupedEngine(model, Sinks(4, 8), context=32).prefill(ids)
+        GroupedEngine(model, Sinks(4, 8)).prefill(ids)
         assert torch.equal(model(ids), before) and type(model.layers[0].attn).__name__ == "Attention"

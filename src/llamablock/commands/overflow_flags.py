@@ -88,11 +88,11 @@ def overflow_engine(args, engine, model):
 
     ctx = engine.cfg.max_seq_len
     if args.grp_attn_n is not None:
-        return GroupedEngine(model, SelfExtend(args.grp_attn_n, args.grp_attn_w or GRP_ATTN_W), ctx, engine.describe())
+        return GroupedEngine(model, SelfExtend(args.grp_attn_n, args.grp_attn_w or GRP_ATTN_W), engine.describe())
     if args.context_overflow == "sinks":
         if ctx <= SINK_TOKENS:
             raise ValueError(f"--context-overflow sinks needs a --ctx-size above its {SINK_TOKENS} sink tokens")
-        return GroupedEngine(model, Sinks(SINK_TOKENS, ctx - SINK_TOKENS), ctx, engine.describe())
+        return GroupedEngine(model, Sinks(SINK_TOKENS, ctx - SINK_TOKENS), engine.describe())
     if args.context_overflow == "shift":
         return ShiftEngine(engine, ctx, args.keep or 0)
     return engine

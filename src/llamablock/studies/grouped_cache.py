@@ -73,7 +73,9 @@ class CachedGroupedAttention(GroupedAttention):
             out[:, :, s:e] = (probs @ vs[:, :, None]).reshape(b, a.h, e - s, a.hd)  # (b, n_kv, g, T, hd) -> heads
         self.start += t
         seen = self._still_seen(kpos)  # (keys,) what a later query can still see
-        self.ka, self.kb, self.v, self.pos = ka[:, :, seen], kb[:, :, seen], vs[:, :, seen], kpos[seen]
+        if not bool(seen.all()):  # evict; an index that keeps every key would copy the whole cache for nothing
+            ka, kb, vs, kpos = ka[:, :, seen], kb[:, :, seen], vs[:, :, seen], kpos[seen]
+        self.ka, self.kb, self.v, self.pos = ka, kb, vs, kpos
         return a.wo(out.transpose(1, 2).reshape(b, t, a.h * a.hd))
 
     def _still_seen(self, kpos: torch.Tensor) -> torch.Tensor:
@@ -106,11 +108,11 @@ def _with_cached_attention(model: Decoder, scheme) -> Decoder:
 class GroupedEngine:
     """The engine interface (runtime/engine.py) over CachedGroupedAttention: batch 1, eager.
     `unbounded`: a generation may run past any context (sinks); Self-Extend is bounded by the
-    context it was given."""
+    model's context (cfg.max_seq_len, which --ctx-size sets), as every engine is (request.check_request)."""
 
-    def __init__(self, model: Decoder, scheme: Sinks | SelfExtend, context: int, weights: str = ""):
+    def __init__(self, model: Decoder, scheme: Sinks | SelfExtend, weights: str = ""):
         self.model, self.scheme, self.weights = _with_cached_attention(model, scheme), scheme, weights
-        self.cfg, self.context = model.cfg, context
+        self.cfg = model.cfg
         self.device = next(model.parameters()).device
         self.unbounded = isinstance(scheme, Sinks)
         self.attentions = [layer.attn for layer in self.model.layers]
