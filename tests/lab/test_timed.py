@@ -70,9 +70,8 @@ def test_speed_fused_fails_when_one_width_saves_another_share(monkeypatch):
 def test_speed_fused_a_a_null_is_not_measurable(monkeypatch):
     """Both sides the same code (RMSNorm timed against itself, eager, 80 rounds at two widths): a
     null effect must read not measurable. Identical code at two call sites can still time apart at
-    these small widths (a median of 1.08 with an interval clear of 1 was seen on a busy two-core
-    machine; about one run in ten read differs at 40 rounds), so one null reading in three runs
-    passes: a gate that let nulls through would read differs in all three."""
+    these small widths on a shared machine, with an interval clear of 1, so one null reading in three
+    runs passes: a gate that let nulls through would read differs in all three."""
     monkeypatch.setattr(exp_norm, "FUSED_ROUNDS", {True: 15, False: 80})
     monkeypatch.setattr(exp_norm, "_compile", lambda fn: fn)
     monkeypatch.setattr(exp_norm, "FUSED_WIDTHS", (256, 512))
