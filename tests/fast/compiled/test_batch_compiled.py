@@ -9,12 +9,9 @@ and softmaxes over the slots up to the longest row's (exact zeros past a row's p
 1e-5 of the largest as in test_compiled_decode.py; greedy tokens must be equal.
 """
 
-import pytest
 import torch
 from batch_driver import assert_each_alone, batched
-from hf_reference import tiny_hf_model
 
-import llamablock
 from llamablock.fast.compiled.batch_compiled import CompiledBatchEngine
 from llamablock.fast.compiled.static_decode import StaticDecoder
 from llamablock.fast.compiled.static_engine import StaticEngine
@@ -25,13 +22,6 @@ LOGIT_RTOL = 1e-5
 # freed and taken again; the 60 + 70 tokens of the last are more than the 64-slot cache holds, so
 # it runs in the eager batch beside the compiled rows (as do requests that find every compiled row taken).
 REQUESTS = [(7, 30, 0), (3, 12, 0), (41, 10, 2), (12, 25, 5), (1, 8, 9), (60, 70, 14)]
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    d = tmp_path_factory.mktemp("tiny")
-    tiny_hf_model("llama", n_heads=4, n_kv=2).save_pretrained(d)
-    return llamablock.load_pretrained(d)
 
 
 def _prompts(vocab: int) -> list[list[int]]:

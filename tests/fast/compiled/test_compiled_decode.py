@@ -36,13 +36,6 @@ from llamablock.runtime.sampling import Sampling
 PROMPT = [5, 17, 3, 88, 42, 9, 61]
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    d = tmp_path_factory.mktemp("tiny")
-    tiny_hf_model("llama", n_heads=4, n_kv=2).save_pretrained(d)
-    return llamablock.load_pretrained(d)
-
-
 @pytest.fixture(autouse=True)
 def _fresh_dynamo():
     torch._dynamo.reset()  # each test compiles its own graphs; no recompile limit carried over

@@ -12,23 +12,14 @@ the same cache run eagerly on clean slots (1e-4). Each program is compiled with 
 
 import pytest
 import torch
-from hf_reference import tiny_hf_model
 from kv16_bound import assert_within_bound
 
-import llamablock
 from llamablock.fast.compiled.aoti_engine import AOTIEngine
 from llamablock.fast.compiled.static_decode import StaticDecoder
 from llamablock.fast.compiled.static_engine import StaticEngine
 
 LENGTH = 256  # the engines' smallest cache (static_decode.MIN_CACHE)
 POSITIONS = (7, 130, LENGTH - 1)  # early (prompt padded to the prefill's minimum), middle, the last slot
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    d = tmp_path_factory.mktemp("filled")
-    tiny_hf_model("llama", n_heads=4, n_kv=2).save_pretrained(d)
-    return llamablock.load_pretrained(d)
 
 
 @pytest.fixture(scope="module")

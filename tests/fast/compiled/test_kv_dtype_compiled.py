@@ -8,23 +8,14 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from hf_reference import tiny_hf_model
 from kv16_bound import assert_rounded_once, assert_within_bound, logits_along
 
-import llamablock
 from llamablock.fast.compiled import builds
 from llamablock.fast.compiled.aoti_engine import AOTIEngine
 from llamablock.fast.compiled.aoti_step import package_key
 from llamablock.fast.compiled.batch_compiled import CompiledBatchEngine
 from llamablock.fast.compiled.static_decode import StaticDecoder
 from llamablock.fast.compiled.static_engine import StaticEngine
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    d = tmp_path_factory.mktemp("kv16c")
-    tiny_hf_model("llama", n_heads=4, n_kv=2).save_pretrained(d)
-    return llamablock.load_pretrained(d)
 
 
 @pytest.fixture(scope="module")
