@@ -535,25 +535,25 @@ def _long_result(alibi_rise: float, ft_gain: float, moved: float, rope_rise: flo
 
 
 def test_long_context_claims_fail_or_refuse(monkeypatch):
-    long_context = exp_long  # the study, window by window, as exp_long runs it
+    long_context = exp_long.long_context  # the study, window by window, as exp_long runs it
 
     # a model that uses position, where ALiBi degrades like RoPE and fine-tuning gains nothing over the control
-    monkeypatch.setattr(long_context, "run_with_windows", lambda **k: _long_result(0.4, 0.0, 0.1))
+    monkeypatch.setattr(long_context, "run_long_context", lambda **k: _long_result(0.4, 0.0, 0.1))
     got = _by_id(exp_long.long_context_claims(True, None))
     assert got.pop("15.2.unscaled-rise").verdict == REPRODUCED
     for c in got.values():
         assert c.verdict == DIFFERS, (c.id, c.details)
     # ... and where ALiBi holds, and fine-tuning an extension gains far more than the control
-    monkeypatch.setattr(long_context, "run_with_windows", lambda **k: _long_result(0.05, 0.45, 0.1))
+    monkeypatch.setattr(long_context, "run_long_context", lambda **k: _long_result(0.05, 0.45, 0.1))
     for c in exp_long.long_context_claims(True, None):
         assert c.verdict == REPRODUCED, (c.id, c.details)
     # a model that uses position but whose unscaled RoPE does not rise past L
-    monkeypatch.setattr(long_context, "run_with_windows", lambda **k: _long_result(0.0, 0.3, 0.1, rope_rise=0.0))
+    monkeypatch.setattr(long_context, "run_long_context", lambda **k: _long_result(0.0, 0.3, 0.1, rope_rise=0.0))
     got = _by_id(exp_long.long_context_claims(True, None))
     assert got.pop("15.2.unscaled-rise").verdict == DIFFERS
     assert all(c.verdict == NOT_MEASURABLE for c in got.values())
     # a model that ignores position: nothing can be told apart
-    monkeypatch.setattr(long_context, "run_with_windows", lambda **k: _long_result(0.0, 0.3, 0.0))
+    monkeypatch.setattr(long_context, "run_long_context", lambda **k: _long_result(0.0, 0.3, 0.0))
     for c in exp_long.long_context_claims(True, None):
         assert c.verdict == NOT_MEASURABLE, (c.id, c.details)
 

@@ -42,8 +42,8 @@ def test_bands():
     assert bands([1.0] * 8 + [3.0] * 8, 8) == {"0-8": 1.0, "8-16": 3.0}
 
 
-def test_tiny_run_has_every_curve():
-    r = run_long_context(L=16, steps=2, finetune_steps=1, batch_size=2, windows=2,
+def test_tiny_run_has_every_curve_window_by_window():
+    r = run_long_context(L=16, steps=2, finetune_steps=1, batch_size=2, windows=3,
                          size=dict(d_model=16, n_layers=1, n_heads=2, n_kv_heads=1), log=None)
     assert set(r["curves"]["learned"]) == {"16"}  # only where defined
     for m in ("none", "linear", "ntk", "dynamic", "yarn"):
@@ -51,3 +51,11 @@ def test_tiny_run_has_every_curve():
         assert len(r["curves"][f"rope {m}"]["128"]) == 128
     assert set(r["curves"]["rope yarn + fine-tune"]) == {"64"}
     assert "rope linear + fine-tune" in format_table(r)
+    # each curve kept window by window: the windows it is the mean of
+    assert r["windows"] == 3 and r["window_curves"].keys() == r["curves"].keys()
+    for name, per in r["curves"].items():
+        for n, curve in per.items():
+            rows = r["window_curves"][name][n]
+            assert len(rows) == 3 and all(len(w) == int(n) for w in rows)
+            assert max(abs(sum(w[i] for w in rows) / 3 - c) for i, c in enumerate(curve)) < 1e-12
+

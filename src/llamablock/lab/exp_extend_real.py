@@ -3,11 +3,11 @@ by every RoPE method without fine-tuning, judged against the model in its own sl
 
 The per-token losses are `llamablock rope eval`'s (studies.context_extension.evaluate_methods),
 from its loss cache where an earlier run left them, so `rope eval` then `lab` computes each pass
-once. The unit of every interval is a bin of BIN positions of one document: per-token losses are
-correlated with their neighbours, and bins of one text with each other, so the unit of every
-interval is the document: each document gives one paired difference (method minus baseline, its
-mean over the positions judged), and a 95% t interval over the DOCS documents is the noise margin.
-With fewer than two documents there is no interval, and the claims are not measurable.
+once. The unit of every interval is the document: per-token losses are correlated with their
+neighbours, and bins of one text with each other, so each document gives one paired difference
+(method minus baseline, its mean over the positions judged) and a 95% t interval over the DOCS
+documents is the noise margin (BIN positions make a point of the figure, never a unit of an
+interval). With fewer than two documents there is no interval, and the claims are not measurable.
 
 Only the full run measures this (eight passes of 16,384 tokens; BENCHMARKS.md, long_loss, times
 one); the quick run records each claim as not run (full lab only), with its tolerance and that

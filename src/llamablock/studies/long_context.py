@@ -12,7 +12,10 @@ validation windows of 2L, 4L and 8L tokens, loss averaged over windows at every 
   * ALiBi as trained (no parameters depend on length);
   * learned positions only up to L: the table has no row past L-1, so the model is undefined
     there (positions.py raises) and is evaluated only where it is defined.
-The summary gives mean loss in position bands [0, L), [L, 2L), [2L, 4L), [4L, 8L).
+The summary gives mean loss in position bands [0, L), [L, 2L), [2L, 4L), [4L, 8L). Each curve is
+kept window by window too (`window_curves`): the evaluation window is the unit of sampling, since
+neighbouring positions share a window and loss trends with position, so a margin for a difference
+of curves is a standard error over windows, each difference taken inside one window.
 
 `run_long_context(...) -> dict` is the function the lab calls; `python -m llamablock.studies.long_context`
 prints the table and writes a plot.
@@ -49,17 +52,22 @@ def rope_scaling_for(method: str, factor: float, original: int) -> dict | None:
 
 
 @torch.no_grad()
-def loss_by_position(model: Decoder, ids: torch.Tensor, length: int, windows: int = 16, batch: int = 4) -> list[float]:
-    """Mean next-token loss at positions 0..length-1 over `windows` evenly spaced windows."""
+def window_losses(model: Decoder, ids: torch.Tensor, length: int, windows: int = 16, batch: int = 4) -> torch.Tensor:
+    """(windows, length) next-token loss at positions 0..length-1 of `windows` evenly spaced windows, float64."""
     model.eval()
     starts = torch.linspace(0, len(ids) - length - 2, windows).long().tolist()
-    total = torch.zeros(length, dtype=torch.float64)
+    rows = []
     for i in range(0, len(starts), batch):
         w = torch.stack([ids[s: s + length + 1] for s in starts[i: i + batch]])  # (b, length + 1)
         logits = model(w[:, :-1])
         loss = F.cross_entropy(logits.flatten(0, 1).float(), w[:, 1:].flatten(), reduction="none")
-        total += loss.view(len(w), length).double().sum(0)
-    return (total / len(starts)).tolist()
+        rows.append(loss.view(len(w), length).double())
+    return torch.cat(rows)
+
+
+def loss_by_position(model: Decoder, ids: torch.Tensor, length: int, windows: int = 16, batch: int = 4) -> list[float]:
+    """Mean next-token loss at positions 0..length-1 over `windows` evenly spaced windows."""
+    return window_losses(model, ids, length, windows, batch).mean(0).tolist()
 
 
 def bands(curve: list[float], L: int) -> dict[str, float]:
@@ -88,7 +96,7 @@ def run_long_context(L: int = 64, steps: int = 300, finetune_steps: int = 40, le
     longest = max(lengths) * L
     if len(val) < longest + 2 + windows:
         raise ValueError(f"the validation split ({len(val)} tokens) is too short for windows of {longest}")
-    curves: dict[str, dict[int, list[float]]] = {}
+    per_window: dict[str, dict[int, torch.Tensor]] = {}  # name -> length -> (windows, length)
     trained = {}
     for pos in ("rope", "learned", "alibi"):
         start = time.perf_counter()
@@ -96,13 +104,13 @@ def run_long_context(L: int = 64, steps: int = 300, finetune_steps: int = 40, le
         trained[pos] = train(cfg, t, None, progress=progress)["model"].eval()
         if log:
             log(f"  trained {pos} at L={L}: {time.perf_counter() - start:.0f} s")
-    curves["learned"] = {L: loss_by_position(trained["learned"], val, L, windows)}  # defined only up to L
-    curves["alibi"] = {k * L: loss_by_position(trained["alibi"], val, k * L, windows) for k in (1, *lengths)}
+    per_window["learned"] = {L: window_losses(trained["learned"], val, L, windows)}  # defined only up to L
+    per_window["alibi"] = {k * L: window_losses(trained["alibi"], val, k * L, windows) for k in (1, *lengths)}
     for method in METHODS:
-        curves[f"rope {method}"] = {L: loss_by_position(trained["rope"], val, L, windows)} if method == "none" else {}
+        per_window[f"rope {method}"] = {L: window_losses(trained["rope"], val, L, windows)} if method == "none" else {}
         for k in lengths:
             m = _with_rope(trained["rope"], rope_scaling_for(method, k, L))
-            curves[f"rope {method}"][k * L] = loss_by_position(m, val, k * L, windows)
+            per_window[f"rope {method}"][k * L] = window_losses(m, val, k * L, windows)
     ft_len = 4 * L if 4 in lengths else max(lengths) * L
     for method in ("none", "linear", "yarn"):  # none: the control, the same extra steps unscaled
         scaling = rope_scaling_for(method, ft_len // L, L)
@@ -112,13 +120,14 @@ def run_long_context(L: int = 64, steps: int = 300, finetune_steps: int = 40, le
                             "batch_size": max(1, batch_size * L // ft_len)})
         cfg = trained["rope"].cfg.replace(rope_scaling=scaling, max_seq_len=ft_len)
         model = train(cfg, ft, None, progress=progress, init_state=trained["rope"].state_dict())["model"].eval()
-        curves[f"rope {method} + fine-tune"] = {ft_len: loss_by_position(model, val, ft_len, windows)}
+        per_window[f"rope {method} + fine-tune"] = {ft_len: window_losses(model, val, ft_len, windows)}
         if log:
             log(f"  fine-tuned rope {method} at {ft_len} for {finetune_steps} steps: {time.perf_counter() - start:.0f} s")
-    summary = {name: {str(n): bands(c, L) for n, c in per.items()} for name, per in curves.items()}
+    curves = {name: {str(n): w.mean(0).tolist() for n, w in per.items()} for name, per in per_window.items()}
+    summary = {name: {n: bands(c, L) for n, c in per.items()} for name, per in curves.items()}
     return {"L": L, "lengths": [k * L for k in lengths], "steps": steps, "finetune_steps": finetune_steps,
-            "finetune_length": ft_len, "curves": {k: {str(n): c for n, c in v.items()} for k, v in curves.items()},
-            "summary": summary,
+            "finetune_length": ft_len, "windows": windows, "curves": curves, "summary": summary,
+            "window_curves": {name: {str(n): w.tolist() for n, w in per.items()} for name, per in per_window.items()},
             "notes": ["learned positions: evaluated only at L; the table has no entry past position L-1"]}
 
 
