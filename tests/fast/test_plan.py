@@ -115,6 +115,9 @@ TABLE = [
     ("flags set a length-dependent scaling: eager despite a build, and why",
      dict(stored=Q4_1_TIED, tied=True, built=512, rescaled=True, scaling="dynamic"),
      dict(engine="eager", built=None, note="cannot follow a length-dependent RoPE scaling")),
+    ("a model's own length-dependent scaling, no flags: eager despite a build, and why",
+     dict(stored=Q4_1_TIED, tied=True, built=512, scaling="dynamic"),
+     dict(engine="eager", built=None, note="cannot follow a length-dependent RoPE scaling")),
     ("flags changed the scaling, --engine eager: no note", dict(stored=Q4_1_TIED, engine="eager", built=512,
                                                                rescaled=True), dict(engine="eager", note=None)),
     ("flags changed the scaling off the CPU: eager as before", dict(stored=Q4_1_TIED, device="cuda", rescaled=True),
@@ -167,6 +170,8 @@ def test_the_plan_table(row, given, want, monkeypatch):
     (dict(stored=Q4_1_TIED, kv="f8", device="cuda"), "--kv-dtype must be one of"),
     (dict(stored=Q4_1_TIED, engine="compiled", built=512, rescaled=True, scaling="dynamic"),
      "--rope-scaling dynamic changes RoPE's frequencies with the length"),
+    (dict(stored=Q4_1_TIED, engine="compiled", scaling="dynamic-consistent"),
+     "the model's own RoPE scaling dynamic-consistent changes RoPE's frequencies with the length"),
 ])
 def test_a_plan_that_cannot_run_is_refused_before_loading(given, message, monkeypatch):
     with pytest.raises(ValueError, match=message):

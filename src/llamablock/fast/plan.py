@@ -192,17 +192,17 @@ def decide(source: ModelSource, fmt: str = "auto", engine: str = "auto", device:
     `device` a resolved device name (util/devices.resolve_device); `batch` the sequences a compiled
     step decodes at once (its builds are recorded apart); `machine` this process's (fast/machine.py)
     unless a test simulates another. `rescaled`: the command's flags changed the source's context or
-    RoPE scaling (io/scaling_flags.py): its builds are recorded apart (builds.scaled_name), and one
-    whose frequencies follow the length (dynamic NTK) is never compiled. A plan that
-    cannot run is refused here (ValueError), before anything is loaded. `kv`: --kv-dtype (kv_dtype)."""
+    RoPE scaling (io/scaling_flags.py): its builds are recorded apart (builds.scaled_name). A scaling whose
+    frequencies follow the length (dynamic NTK, LongRoPE), the flags' or the model's own, is never compiled.
+    A plan that cannot run is refused here (ValueError), before anything is loaded. `kv`: --kv-dtype (kv_dtype)."""
     if engine not in ENGINES:
         raise ValueError(f"--engine must be one of {', '.join(ENGINES)}, got {engine!r}")
     if fmt not in CHOICES:
         raise ValueError(f"--dtype must be one of {', '.join(CHOICES)}, got {fmt!r}")
-    cfg = source.cfg
-    eager_only = rescaled and follows_length(cfg)  # each pass's own frequencies: the static step has one set
+    cfg, which = source.cfg, "--rope-scaling" if rescaled else "the model's own RoPE scaling"
+    eager_only = follows_length(cfg)  # each pass's own frequencies: the static step has one set
     if eager_only and engine == "compiled":
-        raise ValueError(f"--rope-scaling {rope_type(cfg)} changes RoPE's frequencies with the length, which a "
+        raise ValueError(f"{which} {rope_type(cfg)} changes RoPE's frequencies with the length, which a "
                          "compiled step cannot; use --engine eager")
     scaling = cfg.rope_scaling or {}
     common = dict(context=cfg.max_seq_len, scaling=scaling.get("rope_type") or scaling.get("type") or "none",
