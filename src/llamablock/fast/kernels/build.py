@@ -42,7 +42,7 @@ from llamablock.util.cpu import CPU, this_cpu
 from llamablock.util.files import atomic_write, file_lock, is_disk_full
 
 C_DIR = Path(__file__).with_name("c")
-HEADER, DRIVER = C_DIR / "blocks.h", C_DIR / "linear.c"
+DRIVER = C_DIR / "linear.c"
 _AVX512 = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx2", "-mfma", "-mf16c"]
 # each build's flags, widest first: every build runs where the one before it does
 ISAS = {"avx512vnni": [*_AVX512, "-mavx512vnni"], "avx512": _AVX512, "avx2": ["-mavx2", "-mfma", "-mf16c"],
@@ -137,11 +137,12 @@ def flavour(options: list[str]) -> str:
 def library(directory: Path, stem: str, isa: str, make: Callable[[list[str], Path], None],
             extra: bytes = b"") -> Path:
     """The shared library that make(options, path) writes from sources(isa), kept in `directory`
-    (kept_build), named by a hash of those sources, the header, `extra` (the caller's other inputs)
+    (kept_build), named by a hash of those sources, the headers, `extra` (the caller's other inputs)
     and the options; built first if absent or damaged (`verified`). The flags are flags(isa), with
     OpenMP, else without (one thread) where that build fails. RuntimeError: the compiler's line
     (Damaged where the library was damaged and could not be built again)."""
-    inputs = b"".join(p.read_bytes() for p in [HEADER, *sources(isa)]) + extra
+    headers = sorted(C_DIR.glob("*.h"))  # blocks.h and what the ISA files include
+    inputs = b"".join(p.read_bytes() for p in [*headers, *sources(isa)]) + extra
 
     def built(options: list[str]) -> Path:
         key = hashlib.sha256(inputs + " ".join(options).encode()).hexdigest()[:16]

@@ -5,7 +5,9 @@
    integers, so its results are the plain AVX-512 build's bit for bit. Each build does both layouts
    (blocks.h) for Q4_0, Q4_1, Q8_0, the groups of 8 rows the faster (`llamablock bench file_blocks`),
    and the file's order for Q5_0 and the K types, whose blocks of 32 are unpacked to bytes
-   (quant_bytes) and meet x as Q8_0's do, the K types' group scales multiplied into the integers. */
+   (quant_bytes) and meet x as Q8_0's do. The K types go a super-block at a time (dot_super): its
+   scales are decoded once for its 8 blocks, Q4_K's and Q5_K's applied in float with x's scale,
+   Q6_K's (one per 16 weights) multiplied into the integers. */
 
 #include <immintrin.h>
 
@@ -156,12 +158,28 @@ static inline block_ints unpack(const lb_traits *t, const uint8_t *blk, int j, _
     if (t->weights == LB_QK) return q; /* the blocks of 32 have no group scales */
     return _mm512_mullo_epi16(q, _mm512_inserti64x4(_mm512_set1_epi16(f[0]), _mm256_set1_epi16(f[1]), 1));
 }
+/* A Q6_K super-block's 16 scales in int16 lanes 0..15, read once for its 8 blocks (dot_super) */
+typedef __m512i q6_scales;
+static inline q6_scales q6_scales_of(const uint8_t *blk) {
+    return _mm512_castsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 192))));
+}
+/* Block j of a K-type super-block as 32 int16, Q6_K's scales of 16 weights multiplied in (dot_super):
+   scales 2j and 2j + 1 spread over the halves by one permute (j a constant: the index is too) */
+static inline block_ints k_ints(const lb_traits *t, const uint8_t *blk, int j, q6_scales sc) {
+    const block_ints q = _mm512_cvtepi8_epi16(quant_bytes(t, blk, j));
+    if (t->type != LB_Q6_K) return q;
+    const __m512i which = _mm512_mask_blend_epi16(0xFFFF0000u, _mm512_set1_epi16((short)(2 * j)),
+                                                  _mm512_set1_epi16((short)(2 * j + 1)));
+    return _mm512_mullo_epi16(q, _mm512_permutexvar_epi16(which, sc));
+}
 static inline row_acc sums(block_ints q, const int16_t *p) {
     return _mm512_cvtepi32_ps(_mm512_madd_epi16(q, _mm512_loadu_si512((const void *)p)));
 }
 #define ACC_ZERO _mm512_setzero_ps()
 #define ACC_FMADD(s, v, acc) _mm512_fmadd_ps(_mm512_broadcastss_ps(s), v, acc)
+#define ACC_FMADD1(f, v, acc) _mm512_fmadd_ps(_mm512_set1_ps(f), v, acc)
 #define ACC_TOTAL(acc) _mm512_reduce_add_ps(acc)
+#define ACC_ADD(a, b) _mm512_add_ps(a, b)
 
 /* A 64-byte load is two chunks; each 16-bit lane pair is (row, 2 weights), so after the madds the
    qword lanes are the rows, each as two int32 halves, added and narrowed to 8 int32. */
@@ -209,6 +227,18 @@ static inline block_ints unpack(const lb_traits *t, const uint8_t *blk, int j, _
     q.hi = _mm256_mullo_epi16(q.hi, _mm256_set1_epi16(f[1]));
     return q;
 }
+typedef const uint8_t *q6_scales; /* AVX2 reads Q6_K's scales a block at a time */
+static inline q6_scales q6_scales_of(const uint8_t *blk) { return blk; }
+static inline block_ints k_ints(const lb_traits *t, const uint8_t *blk, int j, q6_scales sc) {
+    (void)sc;
+    const __m256i bytes = quant_bytes(t, blk, j);
+    block_ints q = {_mm256_cvtepi8_epi16(_mm256_castsi256_si128(bytes)),
+                    _mm256_cvtepi8_epi16(_mm256_extracti128_si256(bytes, 1))};
+    if (t->type != LB_Q6_K) return q;
+    q.lo = _mm256_mullo_epi16(q.lo, _mm256_set1_epi16((int8_t)blk[192 + 2 * j]));
+    q.hi = _mm256_mullo_epi16(q.hi, _mm256_set1_epi16((int8_t)blk[193 + 2 * j]));
+    return q;
+}
 static inline row_acc sums(block_ints q, const int16_t *p) {
     __m256i a = _mm256_madd_epi16(q.lo, _mm256_loadu_si256((const __m256i *)p));
     __m256i b = _mm256_madd_epi16(q.hi, _mm256_loadu_si256((const __m256i *)(p + 16)));
@@ -216,7 +246,9 @@ static inline row_acc sums(block_ints q, const int16_t *p) {
 }
 #define ACC_ZERO _mm256_setzero_ps()
 #define ACC_FMADD(s, v, acc) _mm256_fmadd_ps(_mm256_broadcastss_ps(s), v, acc)
+#define ACC_FMADD1(f, v, acc) _mm256_fmadd_ps(_mm256_set1_ps(f), v, acc)
 #define ACC_TOTAL(acc) hsum(acc)
+#define ACC_ADD(a, b) _mm256_add_ps(a, b)
 
 /* Q8_0 with 32-byte vectors: a chunk's low 16 bytes are rows 0..3, its high ones rows 4..7, each
    row as two int32 lanes; one hadd adds the pairs (rows 0 1 4 5 | 2 3 6 7) and a permute orders
@@ -295,6 +327,8 @@ static inline void dot_rows(const int R, const lb_traits *t, const uint8_t *w, c
     }
 }
 
+#include "x86_super.h" /* dot_super: the K types, a super-block at a time */
+
 /* One group's 8 weight rows against R activation rows from r: out[i * out_stride + 0..7]. Each
    block's 8 integer sums are exact; the float work per block is one product of scales and a fused
    multiply-add (and Q4_1's m e P), the same sequence for a row whatever R is. */
@@ -322,6 +356,11 @@ static LB_INLINE void rows(const lb_traits *t, const uint8_t *w, int64_t i0, int
     const int64_t row = lb_row_bytes(t, a->k);
     for (int64_t i = i0; i < i1; i++) {
         int64_t r = r0;
+        if (t->weights != LB_QK) { /* the K types */
+            for (; r + 4 <= r1; r += 4) dot_super(4, t, w + i * row, a, r, y + r * n + i, n);
+            for (; r < r1; r++) dot_super(1, t, w + i * row, a, r, y + r * n + i, n);
+            continue;
+        }
         for (; r + 4 <= r1; r += 4) dot_rows(4, t, w + i * row, a, r, y + r * n + i, n);
         for (; r < r1; r++) dot_rows(1, t, w + i * row, a, r, y + r * n + i, n);
     }
