@@ -206,4 +206,20 @@ def run(quick: bool = False) -> list[Section]:
         if row[6] and row[2].startswith("llamablock"):
             notes.append(verdict(f"{row[0]} bandwidth share, {row[2]}", float(row[6].rstrip("%")) / 100, 0.85, unit=""))
     sec.notes = notes
-    return [sec]
+    return [sec, _profile_section(paths, prompt_tokens, threads)]
+
+
+def _profile_section(paths: dict, prompt_tokens: int, threads: int) -> Section:
+    """Where the plain command's step goes, per file (benchmarks/step_profile.py): the measured reason
+    behind each decode and prefill ratio above."""
+    from benchmarks.step_profile import profile, rows
+
+    sec = Section(f"Where the plain command's step goes (eager, {threads} thread(s), in this process, the median of "
+                  "16 decode steps)", ["file", "step", "ms", "block kernel ms (share)", "attention ms (share)",
+                                       "the rest ms (share)"])
+    for mix, path in paths.items():
+        sec.rows += rows(mix, profile(path, prompt_tokens, 16), prompt_tokens)
+    sec.notes.append("The block kernel is every matrix product over the file's blocks (the weights' reads and their "
+                     "integer sums); attention is the core over the cache (scores, softmax, values); the rest is the "
+                     "step less both: norms, RoPE, the cache's writes, the embedding and Python per layer.")
+    return sec
