@@ -16,6 +16,7 @@ from hf_reference import tiny_hf_model
 
 import llamablock
 from llamablock.fast import machine
+from llamablock.fast.kernels import ggml_kernel
 from llamablock.fast.kernels.kquant import q4k_groups, q4k_linear
 from llamablock.fast.kernels.quant import Int4Linear
 from llamablock.fast.plan import load_gguf_native
@@ -94,5 +95,6 @@ def test_with_the_kernel_each_k_type_loads_as_the_file_s_blocks(tmp_path):
     for kind, attr in zip(names, ("w_down", "w_up", "w_gate"), strict=True):
         assert used[f"{kind} blocks"] == 1
         layer = getattr(native.layers[0].ffn, attr)
-        assert isinstance(layer, BlockLinear) and not layer.grouped  # the K types keep the file's order
+        assert isinstance(layer, BlockLinear)  # Q4_K and Q5_K in groups of 8 rows where the build groups, Q6_K not
+        assert layer.grouped == (kind in ggml_kernel.GROUPABLE and ggml_kernel.groups_rows())
         assert torch.equal(layer.dequantized(), getattr(exact.layers[0].ffn, attr).weight)

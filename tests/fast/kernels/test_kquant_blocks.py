@@ -1,4 +1,5 @@
-"""Q5_0 and the K types (Q4_K, Q5_K, Q6_K) kept as the file's own blocks (fast/kernels/c/, file_blocks.py).
+"""Q5_0 and the K types (Q4_K, Q5_K, Q6_K) kept as the file's own blocks (fast/kernels/c/, file_blocks.py),
+in the file's order of rows and, for Q4_K and Q5_K, in groups of 8 rows (c/x86_super.h).
 
 References, independent of the code under test:
   * the `gguf` package's numpy dequantization (gguf.quants.dequantize): the blocks' exact weights,
@@ -17,12 +18,23 @@ import pytest
 import torch
 
 from llamablock.fast.kernels import block_op, ggml_kernel
-from llamablock.fast.kernels.file_blocks import BlockEmbedding, BlockLinear, dequantize_blocks, group_rows
+from llamablock.fast.kernels.file_blocks import BlockEmbedding, BlockLinear, dequantize_blocks, group_rows, ungroup_rows
 
 TYPES = ("Q5_0", "Q4_K", "Q5_K", "Q6_K")
 HALVES = {"Q5_0": (0,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}  # byte offsets of d (and dmin)
 RUNS = list(ggml_kernel.ISAS)[list(ggml_kernel.ISAS).index(ggml_kernel.best_isa()):]  # builds this CPU runs
 K = 512  # two super-blocks of 256 per row, 16 blocks of 32
+LAYOUTS = [pytest.param(False, id="file's rows"), pytest.param(True, id="groups of 8")]
+
+
+def _laid_out(type_name: str, raw, grouped: bool) -> torch.Tensor:
+    """raw (rows, bytes) as a tensor in the layout asked for; skips a type without groups."""
+    raw = torch.as_tensor(raw)
+    if not grouped:
+        return raw
+    if type_name not in ggml_kernel.GROUPABLE:
+        pytest.skip(f"{type_name} has no grouped layout")
+    return group_rows(type_name, raw)
 
 
 @pytest.fixture(scope="module")
@@ -122,42 +134,51 @@ def test_dequantize_equals_the_gguf_package_bit_for_bit(type_name, source):
 
 @pytest.mark.parametrize("type_name", TYPES)
 @pytest.mark.parametrize("isa", list(ggml_kernel.ISAS))
-def test_the_kernel_is_within_its_16_bit_activation_bound(type_name, isa, libs):
-    """Random blocks and blocks at their extremes, decode (one row) and prefill, in every build."""
+@pytest.mark.parametrize("grouped", LAYOUTS)
+def test_the_kernel_is_within_its_16_bit_activation_bound(type_name, isa, grouped, libs):
+    """Random blocks and blocks at their extremes, decode (one row) and prefill, in every build and
+    layout (a misplaced byte of the grouped layout moves a product far past the bound)."""
     if isa not in RUNS:
         pytest.skip(f"this CPU does not run the {isa} build")
     raw = np.concatenate([_random_blocks(type_name, 24, seed=2), _extremes(type_name)])
-    w, mag, x = _exact(type_name, raw), _magnitude(type_name, raw), _activations()
+    w, mag, x, blocks = _exact(type_name, raw), _magnitude(type_name, raw), _activations(), _laid_out(type_name, raw,
+                                                                                                     grouped)
     for rows in (x[:1], x[:8]):
-        got = ggml_kernel.matmul(type_name, torch.from_numpy(raw), rows, lib=libs[isa]).double()
+        got = ggml_kernel.matmul(type_name, blocks, rows, lib=libs[isa], grouped=grouped).double()
         err, bound = (got - rows.double() @ w.double().T).abs(), _bound(w, mag, rows)
         assert (err <= bound).all(), (err / bound.clamp(min=1e-300)).max()
-    got = ggml_kernel.matmul(type_name, torch.from_numpy(raw), x, lib=libs[isa])
+    got = ggml_kernel.matmul(type_name, blocks, x, lib=libs[isa], grouped=grouped)
     assert torch.equal(got[8], torch.zeros(len(raw))), "a row of subnormals counts as zeros"
 
 
 @pytest.mark.parametrize("isa", list(ggml_kernel.ISAS))
-def test_a_row_is_the_same_alone_and_among_others(isa, libs):
+@pytest.mark.parametrize("grouped", LAYOUTS)
+def test_a_row_is_the_same_alone_and_among_others(isa, grouped, libs):
     """Prefill takes rows four at a time and decode one: bit for bit the same result either way."""
     if isa not in RUNS:
         pytest.skip(f"this CPU does not run the {isa} build")
     x = _activations(rows=37)  # a tile of 32 (eight groups of four) and five more, four and one alone
-    for type_name in TYPES:
-        raw = torch.from_numpy(np.concatenate([_random_blocks(type_name, 8, seed=4), _extremes(type_name)]))
-        together = ggml_kernel.matmul(type_name, raw, x, lib=libs[isa])
-        alone = torch.cat([ggml_kernel.matmul(type_name, raw, x[i:i + 1], lib=libs[isa]) for i in range(len(x))])
+    for type_name in [t for t in TYPES if not grouped or t in ggml_kernel.GROUPABLE]:
+        raw = _laid_out(type_name, np.concatenate([_random_blocks(type_name, 8, seed=4), _extremes(type_name)]), grouped)
+        together = ggml_kernel.matmul(type_name, raw, x, lib=libs[isa], grouped=grouped)
+        alone = torch.cat([ggml_kernel.matmul(type_name, raw, x[i:i + 1], lib=libs[isa], grouped=grouped)
+                           for i in range(len(x))])
         assert torch.equal(together, alone), type_name
 
 
-def test_the_vnni_build_is_the_avx512_build_bit_for_bit(libs):
-    """The file's order of rows runs the same code in both (VNNI's dpwssd is the grouped layout's)."""
+@pytest.mark.parametrize("grouped", LAYOUTS)
+def test_the_vnni_build_is_the_avx512_build_bit_for_bit(grouped, libs):
+    """The file's order of rows runs the same code in both; in groups, VNNI's dpbusd and the other
+    builds' maddubs and madd reach the same exact integer sums, then the same float steps."""
     if "avx512vnni" not in RUNS:
         pytest.skip("this CPU does not run the avx512vnni build")
     x = _activations(rows=37)
-    for type_name in TYPES:
-        raw = torch.from_numpy(np.concatenate([_random_blocks(type_name, 8, seed=5), _extremes(type_name)]))
-        assert torch.equal(ggml_kernel.matmul(type_name, raw, x, lib=libs["avx512vnni"]),
-                           ggml_kernel.matmul(type_name, raw, x, lib=libs["avx512"])), type_name
+    for type_name in [t for t in TYPES if not grouped or t in ggml_kernel.GROUPABLE]:
+        raw = _laid_out(type_name, np.concatenate([_random_blocks(type_name, 8, seed=5), _extremes(type_name)]), grouped)
+        want = ggml_kernel.matmul(type_name, raw, x, lib=libs["avx512"], grouped=grouped)
+        assert torch.equal(ggml_kernel.matmul(type_name, raw, x, lib=libs["avx512vnni"], grouped=grouped), want)
+        if grouped:  # the groups' code is the same 256-bit code in every x86 build
+            assert torch.equal(ggml_kernel.matmul(type_name, raw, x, lib=libs["avx2"], grouped=grouped), want)
 
 
 def test_two_threads_compute_what_one_does():
@@ -172,12 +193,12 @@ def test_the_operator_and_the_ctypes_call_give_the_same_bits():
     """A layer's binding is either ggml_kernel.matmul or block_op.linear: the same outputs."""
     assert block_op.load(), block_op.why_not()
     x = _activations(rows=37)
-    for type_name in TYPES:
-        raw = torch.from_numpy(np.concatenate([_random_blocks(type_name, 8, seed=7), _extremes(type_name)]))
+    for type_name, grouped in [(t, False) for t in TYPES] + [(t, True) for t in ggml_kernel.GROUPABLE if t in TYPES]:
+        raw = _laid_out(type_name, np.concatenate([_random_blocks(type_name, 8, seed=7), _extremes(type_name)]), grouped)
         for rows in (x[:1], x):
-            got = block_op.linear(type_name, raw, rows)
+            got = block_op.linear(type_name, raw, rows, grouped=grouped)
             assert got.dtype == torch.float32 and got.shape == (len(rows), len(raw))
-            assert torch.equal(got, ggml_kernel.matmul(type_name, raw, rows)), type_name
+            assert torch.equal(got, ggml_kernel.matmul(type_name, raw, rows, grouped=grouped)), type_name
 
 
 @pytest.mark.parametrize("isa", list(ggml_kernel.ISAS))
@@ -188,7 +209,7 @@ def test_each_build_s_table_groups_exactly_the_groupable_types(isa, libs):
         pytest.skip(f"this CPU does not run the {isa} build")
     lib = libs[isa]
     assert {n for n in ggml_kernel.KEPT if lib.lb_block_groups(ggml_kernel.TYPE_IDS[n])} == set(ggml_kernel.GROUPABLE)
-    for type_name in TYPES:
+    for type_name in [t for t in TYPES if t not in ggml_kernel.GROUPABLE]:
         with pytest.raises(ValueError, match="does not compute .* in that layout"):
             ggml_kernel.matmul(type_name, torch.from_numpy(_random_blocks(type_name, 8)), torch.randn(1, K), lib=lib,
                                grouped=True)
@@ -205,14 +226,26 @@ def test_the_types_without_groups_are_refused_groups_in_python_and_by_the_operat
         block_op.linear("Q6_K", raw, torch.randn(1, K), grouped=True)
 
 
+@pytest.mark.parametrize("type_name", ["Q4_K", "Q5_K"])
+def test_grouping_only_moves_bytes(type_name):
+    """group_rows undone gives the file's rows; each group holds exactly its 8 rows' bytes."""
+    raw = torch.from_numpy(_random_blocks(type_name, 16, seed=9))
+    grouped = group_rows(type_name, raw)
+    assert grouped.shape == raw.shape and not torch.equal(grouped, raw)
+    assert torch.equal(ungroup_rows(type_name, grouped), raw)
+    for g in range(2):
+        assert torch.equal(grouped[8 * g:8 * g + 8].flatten().sort().values, raw[8 * g:8 * g + 8].flatten().sort().values)
+
+
 @pytest.mark.parametrize("type_name", TYPES)
-def test_a_layer_and_its_embedding_are_the_file_s_weights(type_name):
+@pytest.mark.parametrize("grouped", LAYOUTS)
+def test_a_layer_and_its_embedding_are_the_file_s_weights(type_name, grouped):
     """BlockLinear over super-blocks: rows of whole blocks only; its dequantization and the embedding
     rows read from it are gguf's bit for bit; its output is within the kernel's bound."""
     raw = _random_blocks(type_name, 16, seed=8)
     with pytest.raises(ValueError, match="blocks of"):
         BlockLinear(type_name, torch.from_numpy(raw), K + 32)
-    layer = BlockLinear(type_name, torch.from_numpy(raw), K)
+    layer = BlockLinear(type_name, _laid_out(type_name, raw, grouped), K, grouped=grouped)
     w = _exact(type_name, raw)
     assert torch.equal(layer.dequantized(), w)
     ids = torch.tensor([[0, 7, 8, 15], [15, 3, 3, 1]])

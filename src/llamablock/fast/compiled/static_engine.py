@@ -18,7 +18,7 @@ of the static layout are quantized (llamablock.fast.kernels.quant) after fusing,
 int8 or int4 matrix, with the plan's prefill crossovers (`prefill`). The float model is kept: a
 request longer than the cache rebuilds the static layout at the next power-of-two length
 (static_decode.cache_length) from it. "blocks" takes the model as the plan loads a GGUF of
-Q4_0/Q4_1/Q8_0 blocks: its BlockLinear layers are fused as rows of blocks, never quantized again,
+the block kernel's types (Q4_0 ... Q8_0, the K types): its BlockLinear layers are fused as rows of blocks, never quantized again,
 and keep the binding the plan gave them (the torch operator, for programs to call). `kv_dtype` is
 the static cache's dtype (the plan's kv_dtype; default the model's), which the step reads upcast
 to float32.

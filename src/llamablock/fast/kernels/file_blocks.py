@@ -21,7 +21,7 @@ most 11 + 7 + 5 significant bits), so the one rounding is the sum's, as in gguf'
 Block layouts are c/blocks.h's comment.
 
 Where the plan says so (fast/plan.py: the kernel's build for this CPU is faster on them), a layer
-of a type in ggml_kernel.GROUPABLE (Q4_0, Q4_1, Q8_0) holds its bytes in groups of 8 rows (`group_rows`, the kernel's grouped layout): the same bytes
+of a type in ggml_kernel.GROUPABLE (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K) holds its bytes in groups of 8 rows (`group_rows`, the kernel's grouped layout): the same bytes
 reordered once at load, so nothing is rounded and `file_rows()` gives the file's order back. A
 layer calls the kernel through the binding it is given (ggml_kernel.matmul by ctypes, or
 block_op.linear, the torch operator that compiled programs can trace): the same C function, so
@@ -97,7 +97,9 @@ def dequantize_blocks(type_name: str, blocks: torch.Tensor) -> torch.Tensor:
 
 
 def _head_bytes(type_name: str) -> int:
-    return 4 if type_name == "Q4_1" else 2  # d, and m for Q4_1 (float16 each)
+    """Bytes before a block's quants, moved as 2-byte fields: d, then m (Q4_1), or d, dmin and the 12
+    bytes of 6-bit scales (Q4_K, Q5_K; c/blocks.h LB_TYPE_TABLE's head)."""
+    return {"Q4_1": 4, "Q4_K": 16, "Q5_K": 16}.get(type_name, 2)
 
 
 def group_rows(type_name: str, blocks: torch.Tensor) -> torch.Tensor:

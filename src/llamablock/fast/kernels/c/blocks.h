@@ -40,8 +40,11 @@
      rows 0..7's qs bytes 4c..4c+3, row after row]
    so the per-block scalar work of the file's order (a horizontal sum and a scale conversion per
    row) is done for 8 rows in a few vector operations. The scheme is llama.cpp's repacked layouts'
-   (ggml-cpu/repack.cpp, block_q4_0x8), with x in 16 bits as above. Only the types with a `chunks`
-   trait have it (Q4_0, Q4_1, Q8_0); lb_linear answers LB_UNKNOWN for the others in LB_GROUPS.
+   (ggml-cpu/repack.cpp, block_q4_0x8, block_q4_Kx8), with x in 16 bits as above. Q4_K and Q5_K
+   group per super-block alike: their head (d, dmin, the 12 bytes of scales) moves as 8 fields of
+   2 bytes, each field's 8 rows together, and their quants (Q5_K's qh, then the nibbles) in chunks
+   of 4 bytes. Only the types with a `chunks` trait have it (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K);
+   lb_linear answers LB_UNKNOWN for the others in LB_GROUPS.
 
    Sources: this header; linear.c (the entry point, the same in every build); one kernel file per
    ISA, defining lb_quantize, lb_rows and lb_groups: x86.c (AVX2, AVX-512, AVX-512 VNNI, by the
@@ -90,8 +93,8 @@ typedef struct {
     X(LB_Q4_1, 20, 32, 4, 4)    \
     X(LB_Q5_0, 22, 32, 2, 0)    \
     X(LB_Q8_0, 34, 32, 2, 8)    \
-    X(LB_Q4_K, 144, 256, 16, 0) \
-    X(LB_Q5_K, 176, 256, 16, 0) \
+    X(LB_Q4_K, 144, 256, 16, 32) \
+    X(LB_Q5_K, 176, 256, 16, 40) \
     X(LB_Q6_K, 210, 256, 0, 0)
 
 #define LB_TRAITS_ROW(id, bytes, weights, head, chunks) {id, bytes, weights, head, chunks},
@@ -164,6 +167,14 @@ LB_HIDDEN void lb_groups(const lb_traits *t, const uint8_t *w, int64_t i0, int64
                    int64_t r1, float *y, int64_t n) {                                                          \
         switch (t->type) { LB_TYPE_TABLE(LB_GROUPS_OF) }                                                       \
     }
+
+/* Row `row`'s weight block (t->bytes, the file's order) out of a group's block g of the grouped layout:
+   its head as 2-byte fields, each field's 8 rows together, then its quants in chunks of 4 bytes,
+   each chunk's 8 rows together (the inverse of fast/kernels/file_blocks.py group_rows). */
+static inline void lb_ungroup_block(const lb_traits *t, const uint8_t *g, int row, uint8_t *out) {
+    for (int f = 0; f < t->head / 2; f++) memcpy(out + 2 * f, g + 2 * LB_GROUP * f + 2 * row, 2);
+    for (int c = 0; c < t->chunks; c++) memcpy(out + t->head + 4 * c, g + LB_GROUP * t->head + 32 * c + 4 * row, 4);
+}
 
 /* A float16 as float32, exact: every float16 is a float32. */
 static inline float lb_half(const uint8_t *h2) {

@@ -75,30 +75,58 @@ static LB_INLINE int32_t group_sum(const lb_traits *t, const uint8_t *qs, int ro
     return s;
 }
 
+/* Weight block blk (the file's order) against activation row r's blocks from b0: its term of the row's total. */
+static LB_INLINE float block_dot(const lb_traits *t, const uint8_t *blk, const lb_acts *a, int64_t r, int64_t b0) {
+    const int16_t *p = a->p + r * a->k;
+    const float *es = a->es + r * 2 * a->nb;
+    float total = 0.0f;
+    for (int j = 0; j < t->weights / LB_QK; j++) { /* block b of x meets block j of the weight block */
+        const int64_t b = b0 + j;
+        float off;
+        const float d = block_scale(t, blk, j, &off);
+        total += d * es[2 * b] * (float)block_sum(t, blk, j, p + b * LB_QK);
+        if (lb_has_min(t->type)) total += off * es[2 * b + 1];
+    }
+    return total;
+}
+
 static LB_INLINE void rows(const lb_traits *t, const uint8_t *w, int64_t i0, int64_t i1, const lb_acts *a, int64_t r0,
                            int64_t r1, float *y, int64_t n) {
-    const int64_t row = lb_row_bytes(t, a->k);
+    const int64_t row = lb_row_bytes(t, a->k), per = t->weights / LB_QK;
     for (int64_t i = i0; i < i1; i++) {
         for (int64_t r = r0; r < r1; r++) {
-            const int16_t *p = a->p + r * a->k;
-            const float *es = a->es + r * 2 * a->nb;
             float total = 0.0f;
-            for (int64_t b = 0; b < a->nb; b++) { /* block b of x meets block j of weight block b / per */
-                const int per = t->weights / LB_QK, j = (int)(b % per);
-                const uint8_t *blk = w + i * row + b / per * t->bytes;
-                float off;
-                const float d = block_scale(t, blk, j, &off);
-                total += d * es[2 * b] * (float)block_sum(t, blk, j, p + b * LB_QK);
-                if (lb_has_min(t->type)) total += off * es[2 * b + 1];
-            }
+            for (int64_t wb = 0; wb < a->nb / per; wb++) total += block_dot(t, w + i * row + wb * t->bytes, a, r, wb * per);
             y[r * n + i] = total;
         }
     }
 }
 
+/* The K types' groups: each row's super-block taken back out of its group (lb_ungroup_block), then
+   as in rows(), the same sums in the same order. */
+static LB_INLINE void super_groups(const lb_traits *t, const uint8_t *w, int64_t i0, int64_t i1, const lb_acts *a,
+                                   int64_t r0, int64_t r1, float *y, int64_t n) {
+    const int64_t row = lb_row_bytes(t, a->k), bytes = LB_GROUP * t->bytes, per = t->weights / LB_QK;
+    uint8_t blk[256]; /* one super-block: at most 210 bytes (Q6_K) */
+    for (int64_t i = i0; i < i1; i += LB_GROUP)
+        for (int64_t r = r0; r < r1; r++)
+            for (int j = 0; j < LB_GROUP; j++) {
+                float total = 0.0f;
+                for (int64_t wb = 0; wb < a->nb / per; wb++) {
+                    lb_ungroup_block(t, w + i * row + wb * bytes, j, blk);
+                    total += block_dot(t, blk, a, r, wb * per);
+                }
+                y[r * n + i + j] = total;
+            }
+}
+
 static LB_INLINE void groups(const lb_traits *t, const uint8_t *w, int64_t i0, int64_t i1, const lb_acts *a,
                              int64_t r0, int64_t r1, float *y, int64_t n) {
     const int64_t row = lb_row_bytes(t, a->k), bytes = LB_GROUP * t->bytes, head = LB_GROUP * t->head;
+    if (t->weights != LB_QK) {
+        super_groups(t, w, i0, i1, a, r0, r1, y, n);
+        return;
+    }
     for (int64_t i = i0; i < i1; i += LB_GROUP) {
         for (int64_t r = r0; r < r1; r++) {
             const int16_t *p = a->p + r * a->k;

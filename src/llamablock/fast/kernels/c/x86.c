@@ -3,11 +3,10 @@
    flags (fast/kernels/build.py ISAS). The AVX-512 builds take a block's 32 products in one madd
    where AVX2 takes two; VNNI fuses a madd and the add after it into one instruction on the same
    integers, so its results are the plain AVX-512 build's bit for bit. Each build does both layouts
-   (blocks.h) for Q4_0, Q4_1, Q8_0, the groups of 8 rows the faster (`llamablock bench file_blocks`),
-   and the file's order for Q5_0 and the K types, whose blocks of 32 are unpacked to bytes
-   (quant_bytes) and meet x as Q8_0's do. The K types go a super-block at a time (dot_super): its
-   scales are decoded once for its 8 blocks, Q4_K's and Q5_K's applied in float with x's scale,
-   Q6_K's (one per 16 weights) multiplied into the integers. */
+   (blocks.h) for Q4_0, Q4_1, Q8_0, Q4_K and Q5_K, the groups of 8 rows the faster (`llamablock
+   bench file_blocks`), and the file's order for every type, Q5_0's and the K types' blocks of 32
+   unpacked to bytes (quant_bytes) to meet x as Q8_0's do. The K types go a super-block at a time
+   (x86_super.h): its scales are decoded once for its 8 blocks, in either layout. */
 
 #include <immintrin.h>
 
@@ -371,6 +370,11 @@ static LB_INLINE void groups(const lb_traits *t, const uint8_t *w, int64_t i0, i
     const int64_t row = lb_row_bytes(t, a->k);
     for (int64_t i = i0; i < i1; i += LB_GROUP) {
         int64_t r = r0;
+        if (t->weights != LB_QK) { /* Q4_K, Q5_K */
+            for (; r + 4 <= r1; r += 4) dot_group_super(4, t, w + i * row, a, r, y + r * n + i, n);
+            for (; r < r1; r++) dot_group_super(1, t, w + i * row, a, r, y + r * n + i, n);
+            continue;
+        }
         for (; r + 4 <= r1; r += 4) dot_group(4, t, w + i * row, a, r, y + r * n + i, n);
         for (; r < r1; r++) dot_group(1, t, w + i * row, a, r, y + r * n + i, n);
     }

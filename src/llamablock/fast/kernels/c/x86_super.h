@@ -87,4 +87,97 @@ static LB_INLINE void dot_super(const int R, const lb_traits *t, const uint8_t *
     for (int i = 0; i < R; i++) out[i * out_stride] = ACC_TOTAL(ACC_ADD(acc[i][0], acc[i][1])) - hsum(mins[i]);
 }
 
+/* The grouped layout (blocks.h): block j's integer sums for 8 weight rows against activation row
+   r, as 8 int32 lanes, one a row. Chunk k of block j holds weights 4k..4k+3 of its 8 rows, one byte
+   each; x's integers meet them as their two bytes, sum q p = 256 sum q hi + sum q lo (lb_acts lo,
+   hi), so every product is of bytes: VNNI's dpbusd takes 4 a lane and adds them in int32; without
+   it, maddubs pairs them in int16 (at most 2 * 31 * 255, two chunks added before widening) and madd
+   widens. Exact either way, as the sums are integers and no partial sum overflows. */
+static inline __m256i group_block_sums(const __m256i q[8], const uint8_t *lo, const int8_t *hi) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    __m256i low = _mm256_setzero_si256(), high = _mm256_setzero_si256();
+    for (int k = 0; k < 8; k++) {
+        int32_t l, h;
+        memcpy(&l, lo + 4 * k, 4);
+        memcpy(&h, hi + 4 * k, 4);
+        low = _mm256_dpbusd_epi32(low, _mm256_set1_epi32(l), q[k]);   /* lo unsigned, q as signed (< 32) */
+        high = _mm256_dpbusd_epi32(high, q[k], _mm256_set1_epi32(h)); /* q unsigned, hi signed */
+    }
+#else
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i low = _mm256_setzero_si256(), high = _mm256_setzero_si256();
+    for (int k = 0; k < 8; k += 2) {
+        int32_t l0, l1, h0, h1;
+        memcpy(&l0, lo + 4 * k, 4), memcpy(&l1, lo + 4 * k + 4, 4);
+        memcpy(&h0, hi + 4 * k, 4), memcpy(&h1, hi + 4 * k + 4, 4);
+        const __m256i l = _mm256_add_epi16(_mm256_maddubs_epi16(_mm256_set1_epi32(l0), q[k]),
+                                           _mm256_maddubs_epi16(_mm256_set1_epi32(l1), q[k + 1]));
+        const __m256i h = _mm256_add_epi16(_mm256_maddubs_epi16(q[k], _mm256_set1_epi32(h0)),
+                                           _mm256_maddubs_epi16(q[k + 1], _mm256_set1_epi32(h1)));
+        low = _mm256_add_epi32(low, _mm256_madd_epi16(l, ones));
+        high = _mm256_add_epi32(high, _mm256_madd_epi16(h, ones));
+    }
+#endif
+    return _mm256_add_epi32(low, _mm256_slli_epi32(high, 8));
+}
+
+/* Field pair (2f, 2f + 1) of a grouped head's 2-byte fields as one 32-bit word per row, rows in lanes */
+static inline __m256i head_words(const uint8_t *head, int f) {
+    const __m128i a = _mm_loadu_si128((const __m128i *)(head + 16 * f)), b = _mm_loadu_si128((const __m128i *)(head + 16 * f + 16));
+    return _mm256_set_m128i(_mm_unpackhi_epi16(a, b), _mm_unpacklo_epi16(a, b));
+}
+
+/* One group's 8 weight rows of Q4_K or Q5_K against R activation rows from r: out[i * out_stride +
+   0..7]. Per super-block the 8 rows' scales and mins are decoded together (rows in lanes, as
+   k_scales does one row's), each block's 8 bytes of nibbles (and Q5_K's fifth bits) are taken out
+   once for all R rows, and each block's integer sums get one conversion and one multiply-add by
+   d sc e, the mins' term one more by dmin m e P. */
+static LB_INLINE void dot_group_super(const int R, const lb_traits *t, const uint8_t *g, const lb_acts *a,
+                                      int64_t r, float *out, int64_t out_stride) {
+    const int64_t bytes = LB_GROUP * t->bytes;
+    const int five = t->type == LB_Q5_K;
+    const __m256i low6 = _mm256_set1_epi32(0x3f3f3f3f), low4 = _mm256_set1_epi32(0x0f0f0f0f),
+                  top2 = _mm256_set1_epi32(0x03030303), byte = _mm256_set1_epi32(255), nibble = _mm256_set1_epi8(15);
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int64_t sb = 0; sb < a->nb / 8; sb++) {
+        const uint8_t *head = g + sb * bytes, *qs = head + LB_GROUP * t->head;
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)head));
+        const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(head + 16)));
+        const __m256i u0 = head_words(head, 2), u1 = head_words(head, 4), u2 = head_words(head, 6);
+        /* blocks.h lb_k_scale for 8 rows: the scales and mins of groups 0..3 (sc0, m0) and 4..7 */
+        const __m256i sc0 = _mm256_and_si256(u0, low6), m0 = _mm256_and_si256(u1, low6);
+        const __m256i sc1 = _mm256_or_si256(_mm256_and_si256(u2, low4),
+                                            _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(u0, 6), top2), 4));
+        const __m256i m1 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(u2, 4), low4),
+                                           _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(u1, 6), top2), 4));
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; j++) {
+            const int shift = 8 * (j & 3);
+            const __m256 sc = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_and_si256(
+                                                   _mm256_srli_epi32(j < 4 ? sc0 : sc1, shift), byte)));
+            const __m256 m = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(_mm256_and_si256(
+                                                   _mm256_srli_epi32(j < 4 ? m0 : m1, shift), byte)));
+            __m256i q[8];
+            const uint8_t *nib = qs + 32 * (8 * five + 8 * (j >> 1)); /* Q5_K: 8 chunks of qh first */
+            for (int k = 0; k < 8; k++) {
+                const __m256i raw = _mm256_loadu_si256((const __m256i *)(nib + 32 * k));
+                q[k] = _mm256_and_si256(j & 1 ? _mm256_srli_epi16(raw, 4) : raw, nibble);
+                if (five) { /* bit j of qh byte i: weight i's fifth bit, worth 16 */
+                    const __m256i h = _mm256_loadu_si256((const __m256i *)(qs + 32 * k));
+                    q[k] = _mm256_or_si256(q[k], _mm256_slli_epi16(
+                                                     _mm256_and_si256(_mm256_srli_epi16(h, j), _mm256_set1_epi8(1)), 4));
+                }
+            }
+            for (int i = 0; i < R; i++) {
+                const int64_t b = 8 * sb + j, at = (r + i) * a->k + b * LB_QK;
+                const float *e = a->es + (r + i) * 2 * a->nb + 2 * b;
+                const __m256 s = _mm256_cvtepi32_ps(group_block_sums(q, a->lo + at, a->hi + at));
+                acc[i] = _mm256_fmadd_ps(_mm256_mul_ps(sc, _mm256_broadcast_ss(e)), s, acc[i]);
+                acc[i] = _mm256_fnmadd_ps(m, _mm256_broadcast_ss(e + 1), acc[i]);
+            }
+        }
+    }
+    for (int i = 0; i < R; i++) _mm256_storeu_ps(out + i * out_stride, acc[i]);
+}
+
 #endif
