@@ -1,7 +1,8 @@
 """Where a step's time goes: the block kernel, attention, and the rest, for the misses of bench size.
 
 The issue's rule for a missed target is a measured reason, not a guess. This runs the plain
-command's engine (the default plan, eager) in this process on the given threads and times, with
+command's engine (the default plan, eager, denormals flushed as the command flushes them:
+llamablock.util.denormals) in this process on the given threads and times, with
 `time.perf_counter` around each call, every block-kernel matrix product (each BlockLinear's
 binding: the weights' reads and their integer sums), the attention core (`Attention.attend`: the
 scores over the cache, softmax, the weighted values) and the whole step; the rest is the step less
@@ -66,12 +67,13 @@ def profile(path, prompt_tokens: int, steps: int) -> dict[str, dict[str, float]]
 
     from llamablock.fast.plan import build, decide
     from llamablock.io.source import open_source
+    from llamablock.util.denormals import flushed_denormals
 
     source = open_source(path, tokenizer=False)
     engine = build(source, decide(source, "auto", "eager")).engine
     ids = torch.randint(0, source.cfg.vocab_size, (1, prompt_tokens), generator=torch.Generator().manual_seed(0))
     out = {}
-    with torch.inference_mode(), _clocked(engine.model) as (kernel, attention):
+    with torch.inference_mode(), flushed_denormals(), _clocked(engine.model) as (kernel, attention):
         engine.prepare(prompt_tokens + steps + 2)
         engine.prefill(ids[:, :8])  # warm: the kernel's library, first-call allocations
         engine.prepare(prompt_tokens + steps + 2)

@@ -4,7 +4,8 @@ with `add_arguments(parser)` and `run(args) -> int`, and only the one that runs 
 
 Every command that computes takes `--threads N` (set here, once, for torch's intra-op pool and
 restored afterwards); the default is llamablock.util.threads.default_threads (the physical
-cores, as llama.cpp).
+cores, as llama.cpp). The commands that run a model (INFERENCE) flush denormals to zero while
+they run (llamablock.util.denormals).
 User mistakes (a ValueError or FileNotFoundError raised with a clear message) end the command
 with one line on stderr and exit status 2, never a traceback. Output piped into a reader that
 stops early (`| head`) ends quietly.
@@ -40,6 +41,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 # The commands that compute with torch, and so take --threads.
 COMPUTES = ("lab", "rope", "train", "trace", "compare", "demo", "serve", "generate", "perplexity", "bench", "compile")
+# The commands that run a model for its outputs, with denormals flushed to zero (util/denormals.py)
+INFERENCE = ("serve", "generate", "perplexity", "compile")
 
 
 def version() -> str:
@@ -101,7 +104,12 @@ def main(argv: list[str] | None = None) -> int:
         before = torch.get_num_threads()
         torch.set_num_threads(args.threads)
         try:
-            return int(module.run(args) or 0)
+            if args.command not in INFERENCE:
+                return int(module.run(args) or 0)
+            from llamablock.util.denormals import flushed_denormals
+
+            with flushed_denormals():
+                return int(module.run(args) or 0)
         finally:  # an embedding program (or a test) keeps its own setting
             torch.set_num_threads(before)
     except (UsageError, ValueError, FileNotFoundError, NotADirectoryError) as e:
