@@ -17,6 +17,7 @@ pytest.importorskip("httpx", reason="httpx (FastAPI's test client) is not instal
 from fastapi.testclient import TestClient  # noqa: E402
 
 from llamablock.cli import main  # noqa: E402
+from llamablock.lab.details_text import render, said  # noqa: E402
 from llamablock.util.units import human_bytes  # noqa: E402
 from llamablock.web.app import STATIC, create_app  # noqa: E402
 
@@ -198,11 +199,13 @@ def test_gqa_sliding_window_shown_beside_the_full_cache(client):
 def test_gqa_measured_decode_from_the_lab_results(tmp_path):
     path = tmp_path / "results.json"
     assert TestClient(create_app(lab_results=str(path))).get("/api/gqa").json()["measured_decode"] is None
-    claim = {"id": "15.5.decode-speed", "verdict": "reproduced", "measured": 3.5, "details": "1.0 / 0.29 ms"}
+    claim = {"id": "15.5.decode-speed", "verdict": "reproduced", "measured": 3.5,
+             "details": [said("15.5.decode-speed misses", ratio=1.02)]}
     path.write_text(json.dumps({"environment": {"date": "2026-11-29 16:00 UTC"}, "claims": [claim]}))
     d = TestClient(create_app(lab_results=str(path))).get("/api/gqa").json()["measured_decode"]
     assert d == {"source": str(path), "date": "2026-11-29 16:00 UTC", "verdict": "reproduced",
-                 "ratio_32_to_8": 3.5, "details": "1.0 / 0.29 ms"}
+                 "ratio_32_to_8": 3.5, "details": render(claim["details"])}
+    assert "(32 -> 8: 1.02x)" in d["details"]
     path.write_text("{not json")
     assert TestClient(create_app(lab_results=str(path))).get("/api/gqa").json()["measured_decode"] is None
 

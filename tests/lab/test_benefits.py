@@ -4,6 +4,7 @@ where each change shows its benefit reproduces; taking any one benefit away read
 from test_lab import _broken, _records
 
 from llamablock.lab import exp_training, shared
+from llamablock.lab.details_text import render
 from llamablock.lab.record import REPRODUCED
 
 CALM = {n: 2.5 for n in shared.NAMES} | {"2017 + SwiGLU": 2.4}
@@ -44,4 +45,4 @@ def test_ablation_fails_when_gqa_trains_worse(monkeypatch):
 def test_ablation_fails_when_swiglu_does_not_lower_the_loss(monkeypatch):
     c = _ablation(monkeypatch, calm=CALM | {"2017 + SwiGLU": 2.7})
     _broken(c)
-    assert "SwiGLU" in c.details.split("Not every judged change shows its benefit:")[1]
+    assert "SwiGLU" in render(c.details).split("Not every judged change shows its benefit:")[1]

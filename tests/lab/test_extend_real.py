@@ -7,6 +7,7 @@ import math
 import torch
 
 from llamablock.lab import exp_extend_real as x
+from llamablock.lab.details_text import render
 from llamablock.lab.record import DEFINITION, DIFFERS, NOT_MEASURABLE, NOT_RUN, REPRODUCED
 
 L, N = 64, 128
@@ -79,7 +80,7 @@ def test_training_free_fails_when_the_named_extension_removes_none_of_the_rise(m
     # YaRN a little worse than unscaled past L in every document: none of the rise removed, settled
     assert _judged(monkeypatch, fixed=0.0, yarn_factor=0.02)["15.2.real-training-free"].verdict == DIFFERS
     partial = _judged(monkeypatch, fixed=0.3)["15.2.real-training-free"]
-    assert partial.verdict == NOT_MEASURABLE and "not measured" in partial.details
+    assert partial.verdict == NOT_MEASURABLE and "not measured" in render(partial.details)
 
 
 def test_the_intervals_are_over_documents():
@@ -106,5 +107,5 @@ def test_training_free_judges_the_method_named_in_advance(monkeypatch):
 def test_quick_records_every_claim_as_not_run_with_its_tolerance():
     got = x.run(quick=True, out=None)
     assert [c.id for c in got] == list(x.CLAIMS)
-    assert all(c.verdict == NOT_RUN and "full `llamablock lab`" in c.details for c in got)
+    assert all(c.verdict == NOT_RUN and "full `llamablock lab`" in render(c.details) for c in got)
     assert all(c.tolerance == x.TOLERANCES[c.id] for c in got)

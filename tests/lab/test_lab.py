@@ -24,6 +24,7 @@ from llamablock.lab import (
     exp_training,
     shared,
 )
+from llamablock.lab.details_text import render, said
 from llamablock.lab.record import (
     DEFINITION,
     DIFFERS,
@@ -58,7 +59,7 @@ def test_no_break_test_accepts_not_measurable():
     import sys
 
     with pytest.raises(AssertionError):
-        _broken(Claim("x", "15.1", "", 1).unmeasurable("no regime"))
+        _broken(Claim("x", "15.1", "", 1).unmeasurable(said("ratio unsettled")))
     with pytest.raises(AssertionError):
         _broken(Claim("x", "15.1", "", 1).judge(True))
     module = sys.modules[__name__]
@@ -132,7 +133,7 @@ def test_report_words_follow_the_results():
             if c.id == "15.5.decode-speed" and decode == DIFFERS:
                 c.judge(False)
             if unmeasured:
-                c.unmeasurable("no regime")
+                c.unmeasurable(said("ratio unsettled"))
         return _meaning(render_report(document(claims, env, quick=True, declared={"15.5": declared("15.5")})), "15.5")
 
     good, flipped = run(), run(decode=DIFFERS)
@@ -426,10 +427,11 @@ def test_training_claims_fail_when_the_changes_hurt(monkeypatch):
     for c in claims:
         _broken(c)
         assert c.indicative  # quick
-    assert "3 seeds" in claims[0].details and "± 0.0000" not in claims[0].details
+    assert "3 seeds" in render(claims[0].details) and "± 0.0000" not in render(claims[0].details)
     one = {n: [r for r in _records(worse) if r["seed"] == 0] for n in (1,)}[1]
     monkeypatch.setattr(exp_training, "run_variants", lambda *a, **k: one)
-    assert all("one seed" in c.details and "±" not in c.details for c in exp_training.ablation_claims(True, None))
+    assert all("one seed" in render(c.details) and "±" not in render(c.details)
+               for c in exp_training.ablation_claims(True, None))
 
 
 def test_gqa_quality_fails_when_mqa_trains_better(monkeypatch):

@@ -1,8 +1,10 @@
 """Every line of report.md is one template of report_text.TEMPLATES filled from results.json: the
-report re-renders byte for byte from the document, each line matches a template in full, and each
-field named for a claim's field holds that claim's value, so no sentence can carry a figure (or a
-word) that results.json does not. `check_report` is also run on a real quick lab's output by the
-end-to-end test in test_lab.py."""
+report re-renders byte for byte from the document, each line matches a template in full, each
+field named for a claim's field holds that claim's value, and a claim's details and indicative
+reason are the templates of details_text.DETAILS its entries name, filled with values that are not
+text, so no sentence can carry a figure (or a word) that results.json does not. `check_report` is
+also run on a real quick lab's output by the end-to-end test in test_lab.py, and on the exact
+experiments' own claims in test_details_text.py."""
 
 import json
 import re
@@ -10,11 +12,12 @@ import re
 import pytest
 
 from llamablock.lab import report
+from llamablock.lab.details_text import problems, render, said
 from llamablock.lab.record import DIFFERS, NOT_MEASURABLE, NOT_RUN, REPRODUCED, Claim
 from llamablock.lab.report import _cell, document, render_report
 from llamablock.lab.report_text import READINGS, TEMPLATES
 
-CLAIM_FIELDS = ("claim", "source_value", "measured", "unit", "tolerance", "indicative")
+CLAIM_FIELDS = ("claim", "source_value", "measured", "unit", "tolerance")
 
 
 def _regex(template: str, fixed: dict[str, str] | None = None) -> re.Pattern:
@@ -50,8 +53,10 @@ def _matches(name: str, line: str, claims: dict, known_ids: set) -> bool:
         if c is None:
             return False
         fixed = {f: re.escape(_cell(c[f])) for f in CLAIM_FIELDS if f in got}
+        if "indicative" in got:
+            fixed["indicative"] = re.escape(_cell(render(c["indicative"])))
         if "details" in got:
-            fixed["details"] = f"{re.escape(_cell(c['details']))}\\.?"
+            fixed["details"] = f"{re.escape(_cell(render(c['details'])))}\\.?"
         if "plot" in got:
             fixed["plot"] = "|".join(re.escape(p) for p in c["plots"]) or "(?!)"
         m = _regex(TEMPLATES[name], fixed | {"id": re.escape(c["id"])}).fullmatch(line)
@@ -64,8 +69,23 @@ def _matches(name: str, line: str, claims: dict, known_ids: set) -> bool:
     return all(got[k].isdigit() for k in counts if k in got)
 
 
+def entry_problems(doc: dict) -> list[str]:
+    """Each claim's details and indicative entries that are not a DETAILS template filled with values."""
+    bad = []
+    for c in doc["claims"]:
+        for key in ("details", "indicative"):
+            if not isinstance(c[key], list):
+                bad.append(f"{c['id']} {key}: not a list of said() entries: {str(c[key])[:80]!r}")
+                continue
+            bad += [f"{c['id']} {key}: {p}" for entry in c[key] for p in problems(entry)]
+    return bad
+
+
 def check_report(text: str, doc: dict) -> list[str]:
-    """The lines of `text` that no template filled from `doc` produces (empty: the report is the document's)."""
+    """The lines of `text` that no template filled from `doc` produces (empty: the report is the document's);
+    first, the claims' entries that are not templates filled with values (then nothing is rendered)."""
+    if bad := entry_problems(doc):
+        return bad
     claims = {c["id"]: c for c in doc["claims"]}
     known = set(claims) | {i for ids in doc["declared"].values() for i in ids}
     bad = [] if render_report(json.loads(json.dumps(doc))) == text else ["<not the rendering of results.json>"]
@@ -75,19 +95,23 @@ def check_report(text: str, doc: dict) -> list[str]:
     return bad
 
 
+# how each claim was measured: two sentences of DETAILS, one with a list and a name among its values
+HOW = (said("15.3.speed-fused differs", widths=[1024, 4096]),
+       said("compare", name="2017 + GQA", loss=[3.1, 0.01, 3], base="2017", base_loss=[3.2, 0.02, 3], params=10_000,
+            base_params=10_001, noise=0.04))
 ENV = {"date": "d", "python": "3", "torch": "t", "machine": "m", "processor": "", "threads": 1}
 
 
 def _doc(outcome: str) -> dict:
     """Every claim READINGS knows, all with `outcome`, plus one of each other verdict, a table and a plot."""
     claims = [Claim(i, i.split(".")[0] + "." + i.split(".")[1], "a claim", 4.0, measured=[0.825, 3.3], unit="x",
-                    tolerance="within 1").judge(outcome == REPRODUCED, "how it was measured") for i in READINGS]
+                    tolerance="within 1").judge(outcome == REPRODUCED, *HOW) for i in READINGS]
     claims[0].table = [{"width": 1024, "ratio": 0.825}]
     claims[0].plots = ["a.png"]
-    claims[1].indicative = "quick run"
-    claims += [Claim("15.2.real-x", "15.2", "real", "drops", tolerance="above 0").not_run("full lab only"),
-               Claim("15.3.y", "15.3", "y", None).unmeasurable("spread"), Claim("ex.z", "exercises", "z", 1).define(),
-               Claim("beyond.q", "beyond", "q", None).judge(True)]
+    claims[1].indicative = [said("15.5.decode-speed quick", rounds=8, full_rounds=30)]
+    claims += [Claim("15.2.real-x", "15.2", "real", "drops", tolerance="above 0").not_run(said("real not run")),
+               Claim("15.3.y", "15.3", "y", None).unmeasurable(said("ratio unsettled")),
+               Claim("ex.z", "exercises", "z", 1).define(), Claim("beyond.q", "beyond", "q", None).judge(True)]
     return document(claims, ENV, quick=True, timings={"one": 1.25},
                     declared={"15.5": ["15.5.never-run"], "15.2": ["15.2.real-x"]})
 
@@ -110,7 +134,7 @@ def test_the_check_fails_on_free_text_or_a_figure_not_from_the_run(monkeypatch):
     # a reading filled with a figure that is not the claim's measured value
     assert check_report(text.replace("takes 0.825, 3.3 of", "takes 0.85 of"), doc) != []
     # a details line that is not the claim's details
-    assert check_report(text.replace("how it was measured", "trained to convergence", 1), doc) != []
+    assert check_report(text.replace("At width 1024, 4096", "Trained to convergence, at width 1024", 1), doc) != []
     # a report written from something results.json does not hold
     monkeypatch.setitem(TEMPLATES, "title", "# The LLaMA Block, measured")
     monkeypatch.setattr(report, "say", lambda name, **v: TEMPLATES[name].format(**v).replace("0.825", "0.82"))
@@ -125,4 +149,35 @@ def test_not_run_is_counted_apart_from_not_measurable():
     assert lines[1] == "Not run (full lab only), counted apart from not measurable: 1 (`15.2.real-x`)."
     assert NOT_RUN in {c["verdict"] for c in doc["claims"]}
     detail = next(line for line in render_report(doc).splitlines() if line.startswith("- `15.2.real-x`"))
-    assert detail == "- `15.2.real-x` (above 0): full lab only."
+    assert detail == f"- `15.2.real-x` (above 0): {render([said('real not run')])}"
+
+
+def _with_details(details) -> dict:
+    doc = _doc(REPRODUCED)
+    doc["claims"][0]["details"] = details
+    return doc
+
+
+def test_the_check_fails_on_details_that_are_not_templates_filled_with_values():
+    """What an experiment that writes free text leaves in results.json: a sentence for details, a
+    sentence smuggled in as a value, a template the table lacks, a value for no field of it."""
+    how = said("15.3.speed-fused differs", widths=[1024])
+    free = [
+        "trained to convergence, so the gap is real",  # a sentence, not entries
+        [how, "Removing the mean raised the loss."],  # one free sentence among entries
+        [{"template": "15.3.speed-fused differs", "values": {"widths": "all of them, as expected. Really"}}],
+        [{"template": "15.3.speed-fused differs", "values": {"widths": "every width the model was run at"}}],
+        [{"template": "a sentence of my own", "values": {}}],
+        [{"template": "15.3.speed-fused differs", "values": {"widths": [1024], "note": 1}}],
+    ]
+    for details in free:
+        doc = _with_details(details)
+        assert entry_problems(doc) and check_report("", doc), details
+    assert entry_problems(_with_details([how])) == []
+    # the same text cannot be recorded in the first place: said() and Claim refuse it
+    with pytest.raises(ValueError, match="holds text"):
+        said("15.3.speed-fused differs", widths="every width the model was run at")
+    with pytest.raises(ValueError, match="takes"):
+        said("15.3.speed-fused differs", widths=[1024], note="x")
+    with pytest.raises(TypeError, match="not text"):
+        Claim("15.3.y", "15.3", "y", None).judge(True, "trained to convergence")

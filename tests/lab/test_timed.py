@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from llamablock.lab import exp_norm, timed
+from llamablock.lab.details_text import render
 from llamablock.lab.record import DIFFERS, NOT_MEASURABLE, REPRODUCED, Claim
 
 
@@ -19,7 +20,7 @@ def _samples(median: float, scatter: float, n: int) -> dict[str, list[float]]:
 
 def _judge(median, scatter, n, low=0.85, high=0.90):
     return timed.judge_ratio(Claim("x", "15.3", "", "0.85-0.90"), timed.ratio(_samples(median, scatter, n), "num", "den"),
-                             low, high, "")
+                             low, high)
 
 
 def test_band_is_widened_by_the_interval_of_the_median_not_by_the_spread():
@@ -64,7 +65,7 @@ def _fused_from(medians: dict[int, float], monkeypatch):
 def test_speed_fused_fails_when_one_width_saves_another_share(monkeypatch):
     assert _fused_from({1024: 0.87, 4096: 0.88, 8192: 0.86}, monkeypatch).verdict == REPRODUCED
     c = _fused_from({1024: 0.87, 4096: 0.70, 8192: 0.86}, monkeypatch)
-    assert c.verdict == DIFFERS and "width 4096" in c.details
+    assert c.verdict == DIFFERS and "width 4096" in render(c.details)
 
 
 def test_speed_fused_a_a_null_is_not_measurable(monkeypatch):

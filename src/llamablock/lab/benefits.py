@@ -17,6 +17,7 @@ shows its benefit, differs when one shows the opposite beyond the noise, else no
 
 from __future__ import annotations
 
+from llamablock.lab.details_text import said
 from llamablock.lab.record import DEFINITION, DIFFERS, NOT_MEASURABLE, REPRODUCED, Claim
 from llamablock.lab.shared import _row
 from llamablock.lab.shared import noise as shared_noise
@@ -68,16 +69,16 @@ def claim_ablation(records, summary, hot_records, hot, steps: int) -> Claim:
     seeds = _row(summary, "2017")["seeds"]
     _, how = shared_noise([(records, summary, "2024", 1),
                            (records, summary, "2017", -1)])
-    details = (f"{steps} steps, {'one seed' if seeds == 1 else f'{seeds} seeds'}, equal parameters; noise: {how}; "
-               "per change, in the table: "
-               + "; ".join(f"{ch} ({m}) {v:+.4f}" + ("" if ch == "GQA" else f", noise {n:.4f}") + f": {vd}"
-                           for ch, _, m, v, n, vd in rows if vd != DEFINITION)
-               + f"; GQA's loss change {delta:+.4f} (noise {gqa_noise:.4f}). The whole 2024 block against the 2017 one: {whole:+.4f} "
-               f"(noise {whole_noise:.4f}), shown, not judged.")
+    details = [said("15.6.ablation", steps=steps, seeds=seeds)]
+    by = {ch: (v, n, vd) for ch, _, _, v, n, vd in rows}
+    details += [said("15.6.ablation RMSNorm pre-LN", value=by["RMSNorm pre-LN"][0], noise=by["RMSNorm pre-LN"][1],
+                     verdict=by["RMSNorm pre-LN"][2]),
+                said("15.6.ablation GQA", value=by["GQA"][0], verdict=by["GQA"][2]),
+                said("15.6.ablation SwiGLU", value=by["SwiGLU"][0], noise=by["SwiGLU"][1], verdict=by["SwiGLU"][2])]
+    details += [said("15.6.ablation rest", gqa=delta, gqa_noise=gqa_noise, whole=whole, whole_noise=whole_noise), how]
     if any(vd == DIFFERS for _, vd in judged):
-        return c.judge(False, details + " Not every judged change shows its benefit: "
-                       + ", ".join(ch for ch, vd in judged if vd == DIFFERS) + ".")
+        return c.judge(False, *details, said("15.6.ablation differs", changes=[ch for ch, vd in judged if vd == DIFFERS]))
     if all(vd == REPRODUCED for _, vd in judged):
-        return c.judge(True, details)
-    return c.unmeasurable(details + " Within the noise: " + ", ".join(ch for ch, vd in judged if vd == NOT_MEASURABLE)
-                          + ".")
+        return c.judge(True, *details)
+    return c.unmeasurable(*details, said("15.6.ablation unsettled",
+                                         changes=[ch for ch, vd in judged if vd == NOT_MEASURABLE]))

@@ -25,6 +25,7 @@ import torch
 
 from llamablock.diagnostics.kv_calculator import kv_cache_size
 from llamablock.kv_cache import KVCache
+from llamablock.lab.details_text import said
 from llamablock.lab.record import Claim
 from llamablock.lab.shared import (
     FULL,
@@ -60,10 +61,9 @@ def claim_window_cache(tokens: int = 32768) -> Claim:
               "that keeps the whole context in every layer", "about 6x", measured=round(whole / ring, 2),
               unit="KVCache bytes, whole context / ring per windowed layer", tolerance="5x to 7x, calculator equal")
     return c.judge(5 <= whole / ring <= 7 and calc == ring,
-                   f"Gemma 3 4B's {kinds.count('full')} global and {kinds.count('sliding')} local layers (window "
-                   f"{cfg.sliding_window}), {tokens:,} tokens, bf16: {human_bytes(whole)} with every layer at the whole "
-                   f"context, {human_bytes(ring)} with a ring per local layer; the calculator says "
-                   f"{human_bytes(calc)}.")
+                   said("beyond.window-cache", full=kinds.count("full"), local=kinds.count("sliding"),
+                        window=cfg.sliding_window, tokens=tokens, whole=human_bytes(whole), ring=human_bytes(ring),
+                        calc=human_bytes(calc)))
 
 
 def run(quick: bool, out) -> list[Claim]:
@@ -77,7 +77,7 @@ def run(quick: bool, out) -> list[Claim]:
     trained = [judge(cid, (calm_records, calm), (hot_records, hot)) for cid in CHANGES]
     if quick:
         for c in trained:
-            c.indicative = INDICATIVE
+            c.indicative = [INDICATIVE]
     return claims + trained
 
 
@@ -94,13 +94,10 @@ def judge(cid: str, calm_run: tuple[list[dict], list[dict]], hot_run: tuple[list
               unit=f"val loss rise at lr 1e-2 with a short warm-up, 2024 / {variant}, nats/char",
               tolerance="the change's rise smaller than the 2024 block's by more than the noise")
     quality = _row(calm, variant)["val_loss"] - _row(calm, "2024")["val_loss"]
-    text = (f"at lr 1e-3: 2024 {_loss(_row(calm, '2024'))}, {variant} {_loss(_row(calm, variant))} ({quality:+.4f}); "
-            f"at lr 1e-2 with warm-up over 10% of the steps: 2024 {_loss(_row(hot, '2024'))} ({rise['2024']:+.4f}), "
-            f"{variant} {_loss(_row(hot, variant))} ({rise[variant]:+.4f}); noise threshold {noise:.4f} ({how}); the "
-            f"2024 block's own rise against its noise {base_noise:.4f}.")
+    text = said("beyond.training", calm=_loss(_row(calm, "2024")), variant=variant, calm_variant=_loss(_row(calm, variant)),
+                quality=quality, hot=_loss(_row(hot, "2024")), rise=rise["2024"], hot_variant=_loss(_row(hot, variant)),
+                variant_rise=rise[variant], noise=noise, base_noise=base_noise)
     if rise["2024"] <= base_noise:
-        return c.unmeasurable(text + " The 2024 block itself loses no more than the noise at the high rate here, so "
-                              "there is no instability for the change to remove at this size and depth.")
+        return c.unmeasurable(text, how, said("beyond.training no instability"))
     ok = rise[variant] < rise["2024"] - noise
-    return c.judge(ok, text + ("" if ok else " The instability these changes address grows with width, depth and "
-                               "training length; at this size the change does not remove what the high rate costs."))
+    return c.judge(ok, text, how, *([] if ok else [said("beyond.training not removed")]))

@@ -8,6 +8,7 @@ import torch
 from llamablock import ffn as ffn_lib
 from llamablock.config import ModelConfig
 from llamablock.diagnostics.kv_calculator import kv_cache_size
+from llamablock.lab.details_text import said
 from llamablock.lab.record import Claim
 from llamablock.lab.shared import allocated_bytes, param_saving
 from llamablock.model import Decoder
@@ -80,18 +81,17 @@ def claim_side_by_side() -> Claim:
               "six rows; shape unchanged", measured=", ".join(f"{k}: {'yes' if all(v) else 'NO'}" for k, v in rows.items()),
               unit="row as the module states it, in both presets and the models they build",
               tolerance="every row, both columns")
-    return c.judge(all(all(v) for v in rows.values()),
-                   "presets gpt-2017-small and llama-2024-small: " + "; ".join(
-                       f"{f} ({CHANGES[f][0]}): {getattr(old, f)} -> {getattr(new, f)}" for f in CHANGES
-                       if getattr(old, f) != getattr(new, f))
-                   + f"; final norm {type(m_old.final_norm).__name__} -> {type(m_new.final_norm).__name__}; "
-                   f"feed-forward matrices {len(ffn_old)} -> {len(ffn_new)}, d_ff {old.d_ff} = {old.d_ff / old.d_model:g} d "
-                   f"-> {new.d_ff} (8/3 x {new.d_model} = {8 * new.d_model / 3:.1f} rounded up to a multiple of 256: "
-                   f"{rule}); linear layers with a bias per block {sum(m.bias is not None for m in lin_old)} of "
-                   f"{len(lin_old)} -> {sum(m.bias is not None for m in lin_new)} of {len(lin_new)}; both width "
-                   f"{old.d_model} and {old.n_layers} blocks, logits at a position unchanged by later tokens in both. "
-                   f"Parameters {a:,} and {b:,}; KV cache {old.kv_bytes_per_token(2):,} and {new.kv_bytes_per_token(2):,} "
-                   "bytes per token at fp16 (the equal-budget comparison is 15.6.ablation).")
+    changed = [said("15.6.side-by-side change", field=f, section=CHANGES[f][0], old=getattr(old, f), new=getattr(new, f))
+               for f in CHANGES if getattr(old, f) != getattr(new, f)]
+    rest = said("15.6.side-by-side rest", final_old=type(m_old.final_norm).__name__,
+                final_new=type(m_new.final_norm).__name__, ffn_old=len(ffn_old), ffn_new=len(ffn_new),
+                d_ff_old=old.d_ff, times=old.d_ff / old.d_model, d_ff_new=new.d_ff, d=new.d_model,
+                eight_thirds=8 * new.d_model / 3, rule=rule, bias_old=sum(m.bias is not None for m in lin_old),
+                linear_old=len(lin_old), bias_new=sum(m.bias is not None for m in lin_new), linear_new=len(lin_new),
+                d_old=old.d_model, layers_old=old.n_layers, layers_new=new.n_layers,
+                causal=_causal(m_old) and _causal(m_new), params_old=a, params_new=b,
+                kv_old=old.kv_bytes_per_token(2), kv_new=new.kv_bytes_per_token(2))
+    return c.judge(all(all(v) for v in rows.values()), said("15.6.side-by-side"), *changed, rest)
 
 
 def exercise_four_changes() -> Claim:
@@ -100,8 +100,7 @@ def exercise_four_changes() -> Claim:
     c = Claim("ex.four-changes", "exercises", "the four changes that alter what is computed or stored",
               "RoPE 15.1, RMSNorm 15.3, SwiGLU 15.4, GQA 15.5",
               measured=", ".join(f"{CHANGES[f][1]} ({CHANGES[f][0]})" for f in computing), tolerance="same four")
-    return c.define("a recall question: the answer is the module's own list, shown beside the config fields of this "
-                    "project's presets that carry each change; nothing here could be measured differently")
+    return c.define(said("ex.four-changes"))
 
 
 def rot(a):
@@ -117,23 +116,21 @@ def exercise_rotation() -> Claim:
     c = Claim("ex.rotation-product", "exercises", "show R(m)^T R(n) = R(n - m)", "R(n - m)",
               measured=str(sympy.simplify(product.subs(n, m + gap)).tolist()), unit="R(m)^T R(n) by sympy",
               tolerance="symbolic equality")
-    return c.judge(ok, "sympy: top-left cos m cos n + sin m sin n = cos(n - m); bottom-left sin(n - m); the "
-                   "library's own rotation is checked numerically in 15.1.rotation-identity")
+    return c.judge(ok, said("ex.rotation-product", zero=ok))
 
 
 def exercise_width() -> Claim:
     got = ffn_lib.gated_ffn_width(4096, multiple_of=1)
     c = Claim("ex.swiglu-width", "exercises", "SwiGLU inner width at d = 4096 before rounding", 10922.67,
               measured=got, unit="llamablock.ffn.gated_ffn_width(4096, multiple_of=1)", tolerance="within 1")
-    return c.judge(abs(got - 10922.67) <= 1, f"the library's width rule without the rounding to 256 (whole units: "
-                   f"8/3 x 4096 = 10922.67 rounds up to {got}); with it, {ffn_lib.gated_ffn_width(4096)}")
+    return c.judge(abs(got - 10922.67) <= 1, said("ex.swiglu-width", width=got, rounded=ffn_lib.gated_ffn_width(4096)))
 
 
 def exercise_norm_saving() -> Claim:
     saving = param_saving(4096)
     c = Claim("ex.rmsnorm-saving", "exercises", "parameters RMSNorm saves at d = 4096", 4096, measured=saving,
               tolerance="within 0")
-    return c.judge(saving == 4096, "LayerNorm's parameters minus RMSNorm's, both counted from the library's layers")
+    return c.judge(saving == 4096, said("ex.rmsnorm-saving"))
 
 
 def exercise_cache() -> Claim:
@@ -143,8 +140,7 @@ def exercise_cache() -> Claim:
     c = Claim("ex.kv-cache", "exercises", "32 layers, d_head 128, 32768 tokens, bf16, 8 KV heads", 4,
               measured=round(got8, 4), unit="GiB", tolerance="within 0.01 (16 with 32 heads)")
     return c.judge(abs(got8 - 4) <= 0.01 and abs(got32 - 16) <= 0.01,
-                   f"8 heads: bytes allocated by KVCache (one layer x 32); 32 heads: {got32:g} GiB from the calculator "
-                   "(`llamablock kv-cache`)")
+                   said("ex.kv-cache", gib32=got32))
 
 
 def run(quick: bool, out) -> list[Claim]:

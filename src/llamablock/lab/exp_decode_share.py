@@ -20,6 +20,7 @@ import torch
 
 from llamablock.attention import Attention, AttentionInputs
 from llamablock.ffn import make_ffn
+from llamablock.lab.details_text import said
 from llamablock.lab.record import Claim
 from llamablock.lab.timed import median_interval, one_thread, rounds
 from llamablock.presets import preset
@@ -74,9 +75,9 @@ def judge(m: dict) -> Claim:
                         "the median per-round difference")
     tokens, shares, nbytes = m["tokens"], m["shares"], m["nbytes"]
     mha = _interval(shares[(32, 8192)])
-    grows = {"32 vs 8 KV heads": _interval([a - b for a, b in zip(shares[(32, 8192)], shares[(8, 8192)], strict=True)])}
+    grows = {"heads": _interval([a - b for a, b in zip(shares[(32, 8192)], shares[(8, 8192)], strict=True)])}
     if 32768 in tokens:
-        grows["32,768 vs 8,192 tokens"] = _interval([a - b for a, b in zip(shares[(32, 32768)], shares[(32, 8192)],
+        grows["tokens"] = _interval([a - b for a, b in zip(shares[(32, 32768)], shares[(32, 8192)],
                                                                             strict=True)])
     c.measured = {f"{kv} KV, {n:,}": round(statistics.median(s), 3) for (kv, n), s in shares.items()}
     c.table = [{"KV heads": kv, "tokens": n, "cache ms": m["ms"][f"cache-{kv}-{n}"], "weights ms": m["ms"][f"weights-{kv}"],
@@ -85,16 +86,21 @@ def judge(m: dict) -> Claim:
                for (kv, n), s in shares.items()]
     much = mha[1] >= MUCH
     rising = all(g[1] > 0 for g in grows.values())
-    details = (f"float32, one thread, {len(shares[(32, 8192)])} interleaved rounds; at 32 KV heads and 8,192 tokens "
-               f"the cache takes {mha[0]:.3f} of the step (95% interval of the median {mha[1]:.3f}-{mha[2]:.3f}); "
-               + "; ".join(f"{k}: share difference {g[0]:+.3f} ({g[1]:+.3f} to {g[2]:+.3f})" for k, g in grows.items())
-               + ". The bytes share is the cache's part of the bytes the step reads (float32 cache and weights).")
-    return c.judge(much and rising, details + ("" if much else f" The share is below {MUCH:g}.")
-                   + ("" if rising else " The share does not grow as the cache does."))
+    details = [said("15.5.decode-share", rounds=len(shares[(32, 8192)]), share=mha[0], low=mha[1], high=mha[2])]
+    details.append(said("15.5.decode-share heads", diff=grows["heads"][0], low=grows["heads"][1], high=grows["heads"][2]))
+    if "tokens" in grows:
+        details.append(said("15.5.decode-share tokens", diff=grows["tokens"][0], low=grows["tokens"][1],
+                            high=grows["tokens"][2]))
+    details.append(said("15.5.decode-share bytes"))
+    if not much:
+        details.append(said("15.5.decode-share not much", much=MUCH))
+    if not rising:
+        details.append(said("15.5.decode-share not rising"))
+    return c.judge(much and rising, *details)
 
 
 def run(quick: bool, out) -> list[Claim]:
     c = judge(measure(quick))
     if quick:
-        c.indicative = "quick run: 8,192 tokens only and 5 rounds; `llamablock lab` adds 32,768 tokens and times 15"
+        c.indicative = [said("15.5.decode-share quick", rounds=5, full_rounds=15)]
     return [c]

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+from llamablock.lab.details_text import said
 from llamablock.lab.record import Claim
 from llamablock.studies.position_stats import interval
 
@@ -40,8 +41,6 @@ DOCS = 3  # documents (the longest packaged plays), the unit of every interval; 
 BIN = 1024  # positions per point of the figure
 NAMED = "yarn"  # the one extension 15.2.real-training-free judges, named before the run (the module's fullest fix)
 DYNAMIC_TOLERANCE = 1e-4  # nats per token: float32 passes of different lengths round differently
-WHY_QUICK = ("the quick run does not run SmolLM2-135M past its 8,192-token context (eight passes of 16,384 tokens "
-             "through the model); the full `llamablock lab` judges this claim")
 TOLERANCES = {  # how each is judged: the same words whether the run judges it or --quick skips it
     "15.2.real-past-context": "the interval of the difference lies above 0",
     "15.2.real-interpolation-blur": "linear's cost above 0 and above NTK-aware's and YaRN's, each interval clear of 0",
@@ -100,48 +99,43 @@ def judge(losses: dict, run: dict) -> list[Claim]:
     L = run["L"]
     n = losses["none"][0].shape[0]
     inside, past = (0, L), (L, min(2 * L, n))
-    where = (f"{run['model']} on {', '.join(run['documents'])}, {run['tokens']:,} tokens, factor "
-             f"{run['tokens'] / L:g}, no fine-tuning; nats per token, 95% t interval over the "
-             f"{len(run['documents'])} documents")
+    where = said("real where", model=run["model"], documents=run["documents"], tokens=run["tokens"],
+                 factor=run["tokens"] / L, n=len(run["documents"]))
     claims = []
     if len(losses["none"]) < 2:
-        why = f"{where}: one document gives no interval (the document is the unit), so nothing is judged"
-        return [_claim(i).define(why) if i == "15.2.real-dynamic-inside" else _claim(i).unmeasurable(why)
+        why = said("real one document")
+        return [_claim(i).define(where, why) if i == "15.2.real-dynamic-inside" else _claim(i).unmeasurable(where, why)
                 for i in CLAIMS]
 
     rise = paired(losses, "none", "reference", *past)
     c = _claim("15.2.real-past-context", measured=round(rise[0], 4),
                unit=f"unscaled minus the reference at positions {past[0]}-{past[1]}, nats")
-    claims.append(c.judge(rise[1] > 0, f"{where}. Unscaled RoPE minus the model in its own sliding window past L: "
-                                       f"{_text(rise)}."))
+    claims.append(c.judge(rise[1] > 0, where, said("15.2.real-past-context", rise=list(rise))))
 
     cost = {m: paired(losses, m, "none", *inside) for m in ("linear", "ntk", "yarn")}
     vs = {m: paired(losses, "linear", m, *inside) for m in ("ntk", "yarn")}
     c = _claim("15.2.real-interpolation-blur", measured=[round(cost[m][0], 4) for m in ("linear", "ntk", "yarn")],
                unit="loss inside L minus the unscaled model's, linear / ntk / yarn, nats")
     ok = cost["linear"][1] > 0 and all(v[1] > 0 for v in vs.values())
-    claims.append(c.judge(ok, f"{where}. Inside L, against the unscaled model: linear {_text(cost['linear'])}, "
-                              f"NTK-aware {_text(cost['ntk'])}, YaRN {_text(cost['yarn'])}; linear minus NTK-aware "
-                              f"{_text(vs['ntk'])}, minus YaRN {_text(vs['yarn'])}."))
+    claims.append(c.judge(ok, where, said("15.2.real-interpolation-blur", linear=list(cost["linear"]),
+                                          ntk=list(cost["ntk"]), yarn=list(cost["yarn"]), vs_ntk=list(vs["ntk"]),
+                                          vs_yarn=list(vs["yarn"]))))
 
     gap = max(float((d[:L] - b[:L]).abs().max()) for d, b in zip(losses["dynamic"], losses["none"], strict=True))
     c = _claim("15.2.real-dynamic-inside", measured=gap,
                unit="largest |dynamic - unscaled| per-token loss at positions 0..L-1, nats")
-    claims.append(c.define(f"{where}. Dynamic NTK reads the first L tokens in one pass and the rest after a cache, "
-                           f"as a generation does; its factor is 1 up to L by its definition, so inside L it is the "
-                           f"unscaled model: largest per-token difference {gap:.3g} nats."))
+    claims.append(c.define(where, said("15.2.real-dynamic-inside", gap=gap)))
 
     factor = paired(losses, "yarn", "yarn-no-factor", *past)
     c = _claim("15.2.real-yarn-factor", measured=round(factor[0], 4),
                unit=f"YaRN minus YaRN without its attention factor at {past[0]}-{past[1]}, nats")
-    detail = (f"{where}. With minus without the factor 0.1 ln s + 1 past L: {_text(factor)}; inside L "
-              f"{_text(paired(losses, 'yarn', 'yarn-no-factor', *inside))}.")
-    claims.append(c.judge(factor[2] < 0, detail))
+    detail = said("15.2.real-yarn-factor", past=list(factor), inside=list(paired(losses, "yarn", "yarn-no-factor", *inside)))
+    claims.append(c.judge(factor[2] < 0, where, detail))
     claims.append(_training_free(losses, past, rise, where))
     return claims
 
 
-def _training_free(losses: dict, past: tuple[int, int], rise: tuple, where: str) -> Claim:
+def _training_free(losses: dict, past: tuple[int, int], rise: tuple, where: dict) -> Claim:
     """(e): how much of the unscaled rise past L the extension named in advance (NAMED) removes with
     no fine-tuning, judged on intervals over documents. The module's "with modest fine-tuning" is
     not measured here: removing more than half without it satisfies the claim, removing none
@@ -157,22 +151,19 @@ def _training_free(losses: dict, past: tuple[int, int], rise: tuple, where: str)
     vs_ref = {m: paired(losses, m, "reference", *past) for m in EXTENSIONS if m in losses}
     c.table = [{"method": m + (" (judged)" if m == NAMED else ""), "minus reference past L, nats": _text(d),
                 "share of rise removed": round(1 - d[0] / rise[0], 3) if rise[0] > 0 else ""} for m, d in vs_ref.items()]
-    detail = (f"{where}. Past L, {NAMED} removes {_text(removed)} nats of the unscaled rise {_text(rise)}; "
-              f"unscaled + reference - 2 x {NAMED} (above 0: more than half removed): {_text(over_half)}. The other "
-              "methods, in the table, are not judged. Fine-tuning is not measured here.")
+    detail = said("15.2.real-training-free", named=NAMED, removed=list(removed), rise=list(rise), over_half=list(over_half))
     if rise[1] is None or rise[1] <= 0:
-        return c.unmeasurable(f"unscaled RoPE does not rise past L beyond the noise: nothing to recover. {detail}")
+        return c.unmeasurable(said("15.2.real-training-free no rise"), where, detail)
     if over_half[1] > 0:
-        return c.judge(True, detail)
+        return c.judge(True, where, detail)
     if removed[2] <= 0:
-        return c.judge(False, detail)
-    return c.unmeasurable(f"{NAMED} removes {share:.0%} of the rise without fine-tuning, not settled above half and "
-                          f"not none; whether modest fine-tuning recovers the rest is not measured. {detail}")
+        return c.judge(False, where, detail)
+    return c.unmeasurable(said("15.2.real-training-free partial", named=NAMED, share=share), where, detail)
 
 
 def run(quick: bool, out) -> list[Claim]:
     if quick:
-        return [_claim(i).not_run(WHY_QUICK) for i in CLAIMS]
+        return [_claim(i).not_run(said("real not run")) for i in CLAIMS]
     losses, settings = real_losses()
     claims = judge(losses, settings)
     if out is not None:

@@ -12,6 +12,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from llamablock import ffn as ffn_lib
+from llamablock.lab.details_text import said
 from llamablock.lab.record import Claim
 
 # The ids of the claims this experiment records (for `llamablock lab --only`).
@@ -30,8 +31,7 @@ def claim_swish_values() -> Claim:
     c = Claim("15.4.swish-values", "15.4", "Swish(2) ~ 1.76, Swish(-2) ~ -0.24", [1.76, -0.24],
               measured=[round(s2, 4), round(sm2, 4)], unit="", tolerance="equal at 2 decimals")
     return c.judge(round(s2, 2) == 1.76 and round(sm2, 2) == -0.24,
-                   f"llamablock.ffn.swish; closed form z / (1 + e^-z): {2 / (1 + math.exp(-2)):.6f}, "
-                   f"{-2 / (1 + math.exp(2)):.6f}")
+                   said("15.4.swish-values", plus=2 / (1 + math.exp(-2)), minus=-2 / (1 + math.exp(2))))
 
 
 def claim_gate_closes() -> Claim:
@@ -58,11 +58,8 @@ def claim_gate_closes() -> Claim:
     closed = float(out[-20.0].abs().max() / out[20.0].abs().max())
     c.measured = closed
     ok = closed < eps32 and worst < 8 * eps64
-    return c.judge(ok, f"GatedFFN.forward on (gate, up) inputs: at gate -20 the largest |output| over up in "
-                   f"[-100, 100] is {float(out[-20.0].abs().max()):.2e}, {closed:.1e} of the open gate's "
-                   f"{float(out[20.0].abs().max()):.1f} at +20 (float32 epsilon {eps32:.1e}); both settings equal "
-                   f"Swish(gate) x up from the closed form to {worst:.1e} relative (8 float64 epsilons allowed: "
-                   "a handful of roundings in the sigmoid, the products and the projections).")
+    return c.judge(ok, said("15.4.gate-closes", closed_max=float(out[-20.0].abs().max()), closed=closed,
+                            open_max=float(out[20.0].abs().max()), eps32=eps32, worst=worst))
 
 
 def _params(m: torch.nn.Module) -> int:
@@ -77,9 +74,7 @@ def claim_equal_params() -> Claim:
     llama = 3 * 4096 * ffn_lib.gated_ffn_width(4096) / (2 * 4096 * 4 * 4096)
     c = Claim("15.4.equal-params", "15.4", "three matrices at 8/3 d hold as many weights as two at 4d (8 d^2)",
               "8 d^2", measured=f"{gated:,} = {plain:,} = 8 x {d}^2", tolerance="exact")
-    return c.judge(gated == plain == 8 * d * d, f"counted from GatedFFN at the library's width rule "
-                   f"(gated_ffn_width({d}, multiple_of=1) = {width}) and MLP at 4d, no biases, d = {d}; LLaMA's "
-                   f"rounding up to a multiple of 256 makes its FFN {llama:.4f}x the 4d MLP's size at d = 4096")
+    return c.judge(gated == plain == 8 * d * d, said("15.4.equal-params", d=d, width=width, llama=llama))
 
 
 def claim_equal_flops() -> Claim:
@@ -97,17 +92,18 @@ def claim_equal_flops() -> Claim:
     c = Claim("15.4.equal-flops", "15.4", "at 8/3 d SwiGLU does the same arithmetic as the 4d MLP", "unchanged",
               measured=f"{gated:,} vs {plain:,}", unit="matmul FLOPs per forward, 64 tokens at d = 96",
               tolerance="equal matmul FLOPs")
-    return c.judge(gated == plain, "torch.utils.flop_counter over one forward: 2 x tokens x 8 d^2 on both sides; "
-                   "the element-wise Swish and product (about 4 x 8/3 d per token) are not matmuls and are left out, "
-                   "a few per cent at this width and less at LLaMA's")
+    # the element-wise Swish and product, about 4 x 8/3 d per token, against 2 x 8 d^2 of matmuls
+    def share(width):
+        return 4 * 8 / 3 * width / (2 * 8 * width ** 2)
+
+    return c.judge(gated == plain, said("15.4.equal-flops", share=share(d), d=d, llama_share=share(4096)))
 
 
 def claim_width_rule() -> Claim:
     got = ffn_lib.gated_ffn_width(4096)
     c = Claim("15.4.width-rule", "15.4", "LLaMA rounds 8/3 d up to a multiple: 11008 at d = 4096", 11008,
               measured=got, tolerance="exact")
-    return c.judge(got == 11008, "llamablock.ffn.gated_ffn_width(4096): 8/3 x 4096 = 10922.67 rounded up to a "
-                   "multiple of 256 (the unrounded width is the exercise ex.swiglu-width)")
+    return c.judge(got == 11008, said("15.4.width-rule"))
 
 
 def run(quick: bool, out) -> list[Claim]:

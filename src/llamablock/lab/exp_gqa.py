@@ -18,6 +18,7 @@ from llamablock.attention import Attention, AttentionInputs
 from llamablock.config import ModelConfig
 from llamablock.diagnostics.kv_calculator import kv_cache_size
 from llamablock.kv_cache import KVCache
+from llamablock.lab.details_text import said
 from llamablock.lab.record import Claim
 from llamablock.lab.shared import allocated_bytes
 from llamablock.lab.timed import judge_ratio, one_thread, ratio, rounds
@@ -54,8 +55,7 @@ def claim_cache_sizes() -> Claim:
               tolerance="exact")
     reduction = 1 - sizes[8][2] / sizes[32][2]
     ok = agree and sizes[32][2] == 4 * GiB and sizes[8][2] == GiB and sizes[1][2] == 128 * 2**20 and reduction == 0.75
-    return c.judge(ok, f"closed form, calculator and allocated buffers agree: {agree}; 32 -> 8 heads is a "
-                   f"{reduction:.1%} reduction (module: 75.0%)")
+    return c.judge(ok, said("15.5.cache-bytes", agree=agree, reduction=reduction))
 
 
 def _copy_to_mha(gqa: Decoder) -> Decoder:
@@ -133,13 +133,8 @@ def claim_gqa_is_mha() -> Claim:
               measured=exact, unit="largest |difference| at h_kv = h_q, float32",
               tolerance="exactly 0 at h_kv = h_q; with h_kv < h_q within twice MHA's own path-to-path rounding")
     return c.judge(exact == 0.0 and grouped <= 2 * paths,
-                   f"h_kv = h_q (8 and 32 heads of 16, one query against 50 cached keys): llamablock's grouped "
-                   f"attention against MHA written head by head differs by {exact:.1e} (module: 0.0). h_kv < h_q: "
-                   f"2-layer RoPE decoders, 8 query heads with 1, 2 or 4 KV heads, 3 seeds, 2 x 40 tokens, against MHA "
-                   f"with each KV head copied to the query heads of its group: full causal pass (SDPA with enable_gqa) "
-                   f"{worst['prefill']:.1e}, prompt of 9 then 31 cached decode steps (grouped matmul) "
-                   f"{worst['decode']:.1e}, logits up to {scale:.1f}; the MHA model's own full pass and cached decode "
-                   f"disagree by up to {paths:.1e}, so the bound is {2 * paths:.1e}.")
+                   said("15.5.gqa-equals-mha", exact=exact, prefill=worst["prefill"], decode=worst["decode"],
+                        scale=scale, paths=paths, bound=2 * paths))
 
 
 def attention_params(d_model: int, n_heads: int, head_dim: int, kv: int, qkv_bias: bool, o_bias: bool) -> dict:
@@ -186,16 +181,9 @@ def claim_param_counts() -> Claim:
               tolerance="the law exactly, for 16 configurations x 3 KV counts; attention FLOPs equal at 32 / 8 / 1 "
                         "KV heads and to the closed form")
     return c.judge(ok and same_flops and module_drop == 7 * 2 * 64 * 8 and rows == [16448, 9280],
-                   "counted from llamablock's Attention: removing one KV head removes 2 x d_model x head_dim weights "
-                   f"(+ 2 x head_dim with q/k/v biases) and W_q, W_o are unchanged, for d_model 64 and 96, head width 8 "
-                   f"and 16, with and without biases: {'holds' if ok else 'fails'}. The module's drop, 16,448 - 9,280 = "
-                   f"{module_drop:,} = 7 x 2 x 64 x 8, fits the law at d_model 64 with 8 heads of width 8; its totals "
-                   "then need an output bias and no q/k/v bias (the module does not give its configuration). The attention "
-                   "arithmetic, counted by torch's FlopCounterMode on LLaMA 3 8B's 32 query heads of 128 against 256 "
-                   "keys: " + "; ".join(f"{kv} KV heads {f[0]:,} FLOPs per decode step, {f[1]:,} for 32 masked queries"
-                                         for kv, f in flops.items())
-                   + f" (closed form 2 x 2 x h x d_head x t x s: {closed[0]:,} and {closed[1]:,}): "
-                   + ("unchanged, as the module says." if same_flops else "not unchanged."))
+                   said("15.5.attention-params", law=ok, drop=module_drop),
+                   *[said("15.5.attention-params flops", kv=kv, decode=f[0], masked=f[1]) for kv, f in flops.items()],
+                   said("15.5.attention-params closed", decode=closed[0], masked=closed[1], same=same_flops))
 
 
 def bytes_fit(samples: dict[str, list[float]], names: dict[int, str], nbytes: dict[int, int]) -> dict:
@@ -250,27 +238,17 @@ def claim_decode_speed(quick: bool, tokens: int = 8192) -> Claim:
     c.table = [{"KV heads": kv, "cache MiB": nbytes[kv] / 2**20, "attention ms": attend["ms"][kv],
                 "plain read ms": read["ms"][kv], "bytes share of attention": attend["share"][kv]}
                for kv in DECODE_KV]
-    details = (f"float32, this CPU, one thread, K/V of {tokens} tokens x 128 per head (L3 {l3_size()}): llamablock's "
-               f"grouped attention fits time = {attend['a_ms']:.3f} ms + {attend['ms_per_mib']:.4f} ms per MiB of "
-               f"cache (worst residual {attend['worst_residual']:.1%} of a time), so the bytes-proportional part is "
-               f"{share:.1%} of the time at 8 KV heads and {attend['share'][32]:.1%} at 32 (the precondition: over "
-               f"half at 8). Under that fit the 32 -> 8 ratio is 1 + 3 x {share:.3f} = {1 + 3 * share:.2f}. A plain "
-               f"read (a sum) of the same caches in the same rounds: {read_share:.1%} bytes-proportional at 8 heads, "
-               f"32 -> 8 ratio {read_ratio['median']:.2f}x; attention takes {r['ms'][0] / read['ms'][32]:.2f}x its "
-               f"read at 32 heads (it also multiplies every byte it reads, so it is slower than a sum, yet still "
-               f"proportional to the bytes).")
+    details = said("15.5.decode-speed", tokens=tokens, l3=l3_size(), a_ms=attend["a_ms"], ms_per_mib=attend["ms_per_mib"],
+                   residual=attend["worst_residual"], share=share, share32=attend["share"][32], fit_ratio=1 + 3 * share,
+                   read_share=read_share, read_ratio=read_ratio["median"], vs_read=r["ms"][0] / read["ms"][32])
     c.measured = round(r["median"], 3)
     if quick:  # 8 rounds: a wide interval of the median
-        c.indicative = "quick run: 8 interleaved rounds; `llamablock lab` times 30"
+        c.indicative = [said("15.5.decode-speed quick", rounds=8, full_rounds=30)]
     if share > 0.5:
         return judge_ratio(c, r, 3.0, 4.0, details)
     if read_share > 0.5:
-        return c.judge(False, details + f" Plain reads of these caches follow their bytes, so this machine is in "
-                       f"the claim's regime, but the attention's time does not (32 -> 8: {r['median']:.2f}x): "
-                       "this implementation does not turn the smaller cache into less time.")
-    return c.unmeasurable(details + " Neither the attention nor a plain read of its cache spends most of its time "
-                          "in proportion to the bytes here (fixed costs dominate), so the claim's regime, "
-                          "reading the cache as the bottleneck, is not reached on this machine.")
+        return c.judge(False, details, said("15.5.decode-speed misses", ratio=r["median"]))
+    return c.unmeasurable(details, said("15.5.decode-speed regime"))
 
 
 def plot_cache(out) -> list[str]:

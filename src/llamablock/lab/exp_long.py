@@ -17,6 +17,7 @@ import dataclasses
 import statistics
 from pathlib import Path
 
+from llamablock.lab.details_text import said
 from llamablock.lab.long_windows import band_means, difference, paired
 from llamablock.lab.record import Claim
 from llamablock.studies import long_context, trace
@@ -34,13 +35,17 @@ CLAIMS = (
 )
 
 
+# quick -> the long-context study's arguments
+RECIPES = {True: dict(L=16, steps=60, finetune_steps=10, windows=8, size=dict(d_model=64, n_layers=2)),
+           False: dict(L=64, steps=300, finetune_steps=40, windows=16)}
+
+
 def long_context_claims(quick: bool, out) -> list[Claim]:
     """Judged window by window (`long_windows`): every difference is taken inside one evaluation
     window of the study, its margin twice the standard error over the windows. Precondition for
     all: the model uses position, i.e. rescaling RoPE's frequencies moves the loss at 4L-8L beyond
     that margin."""
-    p = (dict(L=16, steps=60, finetune_steps=10, windows=8, size=dict(d_model=64, n_layers=2))
-         if quick else dict(L=64, steps=300, finetune_steps=40, windows=16))
+    p = RECIPES[quick]
     res = long_context.run_long_context(**p, log=None)
     L, s = res["L"], res["summary"]
     far_band, ft = f"{4 * L}-{8 * L}", res["finetune_length"]
@@ -49,8 +54,7 @@ def long_context_claims(quick: bool, out) -> list[Claim]:
     far = {name: per[str(8 * L)][far_band] for name, per in s.items() if str(8 * L) in per}
     at_ft = {name: per[str(ft)][ft_band] for name, per in s.items() if str(ft) in per and ft_band in per[str(ft)]}
     dims = {**long_context.SIZE, **(p.get("size") or {})}
-    size = (f"models of width {dims['d_model']}, {dims['n_layers']} layers, trained {p['steps']} steps at L = {L}, "
-            "one seed")
+    size = said("long size", width=dims["d_model"], layers=dims["n_layers"], steps=p["steps"], L=L)
     table = [{"scheme": n, f"0-{L}": round(inside[n], 3) if n in inside else "", f"{ft_band} (at {ft})":
               round(at_ft[n], 3) if n in at_ft else "", f"{far_band} (at {8 * L})": round(far[n], 3) if n in far else ""}
              for n in s]
@@ -67,19 +71,16 @@ def long_context_claims(quick: bool, out) -> list[Claim]:
 
     (rope_deg, rope_noise), windows = paired(rise("rope none")), len(res["window_curves"]["rope none"][str(8 * L)])
     rises = rope_deg > rope_noise
-    why_not = (f"rescaling RoPE moves the loss at {far_band} by at most {abs(moved[0]):.4f} nats against a noise "
-               f"margin of {moved[1]:.4f}: the model barely uses position at this size, so no scheme can be told apart")
-    no_rise = (f"unscaled RoPE does not rise past L beyond the noise ({rope_deg:+.4f}, margin {rope_noise:.4f}), so "
-               "there is no degradation to extend or to compare")
+    why_not = said("long no position", band=far_band, moved=abs(moved[0]), margin=moved[1])
+    no_rise = said("long no rise", rise=rope_deg, margin=rope_noise)
     claims = []
 
     c = Claim("15.2.unscaled-rise", "15.2", "RoPE trained at L, run far past L unscaled, loses quality", "rises",
               measured=round(rope_deg, 3),
               unit=f"unscaled RoPE loss at {far_band} minus at 0-{L} of the same {8 * L}-token windows, nats/char",
               tolerance="a rise beyond twice the standard error over the evaluation windows (paired within each)")
-    detail = (f"{size}; unscaled RoPE in {windows} windows of {8 * L} tokens, positions {far_band} minus 0-{L} of "
-              f"the same window: {rope_deg:+.4f}, noise margin {rope_noise:.4f} (2 standard errors over windows).")
-    claims.append(c.judge(rises, detail) if uses_position else c.unmeasurable(why_not + ". " + detail))
+    detail = said("15.2.unscaled-rise", windows=windows, length=8 * L, band=far_band, L=L, rise=rope_deg, margin=rope_noise)
+    claims.append(c.judge(rises, size, detail) if uses_position else c.unmeasurable(why_not, size, detail))
 
     alibi_rise = rise("alibi")
     alibi_deg = statistics.fmean(alibi_rise)
@@ -94,15 +95,13 @@ def long_context_claims(quick: bool, out) -> list[Claim]:
         from llamablock.lab.plots import plot_long_context
 
         c.plots = plot_long_context(res, Path(out))
-    detail = (f"{size}; loss rise past L: ALiBi {alibi_deg:+.3f}, unscaled RoPE {rope_deg:+.3f} nats/char; ALiBi's "
-              f"rise minus half of RoPE's in the same window {graceful[0]:+.4f} (margin {graceful[1]:.4f}). "
-              + " ".join(res["notes"]))
+    detail = said("15.2.long-context", alibi=alibi_deg, rope=rope_deg, graceful=graceful[0], margin=graceful[1])
     if not (uses_position and rises):
-        claims.append(c.unmeasurable((why_not if not uses_position else no_rise) + ". " + detail))
+        claims.append(c.unmeasurable(why_not if not uses_position else no_rise, size, detail))
     elif abs(graceful[0]) <= graceful[1]:
-        claims.append(c.unmeasurable("ALiBi's rise is within the noise of half of RoPE's. " + detail))
+        claims.append(c.unmeasurable(size, detail, said("15.2.long-context unsettled")))
     else:
-        claims.append(c.judge(graceful[0] < 0, detail))
+        claims.append(c.judge(graceful[0] < 0, size, detail))
 
     # inside L, where the module puts interpolation's blur: past L the unscaled control meets unseen
     # angles, and what fine-tuning teaches it there is not the blur's repair
@@ -117,13 +116,11 @@ def long_context_claims(quick: bool, out) -> list[Claim]:
                    "fine-tuning steps: interpolated / unscaled control, nats/char",
               tolerance="inside L the interpolated model gains more than the unscaled control given the same steps, "
                         "by more than twice the standard error over the evaluation windows (paired by window)")
-    detail = (f"{size}; rope_scaling linear with factor {ft // L} at {ft} tokens, inside L (positions 0-{L}): "
-              f"fine-tuning {res['finetune_steps']} steps at that length lowers its loss by "
-              f"{statistics.fmean(lin_gain):+.4f}; the same steps lower unscaled RoPE's (the control) by "
-              f"{statistics.fmean(ctrl_gain):+.4f}. Paired over the {len(lin_gain)} windows the interpolated model "
-              f"gains {beyond[0]:+.4f} more (margin {beyond[1]:.4f}).")
-    claims.append(c.judge(beyond[0] > beyond[1], detail) if uses_position and rises
-                  else c.unmeasurable((why_not if not uses_position else no_rise) + ". " + detail))
+    detail = said("15.2.interpolation-finetune", factor=ft // L, length=ft, L=L, steps=res["finetune_steps"],
+                  linear=statistics.fmean(lin_gain), control=statistics.fmean(ctrl_gain), windows=len(lin_gain),
+                  beyond=beyond[0], margin=beyond[1])
+    claims.append(c.judge(beyond[0] > beyond[1], size, detail) if uses_position and rises
+                  else c.unmeasurable(why_not if not uses_position else no_rise, size, detail))
 
     # within each ft-token window: unscaled RoPE's rise from its first L positions to ft/2-ft, and how
     # much of it YaRN after fine-tuning removes; the control is unscaled RoPE given the same steps
@@ -138,17 +135,19 @@ def long_context_claims(quick: bool, out) -> list[Claim]:
                    "YaRN + fine-tuning removes",
               tolerance="at least half removed ('recover': most of it), and below the unscaled control fine-tuned "
                         "the same steps by more than twice the standard error over the windows (paired by window)")
-    detail = (f"{size}; YaRN (factor {ft // L}) after {res['finetune_steps']} steps at {ft} tokens: {at_ft['rope yarn + fine-tune']:.3f} at "
-              f"{ft_band}, against {at_ft['rope none']:.3f} for unscaled RoPE there without fine-tuning, whose rise "
-              f"from 0-{L} of the same windows is {statistics.fmean(penalty):+.4f} ({recovered:.0%} of it removed); "
-              f"the unscaled control after the same steps: {at_ft['rope none + fine-tune']:.3f}, YaRN below it by "
-              f"{yarn_vs_ctrl[0]:+.4f} (margin {yarn_vs_ctrl[1]:.4f}, over {len(penalty)} windows).")
+    detail = said("15.2.extensions-recover", factor=ft // L, steps=res["finetune_steps"], length=ft,
+                  yarn=at_ft["rope yarn + fine-tune"], band=ft_band, none=at_ft["rope none"], L=L,
+                  rise=statistics.fmean(penalty), share=recovered, control=at_ft["rope none + fine-tune"],
+                  below=yarn_vs_ctrl[0], margin=yarn_vs_ctrl[1], windows=len(penalty))
     ok = statistics.fmean(penalty) > 0 and recovered >= 0.5 and yarn_vs_ctrl[0] > yarn_vs_ctrl[1]
-    claims.append(c.judge(ok, detail) if uses_position and rises
-                  else c.unmeasurable((why_not if not uses_position else no_rise) + ". " + detail))
+    claims.append(c.judge(ok, size, detail) if uses_position and rises
+                  else c.unmeasurable(why_not if not uses_position else no_rise, size, detail))
     if quick:
+        full = RECIPES[False]
         for claim in claims:
-            claim.indicative = "quick run: a 2-layer width-64 model, 60 steps at L = 16 (full: 4 layers, 300 steps at 64)"
+            claim.indicative = [said("long quick", layers=dims["n_layers"], width=dims["d_model"], steps=p["steps"], L=L,
+                                     full_layers=long_context.SIZE["n_layers"], full_steps=full["steps"],
+                                     full_L=full["L"])]
     return claims
 
 
@@ -192,19 +191,12 @@ def claim_residual_stream(quick: bool, out) -> Claim:
         from llamablock.lab.plots import plot_tracer
 
         c.plots = plot_tracer(result, Path(out))
-    return c.judge(grows and reset and cleaned, f"text {TEXT!r} through the trained pair ({old['steps']} steps each"
-                   f"{', quick recipe' if quick else ''}): the 2024 model's stream RMS after each block "
-                   f"{', '.join(f'{r:.2f}' for r in rms)} (mean over tokens), "
-                   + (f"{sum(final[0]) / len(final[0]):.2f} after the final RMSNorm, whose per-token RMS varies by "
-                      f"{_cv(final[0]):.3f} of its mean against {_cv(last):.3f} for the stream entering it "
-                      f"({'less' if cleaned else 'not less'}: the module's 'the final RMSNorm cleans it up', every "
-                      "token brought to one scale). " if final and len(last) > 1 else
-                      "no final norm stage, or one token only, recorded. ")
-                   + f"The 2017 model's stream, measured on the "
-                   f"stream itself after every post-LN add and norm (gain and shift included): |mean| <= {worst_mean:.3f}, "
-                   f"variance {var_lo:.3f}-{var_hi:.3f} per token. Exactly mean 0 and variance 1 holds only before the "
-                   "learned gain and shift; the stream carries them, so 'reset' means brought back to a fixed scale, "
-                   "which is what keeps it from growing.")
+    stream = said("15.6.residual-stream", text=TEXT, steps=old["steps"], quick=quick, rms=rms)
+    final_line = (said("15.6.residual-stream final", final=sum(final[0]) / len(final[0]), cv_final=_cv(final[0]),
+                       cv_last=_cv(last), cleaned=cleaned) if final and len(last) > 1
+                  else said("15.6.residual-stream no final"))
+    return c.judge(grows and reset and cleaned, stream, final_line,
+                   said("15.6.residual-stream post-LN", mean=worst_mean, var_low=var_lo, var_high=var_hi))
 
 
 def run(quick: bool, out) -> list[Claim]:

@@ -17,9 +17,10 @@ import torch
 import torch.nn.functional as F
 
 from llamablock import norm as norm_lib
+from llamablock.lab.details_text import said
 from llamablock.lab.record import DIFFERS, NOT_MEASURABLE, Claim
 from llamablock.lab.shared import param_saving
-from llamablock.lab.timed import describe, judge_ratio, one_thread, ratio, rounds, verdict
+from llamablock.lab.timed import judge_ratio, one_thread, ratio, rounds, verdict
 
 # The ids of the claims this experiment records (for `llamablock lab --only`).
 CLAIMS = (
@@ -39,7 +40,7 @@ def claim_params() -> Claim:
     saving = param_saving(512)
     c = Claim("15.3.param-saving", "15.3", "RMSNorm has d parameters, LayerNorm 2d: saving d", 512,
               measured=saving, unit="parameters at d = 512", tolerance="exact")
-    return c.judge(saving == 512, "counted from the layers' parameters (LayerNorm: gamma and beta; RMSNorm: gamma)")
+    return c.judge(saving == 512, said("15.3.param-saving"))
 
 
 def claim_correlation() -> Claim:
@@ -55,19 +56,14 @@ def claim_correlation() -> Claim:
     rms, ln = norm_lib.make_norm("rmsnorm", d, 1e-5), norm_lib.make_norm("layernorm", d, 1e-5)
     g = torch.Generator().manual_seed(0)
     z = torch.randn(256, d, generator=g)
-    inputs = {"N(0, 1)": z, "N(0, 1) + 0.5 for every row": z + 0.5,
-              "N(0, 1) + an offset N(0, 1) per row": z + torch.randn(256, 1, generator=g)}
+    inputs = {"plain": z, "shared": z + 0.5, "own": z + torch.randn(256, 1, generator=g)}  # offsets: none, one, per row
     rs = {}
     with torch.no_grad():
         for name, x in inputs.items():
             rs[name] = float(np.corrcoef(rms(x).flatten().numpy(), ln(x).flatten().numpy())[0, 1])
-    c.measured = round(rs["N(0, 1)"], 5)
+    c.measured = round(rs["plain"], 5)
     closed = (1 - 1 / d) ** 0.5
-    return c.judge(round(rs["N(0, 1)"], 4) == 0.9990, "256 vectors of width 512: "
-                   + "; ".join(f"{k}: r = {v:.5f}" for k, v in rs.items())
-                   + f". For i.i.d. zero-mean entries r ~ sqrt(1 - 1/d) = {closed:.5f} (each row's own mean is the "
-                   "only difference); the agreement depends on rows being near zero-mean, which is an input "
-                   "property, not a property of the layers.")
+    return c.judge(round(rs["plain"], 4) == 0.9990, said("15.3.output-correlation", rows=256, d=d, closed=closed, **rs))
 
 
 def claim_speed_eager(quick: bool) -> Claim:
@@ -80,10 +76,7 @@ def claim_speed_eager(quick: bool) -> Claim:
         s = rounds({"layernorm": lambda: F.layer_norm(x, (d,), w, b, 1e-5), "six-op": lambda: six_op_rmsnorm(x, w)},
                    repeats=15 if quick else 60)
     r = ratio(s, "six-op", "layernorm")
-    return judge_ratio(c, r, 1.0, float("inf"), f"this CPU, one thread, (2048, 512) float32, warm: LayerNorm "
-                       f"{r['ms'][1]:.3f} ms, six-op RMSNorm {r['ms'][0]:.3f} ms (medians). Like the module's, this "
-                       "compares one fused kernel with six separate ones, not the saved pass; the size of the ratio "
-                       "is the hardware's, only its direction is judged.")
+    return judge_ratio(c, r, 1.0, float("inf"), said("15.3.speed-six-ops", layernorm=r["ms"][1], six_op=r["ms"][0]))
 
 
 @functools.cache
@@ -140,27 +133,25 @@ def claim_speed_fused(quick: bool) -> Claim:
         timed = {d: _time_width(d, quick) for d in (FUSED_WIDTHS[:2] if quick else FUSED_WIDTHS)}
     n = FUSED_ROUNDS[quick]
     if quick:
-        c.indicative = (f"quick run: {len(timed)} widths and {n} rounds each; `llamablock lab` times "
-                        f"{len(FUSED_WIDTHS)} widths with {FUSED_ROUNDS[False]} rounds")
+        c.indicative = [said("15.3.speed-fused quick", widths=len(timed), rounds=n, full_widths=len(FUSED_WIDTHS),
+                             full_rounds=FUSED_ROUNDS[False])]
     verdicts = {d: verdict(r["vs three-pass"], 0.85, 0.90) for d, r in timed.items()}
     c.table = [{"width": d, "RMSNorm / three-pass": r["vs three-pass"]["median"],
                 "95% interval": "{:.3f}-{:.3f}".format(*r["vs three-pass"]["interval"]),
                 "spread": r["vs three-pass"]["spread"], "verdict": verdicts[d],
                 "RMSNorm / one-pass (F.layer_norm)": r["vs one-pass"]["median"]} for d, r in timed.items()]
     c.measured = {f"d {d}": round(r["vs three-pass"]["median"], 3) for d, r in timed.items()}
-    details = (f"2048 rows, float32, one thread, warm, {n} interleaved rounds per width; "
-               "llamablock.norm.rms_norm against a three-pass LayerNorm, both torch.compile'd (inductor). "
-               "torch's one-pass F.layer_norm is timed beside: it has no separate mean pass, so it does not "
-               "test the claim. Per width: " + " ".join(f"d {d}: {describe(r['vs three-pass'])}"
-                                                        for d, r in timed.items()))
-    widths = {v: [str(d) for d, x in verdicts.items() if x == v] for v in (DIFFERS, NOT_MEASURABLE)}
+    details = [said("15.3.speed-fused", rounds=n)]
+    details += [said("15.3.speed-fused width", width=d, rounds=r["vs three-pass"]["rounds"],
+                     median=r["vs three-pass"]["median"], low=r["vs three-pass"]["interval"][0],
+                     high=r["vs three-pass"]["interval"][1], spread=r["vs three-pass"]["spread"])
+                for d, r in timed.items()]
+    widths = {v: [d for d, x in verdicts.items() if x == v] for v in (DIFFERS, NOT_MEASURABLE)}
     if widths[DIFFERS]:
-        return c.judge(False, details + f" At width {', '.join(widths[DIFFERS])} the median's interval lies "
-                       "outside 0.85-0.90.")
+        return c.judge(False, *details, said("15.3.speed-fused differs", widths=widths[DIFFERS]))
     if not widths[NOT_MEASURABLE]:
-        return c.judge(True, details + " At every width the median's interval meets 0.85-0.90.")
-    return c.unmeasurable(details + f" At width {', '.join(widths[NOT_MEASURABLE])} the per-round spread is at "
-                          "least the effect or the median's interval holds 1, and no width lies outside the band.")
+        return c.judge(True, *details, said("15.3.speed-fused reproduced"))
+    return c.unmeasurable(*details, said("15.3.speed-fused unmeasurable", widths=widths[NOT_MEASURABLE]))
 
 
 def run(quick: bool, out) -> list[Claim]:

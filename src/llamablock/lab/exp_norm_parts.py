@@ -23,6 +23,7 @@ import math
 import torch
 from torch import nn
 
+from llamablock.lab.details_text import said
 from llamablock.lab.record import Claim
 from llamablock.lab.shared import FULL, INDICATIVE, QUICK, _row, lab_variants, window_losses
 from llamablock.lab.shared import noise as shared_noise
@@ -121,22 +122,22 @@ def judge(records: list[dict], steps: int) -> Claim:
     c.table = [{"variant": r["variant"], "seed": r["seed"], "loss at init": round(r["start_loss"], 4),
                 "val loss": round(r["val_loss"], 4) if math.isfinite(r["val_loss"]) else "diverged"} for r in records]
     if not fell:
-        return c.unmeasurable(f"{steps} steps at lr {LR:g}: LayerNorm itself does not train at this rate (its loss "
-                              "did not fall below its loss at initialisation, or diverged), so the rate is not one "
-                              "where LayerNorm trains.")
+        return c.unmeasurable(said("15.3.division-stabilizes no training", steps=steps, lr=LR))
     (mean_d, mean_n), (div_d, div_n) = change("no mean subtraction"), change("no division")
     c.measured = [round(mean_d, 4), round(div_d, 4) if math.isfinite(div_d) else "diverged"]
-    details = (f"{steps} steps at lr {LR:g} (warm-up {WARMUP:.0%}); against LayerNorm: no mean subtraction "
-               f"{mean_d:+.4f} (noise {mean_n:.4f}), no division "
-               + (f"{div_d:+.4f} (noise {div_n:.4f})" if math.isfinite(div_d) else "diverged") + ".")
+    common = dict(steps=steps, lr=LR, warmup=WARMUP, mean=mean_d, mean_noise=mean_n)
+    lines = [said("15.3.division-stabilizes", division=div_d, division_noise=div_n, **common)
+             if math.isfinite(div_d) else said("15.3.division-stabilizes diverged", **common)]
     mean_hurts, div_hurts = mean_d > mean_n, div_d > div_n
-    return c.judge(div_hurts and not mean_hurts, details + (" Removing the mean raised the loss beyond the noise."
-                                                            if mean_hurts else "")
-                   + ("" if div_hurts else " Removing the division did not raise the loss beyond the noise."))
+    if mean_hurts:
+        lines.append(said("15.3.division-stabilizes mean"))
+    if not div_hurts:
+        lines.append(said("15.3.division-stabilizes division"))
+    return c.judge(div_hurts and not mean_hurts, *lines)
 
 
 def run(quick: bool, out) -> list[Claim]:
     c = judge(run_parts(quick), (QUICK if quick else FULL)["steps"])
     if quick:
-        c.indicative = INDICATIVE
+        c.indicative = [INDICATIVE]
     return [c]

@@ -10,8 +10,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from llamablock.lab.details_text import said
 from llamablock.lab.record import Claim
-from llamablock.lab.shared import trained_2017
+from llamablock.lab.shared import QUICK, trained_2017
 from llamablock.positions import LearnedPositions
 from llamablock.rope import Rotary
 from llamablock.rope_scaling import RopeSpec, default_inv_freq
@@ -75,9 +76,7 @@ def claim_identity() -> Claim:
     worst = max(float((matrix(m).T @ matrix(n) - matrix(n - m)).abs().max())
                 for m in range(0, 200, 13) for n in range(m, 200, 17))
     c.measured = worst
-    return c.judge(worst < 1e-4, "the 2 x 2 matrix of llamablock's RoPE at position m is read off by rotating the "
-                   f"unit vectors; over m, n in 0..199 the largest entry of R(m)^T R(n) - R(n - m) is {worst:.1e} "
-                   "(float32 angles). The symbolic proof is ex.rotation-product.")
+    return c.judge(worst < 1e-4, said("15.1.rotation-identity", worst=worst))
 
 
 def claim_2d_pair(quick: bool) -> Claim:
@@ -85,12 +84,11 @@ def claim_2d_pair(quick: bool) -> Claim:
               MODULE_PAIR_SPREAD, unit="max spread of the score", tolerance="float32 rounding: below 1e-5")
     rope = _head(2)  # one pair, theta = 1 rad per token
     starts = list(range(0, 200 if quick else 1000, 7))
-    spread = offset_spread(rope, [0, 1, 7, 63, 200], starts, seeds=3 if quick else 10)
+    draws, offsets = 3 if quick else 10, [0, 1, 7, 63, 200]
+    spread = offset_spread(rope, offsets, starts, seeds=draws)
     c.measured = max(spread.values())
-    return c.judge(c.measured < 1e-5, f"q, k ~ N(0, 1) in 2D, positions {starts[0]}..{starts[-1]} in steps of 7, "
-                   f"offsets 0, 1, 7, 63, 200; largest spread per offset: "
-                   + ", ".join(f"{o}: {v:.2e}" for o, v in spread.items())
-                   + ". Same order as the module's 4.77e-7 (float32 epsilon is 1.19e-7): both are rounding.")
+    return c.judge(c.measured < 1e-5, said("15.1.rope-2d-offset", draws=draws, first=starts[0], last=starts[-1],
+                                           offsets=offsets, spread=spread, eps=float(torch.finfo(torch.float32).eps)))
 
 
 def score64(q: torch.Tensor, k: torch.Tensor, m: int, n: int, base: float = 10000.0) -> float:
@@ -140,7 +138,8 @@ def claim_head(quick: bool) -> Claim:
                         "within the two bounds; positions to 20,000")
     rope = _head(32)
     worst_ratio, worst_move, spread_near, spread64, far_err = 0.0, 0.0, 0.0, 0.0, 0.0
-    for seed in range(3 if quick else 10):
+    draws = 3 if quick else 10
+    for seed in range(draws):
         g = torch.Generator().manual_seed(seed)
         q, k = torch.randn(32, generator=g), torch.randn(32, generator=g)
         for off in HEAD_OFFSETS:
@@ -162,16 +161,11 @@ def claim_head(quick: bool) -> Claim:
             spread64 = max(spread64, (max(exact) - min(exact)) / (2 * bound64))
     c.measured = spread_near
     ok = worst_ratio <= 1 and worst_move <= 1 and spread64 <= 1
-    return c.judge(ok, f"q, k ~ N(0, I_32), {3 if quick else 10} draws, offsets {', '.join(map(str, HEAD_OFFSETS))}, "
-                   f"starts {HEAD_STARTS[0]}..{HEAD_STARTS[-1]}, the same {SHIFT} tokens later, and "
-                   f"{FAR_STARTS[0]}..{FAR_STARTS[-1]} (positions to {FAR_STARTS[-1] + max(HEAD_OFFSETS):,}). The "
-                   f"float32 score departs from a float64 evaluation of the same rotation by at most "
-                   f"{worst_ratio:.2f} of its epsilon-derived bound (at most {far_err:.1e} near 20,000, where the "
-                   f"angles are largest); a pair moved {SHIFT} tokens later changes its float32 score by at most "
-                   f"{worst_move:.2f} of the two bounds together; in float64 the score at a fixed offset varies by "
-                   f"{spread64:.2f} of twice the same bound with float64's epsilon (the identity itself holds to "
-                   f"float64 rounding). The spread at a fixed offset over positions 0..1,000 (the first two start ranges) is {spread_near:.1e}, the module's "
-                   "'about 1e-5' being the same float32 rounding.")
+    return c.judge(ok, said("15.1.rope-head-offset", draws=draws, offsets=list(HEAD_OFFSETS), first=HEAD_STARTS[0],
+                            last=HEAD_STARTS[-1], shift=SHIFT, far_first=FAR_STARTS[0], far_last=FAR_STARTS[-1],
+                            far_top=FAR_STARTS[-1] + max(HEAD_OFFSETS), worst_ratio=worst_ratio, far_err=far_err,
+                            worst_move=worst_move, spread64=spread64, near_top=HEAD_STARTS[-1] + SHIFT + max(HEAD_OFFSETS),
+                            spread_near=spread_near))
 
 
 def _trained_scores(state: dict, cfg):
@@ -229,14 +223,11 @@ def claim_learned_table(quick: bool) -> Claim:
     ratio = learned / rope_median
     c.measured = {"ratio": float(f"{ratio:.3g}"), "change": float(f"{learned:.3g}"), "|score|": float(f"{scale:.3g}")}
     if quick:
-        c.indicative = "quick run: the table of the quick ablation's 2017 model (60 steps, width 64)"
-    return c.judge(ratio > 1e5,
-                   f"the lab's trained 2017 model ({rows}-row learned table, width {cfg.d_model}, head width "
-                   f"{cfg.head_dim}), {len(pairs)} token pairs moved by {shifts[0]}..{shifts[-1]} positions: median "
-                   f"change {learned:.3g} (5th-95th percentile {np.percentile(arr, 5):.3g}-{np.percentile(arr, 95):.3g}) "
-                   f"on scores of median size {scale:.3g}, a change of {learned / scale:.0%} of the score; RoPE on the "
-                   f"same projected vectors: median {rope_median:.1e} (floored at one float32 epsilon of the score). "
-                   f"The learned table moves the score {ratio:.3g} times as much as RoPE (module: more than 1e5).")
+        c.indicative = [said("15.1.learned-table-shift quick", steps=QUICK["steps"], width=cfg.d_model)]
+    return c.judge(ratio > 1e5, said("15.1.learned-table-shift", rows=rows, width=cfg.d_model, head_width=cfg.head_dim,
+                                     pairs=len(pairs), shift_first=shifts[0], shift_last=shifts[-1], change=learned,
+                                     p5=float(np.percentile(arr, 5)), p95=float(np.percentile(arr, 95)), scale=scale,
+                                     share=learned / scale, rope=rope_median, ratio=ratio))
 
 
 def claim_no_entry() -> Claim:
@@ -251,8 +242,8 @@ def claim_no_entry() -> Claim:
     cos, sin = _head(8).cos_sin(torch.tensor([[10**6]]), torch.float32)
     finite = bool(torch.isfinite(cos).all() and torch.isfinite(sin).all())
     c.measured = "raises" if raised else "no error"
-    return c.judge(bool(raised) and finite, f"table of 512: position 512 -> {raised!r}; RoPE at position "
-                   f"1,000,000 gives finite cos/sin: {finite}")
+    return c.judge(bool(raised) and finite, said("15.1.learned-table-no-entry", rows=512, error=raised, far=10**6,
+                                                 finite=finite))
 
 
 def claim_frequency_ratio() -> Claim:
@@ -264,9 +255,7 @@ def claim_frequency_ratio() -> Claim:
               measured=ratio, unit="theta_0 / theta_last at d = 128",
               tolerance="theta_0 = 1; the ratio equal to 10000^((d-2)/d) to 1e-6")
     return c.judge(float(inv[0]) == 1.0 and abs(ratio / exact - 1) < 1e-6,
-                   f"theta_0 = {float(inv[0])} rad/token; the last pair (i = d/2 - 1) turns "
-                   f"{ratio:,.1f} times slower at d = 128 (exactly 10000^(126/128) = {exact:,.1f}); 'about ten "
-                   "thousand' is the limit as d grows, because the last exponent is (d - 2)/d, not 1.")
+                   said("15.1.frequency-ratio", first=float(inv[0]), ratio=ratio, d=d, d_minus_2=d - 2, exact=exact))
 
 
 def claim_shift_both() -> Claim:
@@ -278,7 +267,7 @@ def claim_shift_both() -> Claim:
     worst = max(abs(rotated_score(rope, q, k, m + 5, n + 5) - rotated_score(rope, q, k, m, n))
                 for m in range(0, 40, 3) for n in range(0, 40, 5))
     c.measured = worst
-    return c.judge(worst < 1e-5, "one pair, theta = 1, every (m, n) on a grid in 0..39 and the same pair moved by 5")
+    return c.judge(worst < 1e-5, said("15.1.shift-both", by=5))
 
 
 def plot_scores(out, quick: bool) -> list[str]:

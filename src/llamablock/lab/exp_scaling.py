@@ -15,6 +15,7 @@ import torch
 
 from llamablock import alibi as alibi_lib
 from llamablock.diagnostics.rope_table import compare_methods, pair_records
+from llamablock.lab.details_text import ranges, said
 from llamablock.lab.record import Claim
 from llamablock.rope import Rotary
 from llamablock.rope_scaling import RopeSpec, rope_frequencies
@@ -52,9 +53,8 @@ def claim_interpolation_crowds() -> Claim:
               FACTOR, measured=round(ratio[0], 6), unit="angle between neighbours, before / after, fastest pair",
               tolerance="every pair: equal to the factor to 1e-6")
     return c.judge(all(abs(r - FACTOR) < 1e-6 * FACTOR for r in ratio),
-                   f"linear interpolation by s = {FACTOR:g}: every pair's angle per token divided by "
-                   f"{min(ratio):.6f}-{max(ratio):.6f} (first pair {plain[0]:.4f} -> {linear[0]:.4f} rad/token); so "
-                   f"adjacent tokens are 1/{FACTOR:g} as far apart in the pairs that encode local order")
+                   said("15.2.interpolation-crowds", factor=FACTOR, low=min(ratio), high=max(ratio),
+                        before=float(plain[0]), after=float(linear[0])))
 
 
 def claim_ntk_exponent() -> Claim:
@@ -64,8 +64,7 @@ def claim_ntk_exponent() -> Claim:
               [FACTOR, 1.0], measured=[round(slow, 5), round(fast, 5)], unit="slowdown of the slowest, fastest pair",
               tolerance="float32 frequencies: 1e-5 relative")
     return c.judge(abs(slow / FACTOR - 1) < 1e-5 and fast == 1.0,
-                   f"d = {HEAD}, base 10000 -> {10000 * FACTOR ** (HEAD / (HEAD - 2)):,.0f}; slowest pair slowed "
-                   f"{slow:.5f}x, fastest {fast:.5f}x")
+                   said("15.2.ntk-exponent", d=HEAD, base=10000 * FACTOR ** (HEAD / (HEAD - 2)), slow=slow, fast=fast))
 
 
 def claim_ntk_wording() -> Claim:
@@ -89,14 +88,13 @@ def claim_ntk_wording() -> Claim:
                         "fastest pair's slowdown": round(slowdown[0], 6)},
               tolerance="fast pairs (> 32 turns in 4,096 tokens) slowed at most 1.1x; at most half the slow pairs unseen")
     ok = not hurt and len(over) <= len(slow) / 2
-    finding = (f" The exercise's 'the fastest pair is untouched': pair 0 slowed {slowdown[0]:.6f}x."
-               + ("" if ok else f" The caption's 'only the slow end' does not hold: {len(hurt)} of the {len(fast)} "
-                  "fast pairs are slowed more than 1.1x."))
-    return c.judge(ok, f"measured pair by pair at 4,096 -> 32,768, d = {HEAD}: fast pairs {_ranges(hurt) or 'none'} "
-                   f"(of {_ranges(fast)}) are slowed more than 1.1x (up to {worst_fast:.2f}x), and pairs "
-                   f"{_ranges(over) or 'none'} ({len(over)} of the {len(slow)} slow pairs) still reach unseen angles; "
-                   "NTK slows pair i by 8^(2i/(d-2)), every pair but the first, and fixes the slowest exactly."
-                   + finding)
+    lines = [said("15.2.ntk-wording", train=TRAIN, target=TARGET, d=HEAD, hurt=hurt, fast=fast, worst=worst_fast,
+                  over=over, n_over=len(over), n_slow=len(slow), factor=FACTOR, first=slowdown[0])]
+    if hurt:
+        lines.append(said("15.2.ntk-wording fast", n_hurt=len(hurt), n_fast=len(fast)))
+    if len(over) > len(slow) / 2:
+        lines.append(said("15.2.ntk-wording some", n_over=len(over), n_slow=len(slow)))
+    return c.judge(ok, *lines)
 
 
 def claim_yarn_logit_scale() -> Claim:
@@ -118,9 +116,8 @@ def claim_yarn_logit_scale() -> Claim:
               measured=round(measured, 4), unit="score with YaRN / without, s = 8",
               tolerance=f"(0.1 ln s + 1)^2 = {paper:.4f} (Peng et al.) to 1e-5, and above 1")
     return c.judge(abs(measured - paper) < 1e-5 and measured > 1,
-                   f"cos/sin multiplied by {math.sqrt(measured):.4f} = 0.1 ln 8 + 1, so q.k by {measured:.4f}: logits "
-                   "sharpen by about 46% at an 8x extension, which counters the flatter attention over more keys. "
-                   "The module gives no number; the paper's formula is the source.")
+                   said("15.2.yarn-logit-scale", root=math.sqrt(measured), factor=FACTOR, measured=measured,
+                        sharpen=measured - 1))
 
 
 def claim_raise_base() -> Claim:
@@ -128,9 +125,7 @@ def claim_raise_base() -> Claim:
     stretch = (low / high).tolist()
     c = Claim("15.2.raise-base", "15.2", "base 10,000 -> 500,000 leaves the first pair unchanged, slowest stretch most",
               1.0, measured=float(high[0]), unit="rad/token, first pair", tolerance="holds by the formula base^(-2i/d)")
-    return c.define(f"theta_0 = base^0 = 1 for every base, and pair i slows by 50^(2i/d), which grows with i: the "
-                    f"slowest pair slows by {stretch[-1]:.1f}x (= 50^(126/128)). A consequence of the formula itself, "
-                    "so shown here, not counted as a reproduction.")
+    return c.define(said("15.2.raise-base", slowest=stretch[-1], d=HEAD, d_minus_2=HEAD - 2))
 
 
 def claim_alibi_slopes() -> Claim:
@@ -138,7 +133,7 @@ def claim_alibi_slopes() -> Claim:
     expected = [1 / 2**h for h in range(1, 9)]
     c = Claim("15.2.alibi-slopes", "15.2", "ALiBi slopes for 8 heads: 1/2, 1/4, ..., 1/256", "1/2 ... 1/256",
               measured=", ".join(f"1/{1 / s:g}" for s in got), tolerance="exact")
-    return c.judge(got == expected, "llamablock.alibi.alibi_slopes (Press et al.'s geometric sequence 2^(-8h/n))")
+    return c.judge(got == expected, said("15.2.alibi-slopes"))
 
 
 def claim_alibi_near_far() -> Claim:
@@ -155,9 +150,8 @@ def claim_alibi_near_far() -> Claim:
               unit="mean attended distance per head, tokens (content scores equal)",
               tolerance="nearest head < 4 tokens, farthest > 100 tokens")
     return c.judge(min(mean_dist) < 4 and max(mean_dist) > 100,
-                   f"softmax of the bias alone over {t} keys: head 1 (slope 1/2) looks {mean_dist[0]:.1f} tokens back on "
-                   f"average, head 8 (slope 1/256) {mean_dist[-1]:.1f}; each halving of the slope about doubles the "
-                   "reach, the geometric sequence's point. Content scores shift these, the bias sets the scale.")
+                   said("15.2.alibi-near-far", keys=t, first=mean_dist[0], heads=len(mean_dist),
+                        slowest=2.0 ** len(mean_dist), last=mean_dist[-1]))
 
 
 def regions(pairs: list[dict], factor: float, untouched, interpolated) -> dict:
@@ -205,33 +199,17 @@ def claim_unseen_pairs() -> Claim:
                    and 0 not in crowded["yarn"] and yarn["ok"] and llama["ok"])
     c = Claim("15.2.unseen-pairs", "15.2", "4,096 -> 32,768: only slow pairs reach unseen angles; YaRN none",
               "slow only; interpolation and YaRN none",
-              measured={m: _ranges(v) or "none" for m, v in unseen.items()}, unit="pairs (of 64) reaching unseen angles",
+              measured={m: ranges(v) or "none" for m, v in unseen.items()}, unit="pairs (of 64) reaching unseen angles",
               tolerance="unchanged: exactly the pairs with wavelength > 4,096; linear and YaRN: none; YaRN's and "
                         "LLaMA 3.1's three regions exact to 1e-6")
-    return c.judge(module_says, f"head width {HEAD}, base 10000. Unchanged: pairs {_ranges(unseen['default'])} (closed "
-                   f"form {_ranges(closed)}: wavelength over 4,096 tokens) are unseen. Interpolation: none unseen, but "
-                   f"{len(crowded['linear'])} fast pairs crowded. NTK-aware: see 15.2.ntk-wording. Dynamic NTK at 32,768: "
-                   f"{_ranges(unseen['dynamic']) or 'none'}. YaRN: {_ranges(unseen['yarn']) or 'none'} unseen, "
-                   f"{_ranges(crowded['yarn']) or 'none'} crowded; its regions: untouched {_ranges(yarn['fast'])}, "
-                   f"blend {_ranges(yarn['blend'])}, fully interpolated {_ranges(yarn['slow'])} "
-                   f"({'as described' if yarn['ok'] else 'NOT as described'}). LLaMA 3.1's rule at 4,096 -> 32,768: "
-                   f"{_ranges(unseen['llama3']) or 'none'} unseen; on its own setting (base 500,000, 8,192 -> 131,072, "
-                   f"factor 8): untouched {_ranges(llama['fast'])}, blend {_ranges(llama['blend'])}, divided by 8 "
-                   f"{_ranges(llama['slow'])} ({'as described' if llama['ok'] else 'NOT as described'}); there pairs "
-                   f"{_ranges(llama_unseen) or 'none'} still reach angles unseen in the 8,192-token training, since 8 x "
-                   "8,192 is half of 131,072 (Meta continued training at long context; not judged).")
+    return c.judge(module_says, said(
+        "15.2.unseen-pairs", head=HEAD, default=unseen["default"], closed=closed, train=TRAIN, linear=unseen["linear"],
+        linear_crowded=len(crowded["linear"]), target=TARGET, dynamic=unseen["dynamic"], yarn=unseen["yarn"],
+        yarn_crowded=crowded["yarn"], yarn_fast=yarn["fast"], yarn_blend=yarn["blend"], yarn_slow=yarn["slow"],
+        yarn_ok=yarn["ok"], llama3=unseen["llama3"], l3_fast=llama["fast"], l3_blend=llama["blend"],
+        l3_slow=llama["slow"], l3_ok=llama["ok"], l3_unseen=llama_unseen))
 
 
-def _ranges(pairs: list[int]) -> str:
-    """[3, 4, 5, 9] -> '3-5, 9'."""
-    out, start = [], None
-    for i, p in enumerate(pairs):
-        if start is None:
-            start = p
-        if i + 1 == len(pairs) or pairs[i + 1] != p + 1:
-            out.append(f"{start}-{p}" if p != start else f"{p}")
-            start = None
-    return ", ".join(out)
 
 
 def plot_pairs(out) -> list[str]:

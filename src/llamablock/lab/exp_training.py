@@ -18,6 +18,7 @@ import dataclasses
 import torch
 
 from llamablock.lab.benefits import STABLE, claim_ablation
+from llamablock.lab.details_text import said
 from llamablock.lab.record import Claim
 from llamablock.lab.shared import (
     FULL,
@@ -47,12 +48,13 @@ CLAIMS = (
 )
 
 
-def _compare(records, summary, name: str, base_name: str = "2017") -> tuple[float, float, str]:
+def _compare(records, summary, name: str, base_name: str = "2017") -> tuple[float, float, list[dict]]:
+    """(loss of `name` minus `base_name`'s, its noise threshold, the details' sentences saying both)."""
     base, var = _row(summary, base_name), _row(summary, name)
     noise, how = shared_noise([(records, summary, name, 1), (records, summary, base_name, -1)])
     delta = var["val_loss"] - base["val_loss"]
-    text = (f"{name}: {_loss(var)} vs {base_name}: {_loss(base)} nats/char ({var['params']:,} vs {base['params']:,} "
-            f"parameters); noise threshold {noise:.4f} ({how})")
+    text = [said("compare", name=name, loss=_loss(var), base=base_name, base_loss=_loss(base), params=var["params"],
+                 base_params=base["params"], noise=noise), how]
     return delta, noise, text
 
 
@@ -73,11 +75,9 @@ def ablation_claims(quick: bool, out) -> list[Claim]:
               "about as well", measured=round(delta, 4), unit="val loss, RMSNorm - LayerNorm (both post-LN), nats/char",
               tolerance="not worse by more than the noise")
     ok = delta <= noise
-    claims.append(c.judge(ok, text + f". Placement held fixed (both post-LN). Moving RMSNorm before each "
-                          f"sub-layer as well (pre-LN): {_loss(pre)}, {pre['val_loss'] - _row(summary, '2017 + RMSNorm')['val_loss']:+.4f} "
-                          "against post-LN RMSNorm: that part is the placement's, not the dropped mean's."
-                          + ("" if ok else f" RMSNorm worse by {delta:+.4f}, beyond the noise {noise:.4f}, after "
-                             f"{p['steps']} steps.")))
+    worse = [said("15.3.training-quality worse", delta=delta, noise=noise, steps=p["steps"])] if not ok else []
+    claims.append(c.judge(ok, *text, said("15.3.training-quality", pre=_loss(pre), pre_delta=pre["val_loss"] - _row(
+        summary, "2017 + RMSNorm")["val_loss"]), *worse))
 
     delta, noise, text = _compare(records, summary, "2017 + SwiGLU")
     gelu = _row(summary, "2017 + GELU")
@@ -86,9 +86,9 @@ def ablation_claims(quick: bool, out) -> list[Claim]:
               "lower", measured=round(delta, 4), unit="val loss change vs the ReLU 2017 model, nats/char",
               tolerance="lower than ReLU and GELU by more than the noise")
     ok = delta < -noise and swiglu["val_loss"] < gelu["val_loss"] - noise
-    claims.append(c.judge(ok, text + f". GELU at the same budget: {_loss(gelu)}; {p['steps']} steps."
-                          + ("" if ok else f" SwiGLU minus ReLU {delta:+.4f}, minus GELU "
-                             f"{swiglu['val_loss'] - gelu['val_loss']:+.4f}: not both below -{noise:.4f}.")))
+    not_lower = [] if ok else [said("15.4.training-quality not lower", relu=delta,
+                                    gelu=swiglu["val_loss"] - gelu["val_loss"], noise=noise)]
+    claims.append(c.judge(ok, *text, said("15.4.training-quality", gelu=_loss(gelu), steps=p["steps"]), *not_lower))
 
     delta, noise, text = _compare(records, summary, "2017 + GQA")
     mqa_delta, mqa_noise, _ = _compare(records, summary, "2017 + MQA", "2017 + GQA")  # MQA - GQA, with their own noise
@@ -97,17 +97,16 @@ def ablation_claims(quick: bool, out) -> list[Claim]:
               unit="val loss, GQA - MHA / MQA - GQA, nats/char",
               tolerance="|GQA - MHA| within the noise, and MQA above GQA by more than the noise")
     close, better, worse = abs(delta) <= noise, mqa_delta > mqa_noise, mqa_delta < -mqa_noise
-    said = (text + f"; MQA (one KV head) against GQA: {mqa_delta:+.4f}, noise threshold {mqa_noise:.4f}. Pairs of "
-            "query heads share a KV head; the saved parameters go to a wider feed-forward layer (equal budget).")
+    lines = [*text, said("15.5.training-quality", mqa=mqa_delta, noise=mqa_noise)]
     if close and better:
-        claims.append(c.judge(True, said))
+        claims.append(c.judge(True, *lines))
     elif not close or worse:
-        claims.append(c.judge(False, said + (" GQA is not within the noise of MHA." if not close else "")
-                              + (" MQA trained better than GQA by more than the noise." if worse else "")
-                              + f" {p['steps']} steps of {_row(summary, '2017 + GQA')['params']:,}-parameter models."))
+        claims.append(c.judge(False, *lines, *([said("15.5.training-quality not close")] if not close else []),
+                              *([said("15.5.training-quality mqa better")] if worse else []),
+                              said("15.5.training-quality size", steps=p["steps"],
+                                   params=_row(summary, "2017 + GQA")["params"])))
     else:
-        claims.append(c.unmeasurable(said + " GQA is within the noise of MHA, but MQA and GQA are within the noise "
-                                     "of each other, so 'better than MQA' is not settled at this size."))
+        claims.append(c.unmeasurable(*lines, said("15.5.training-quality unsettled")))
 
     hot_records = run_variants(p["steps"], p["seeds"], p["size"], p["context"], names=("2017", STABLE, "2024"),
                                lr=1e-2, warmup=0.1)
@@ -118,7 +117,7 @@ def ablation_claims(quick: bool, out) -> list[Claim]:
     claims.append(claim_stability(records, summary, hot_records, hot))
     if quick:
         for claim in claims:
-            claim.indicative = INDICATIVE
+            claim.indicative = [INDICATIVE]
     return claims
 
 
@@ -133,10 +132,8 @@ def claim_stability(records: list[dict], summary: list[dict], hot_records: list[
               unit="val loss rise at lr 1e-2 with a short warm-up, 2017 / 2024, nats/char",
               tolerance="the 2024 block's rise smaller than the 2017 block's by more than the noise")
     ok = rise["2024"] < rise["2017"] - noise
-    return c.judge(ok, f"both blocks at lr 1e-2 (ten times the ablation's) with warm-up over 10% of the steps instead "
-                   f"of 40%: 2017 {_loss(_row(hot, '2017'))} ({rise['2017']:+.4f} against lr 1e-3), 2024 "
-                   f"{_loss(_row(hot, '2024'))} ({rise['2024']:+.4f}); noise threshold {noise:.4f} ({how}). Post-LN is the "
-                   "known fragile part (Xiong et al. 2020): it needs a long warm-up, pre-LN does not.")
+    return c.judge(ok, said("15.6.training-stability", old=_loss(_row(hot, "2017")), old_rise=rise["2017"],
+                            new=_loss(_row(hot, "2024")), new_rise=rise["2024"], noise=noise), how)
 
 
 def average_kv_heads(model: Decoder, n_kv: int) -> Decoder:
@@ -166,13 +163,17 @@ def reinit_kv_heads(model: Decoder, n_kv: int) -> Decoder:
     return fresh.eval()
 
 
+# quick -> (training steps, uptraining steps, model size) of 15.5.mha-to-gqa
+CONVERSION = {True: (80, 16, dict(d_model=64, n_heads=4, n_layers=2)),
+              False: (300, 30, dict(d_model=128, n_heads=4, n_layers=4))}
+
+
 def claim_conversion(quick: bool) -> Claim:
     """MHA (4 KV heads) -> GQA (2) by mean-pooling, then brief uptraining; the control re-initialises
     the key/value heads instead and gets the same steps. Reproduced when uptraining recovers at least
     half of the conversion penalty (the gap to MHA given the same extra steps) and the mean-pooled
     start ends below the control."""
-    steps, uptrain = (80, 16) if quick else (300, 30)
-    size = dict(d_model=64, n_heads=4, n_layers=2) if quick else dict(d_model=128, n_heads=4, n_layers=4)
+    steps, uptrain, size = CONVERSION[quick]
     t = TrainConfig(steps=steps, batch_size=16, context=64, lr=1e-3, warmup=steps // 5, eval_every=steps,
                     eval_windows=32)
     mha_cfg = preset("llama-2024-small", n_kv_heads=size["n_heads"], max_seq_len=64, **size)
@@ -199,22 +200,19 @@ def claim_conversion(quick: bool) -> Claim:
               tolerance="uptraining recovers at least half the conversion penalty, and ends below the control by more "
                         "than twice the paired standard error over the evaluation windows")
     ok = penalty > 0 and gap <= 0.5 * penalty and below
-    why = "" if ok else (" Not reproduced: " + ("the conversion cost nothing to recover. " if penalty <= 0 else "")
-                         + ("uptraining recovered less than half the penalty. " if penalty > 0 and gap > 0.5 * penalty else "")
-                         + ("the re-initialised control ended within the noise margin of it (or below it), so the "
-                            "averaging did not show to matter at this size. " if not below else "")
-                         + f"Uptraining here: {uptrain} steps, {uptrain / steps:.0%} of the original (Ainslie et al.: 5%).")
-    c.judge(ok, f"a {size['n_layers']}-layer width-{size['d_model']} model with {size['n_heads']} KV heads trained "
-            f"{steps} steps (val {mha['val_loss']:.4f}; {mha_more:.4f} after {uptrain} more steps), its key and value "
-            f"heads averaged in pairs into 2 (GQA, Ainslie et al.'s mean-pooling): {res['mean-pooled'][0]:.4f} right "
-            f"after conversion, {res['mean-pooled'][1]:.4f} after {uptrain} steps ({uptrain / steps:.0%} of the "
-            f"original; Ainslie et al. use 5%). Control, key/value heads re-initialised: {res['control'][0]:.4f}, then "
-            f"{res['control'][1]:.4f}. Paired over the {len(diff)} evaluation windows the control ends "
-            f"{float(diff.mean()):+.4f} above the mean-pooled model, noise margin {margin:.4f} (2 standard errors). "
-            "One seed." + why)
+    why = ([said("15.5.mha-to-gqa nothing to recover")] if penalty <= 0 else []) + (
+        [said("15.5.mha-to-gqa half")] if penalty > 0 and gap > 0.5 * penalty else []) + (
+        [said("15.5.mha-to-gqa control")] if not below else [])
+    c.judge(ok, said("15.5.mha-to-gqa", layers=size["n_layers"], width=size["d_model"], heads=size["n_heads"],
+                     steps=steps, mha=mha["val_loss"], mha_more=mha_more, uptrain=uptrain,
+                     pooled_start=res["mean-pooled"][0], pooled_end=res["mean-pooled"][1], share=uptrain / steps,
+                     control_start=res["control"][0], control_end=res["control"][1], windows=len(diff),
+                     above=float(diff.mean()), margin=margin), *why)
     if quick:
-        c.indicative = (f"quick run: one seed, {steps} steps of a 2-layer width-64 model, {uptrain} uptraining steps; "
-                    "`llamablock lab` trains 4 layers of width 128 for 300")
+        full_steps, _, full = CONVERSION[False]
+        c.indicative = [said("15.5.mha-to-gqa quick", steps=steps, layers=size["n_layers"], width=size["d_model"],
+                             uptrain=uptrain, full_layers=full["n_layers"], full_width=full["d_model"],
+                             full_steps=full_steps)]
     return c
 
 

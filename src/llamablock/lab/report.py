@@ -1,14 +1,16 @@
 """report.md: a short paper, one part per section of the module, each claim with the module's
 figure, the measured one, the verdict and how it was measured, then what the section's results
 mean. It is written from the results document alone (results.json, `document`), each line one
-template of report_text.TEMPLATES filled from it, so the report says nothing results.json does not
-hold. Numbers are printed to the precision their comparison needs (`fmt`), structured values as
+template of report_text.TEMPLATES filled from it, a claim's details and indicative reason each the
+templates of details_text.DETAILS its entries name, so the report says nothing results.json does
+not hold. Numbers are printed to the precision their comparison needs (`fmt`), structured values as
 small tables, never as Python reprs."""
 
 from __future__ import annotations
 
 from collections import Counter
 
+from llamablock.lab.details_text import render
 from llamablock.lab.record import DEFINITION, DIFFERS, NOT_MEASURABLE, NOT_RUN, REPRODUCED, Claim
 from llamablock.lab.report_text import READINGS, SECTIONS, TEMPLATES
 
@@ -128,7 +130,7 @@ def meaning(section: str, part: list[dict], missing: list[str] = ()) -> list[str
     reasons: dict[str, list[dict]] = {}
     for c in part:
         if c["indicative"]:
-            reasons.setdefault(c["indicative"], []).append(c)
+            reasons.setdefault(_cell(render(c["indicative"])), []).append(c)
     text += [say("indicative-group", indicative=reason, ids=_ids(group)) for reason, group in reasons.items()]
     if missing:
         text.append(say("missing", ids=", ".join(f"`{i}`" for i in missing)))
@@ -142,10 +144,11 @@ def _claim_lines(c: dict) -> list[str]:
 
 
 def _detail_lines(c: dict) -> list[str]:
-    details = c["details"] + ("." if c["details"] and not c["details"].endswith((".", "!", "?")) else "")
+    details = render(c["details"])
+    details += "." if details and not details.endswith((".", "!", "?")) else ""
     values = {"id": c["id"], "tolerance": _cell(c["tolerance"]), "details": _cell(details)}
     if c["indicative"]:
-        lines = [say("detail-indicative", indicative=_cell(c["indicative"]), **values)]
+        lines = [say("detail-indicative", indicative=_cell(render(c["indicative"])), **values)]
     else:
         lines = [say("detail" if c["tolerance"] else "detail-no-tolerance", **values)]
     if c["table"]:

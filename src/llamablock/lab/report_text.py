@@ -4,8 +4,9 @@ TEMPLATES: name -> one whole line of the report, its {fields} filled by report.p
 document alone (claims, environment, declared ids, timings). A claim's own fields keep their names
 ({id}, {claim}, {source_value}, {measured}, {unit}, {tolerance}, {details}, {indicative},
 {verdict}), so tests/lab/test_report_text.py can match every line of a report to one template and
-every such field to the claim it names. Counts are written "label n", never "n label(s)", so no
-sentence needs a plural chosen outside the table.
+every such field to the claim it names; {details} and {indicative} are the sentences of
+details_text.DETAILS that the claim's entries name, filled with their values. Counts are written
+"label n", never "n label(s)", so no sentence needs a plural chosen outside the table.
 
 READINGS: what a key claim's outcome means, one sentence per outcome, used only when that outcome
 is the run's: claim id -> (if reproduced, if it differs), each with the claim's own {measured}.

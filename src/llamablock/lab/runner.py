@@ -18,7 +18,8 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from llamablock.lab.record import NOT_MEASURABLE, Claim
+from llamablock.lab.details_text import said
+from llamablock.lab.record import Claim
 from llamablock.util.files import atomic_write
 
 # (module, the sections its claims belong to, title) in the module's order. Those that train small
@@ -78,9 +79,8 @@ def run_lab(out: Path, quick: bool = True, only: list[str] | None = None, progre
         try:
             found = importlib.import_module(module).run(quick, out)
         except Exception as e:  # an experiment's bug must not hide the others' results
-            found = [Claim(f"{section}.experiment-error", section, f"{title}: the experiment failed", None,
-                           verdict=NOT_MEASURABLE,
-                           details=f"{type(e).__name__}: {e}; {traceback.format_exc(limit=2)}")]
+            found = [Claim(f"{section}.experiment-error", section, f"{title}: the experiment failed", None).unmeasurable(
+                said("experiment-error", error=f"{type(e).__name__}: {e}; {traceback.format_exc(limit=2)}"))]
         timings[title] = time.perf_counter() - started
         claims += found
     if keep:

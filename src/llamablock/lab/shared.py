@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from llamablock import norm as norm_lib
 from llamablock.config import ModelConfig
 from llamablock.kv_cache import KVCache
+from llamablock.lab.details_text import said
 from llamablock.model import Decoder
 from llamablock.studies import ablation
 from llamablock.training import data as D
@@ -23,8 +24,9 @@ from llamablock.training.train import TrainConfig, get_data, train
 
 QUICK = dict(steps=60, seeds=(0,), size=dict(d_model=64, n_heads=4, n_layers=2), context=64)
 FULL = dict(steps=200, seeds=(0, 1, 2), size=None, context=128)
-INDICATIVE = ("quick run: one seed, 60 steps of a 2-layer width-64 model; `llamablock lab` trains 4 layers of width "
-              "128 for 200 steps with three seeds")
+INDICATIVE = said("quick trained", steps=QUICK["steps"], layers=QUICK["size"]["n_layers"], width=QUICK["size"]["d_model"],
+                  full_layers=ablation.SIZE["n_layers"], full_width=ablation.SIZE["d_model"], full_steps=FULL["steps"],
+                  full_seeds=len(FULL["seeds"]))
 NAMES = ("2017", "2017 + RMSNorm", "2017 + RMSNorm pre-LN", "2017 + SwiGLU", "2017 + GELU", "2017 + GQA",
          "2017 + MQA", "2017 + RoPE", "2024")
 
@@ -71,11 +73,9 @@ def _row(summary: list[dict], name: str) -> dict:
     return next(r for r in summary if r["variant"] == name)
 
 
-def _loss(r: dict) -> str:
-    return f"{r['val_loss']:.4f} ± {r['val_std']:.4f} (sd, {r['seeds']} seeds)" if r["seeds"] > 1 else \
-        f"{r['val_loss']:.4f} (one seed)"
-
-
+def _loss(r: dict) -> list:
+    """A summary row's loss as the details' {x:loss} takes it: [mean, sd between seeds, seeds]."""
+    return [r["val_loss"], r["val_std"], r["seeds"]]
 
 
 @torch.no_grad()
@@ -100,16 +100,16 @@ def window_noise(*terms: tuple[list[dict], str, int]) -> float:
     return 2 * statistics.stdev(sums) / math.sqrt(len(sums)) if sums and len(sums) > 1 else 0.0
 
 
-def noise(summaries: list[tuple[list[dict], list[dict], str, int]]) -> tuple[float, str]:
-    """The noise threshold of a comparison of trained results, and how it was derived: terms (records,
-    summary, variant, sign). With one seed, the paired window noise (`window_noise`); with several,
-    the larger of that and twice the largest standard deviation between seeds of any term."""
+def noise(summaries: list[tuple[list[dict], list[dict], str, int]]) -> tuple[float, dict]:
+    """The noise threshold of a comparison of trained results, and how it was derived (a said() entry):
+    terms (records, summary, variant, sign). With one seed, the paired window noise (`window_noise`);
+    with several, the larger of that and twice the largest standard deviation between seeds of any term."""
     paired = window_noise(*[(records, v, sign) for records, _, v, sign in summaries])
     seeds = min(_row(summary, v)["seeds"] for _, summary, v, _ in summaries)
     if seeds < 2:
-        return paired, "twice the paired standard error over the evaluation windows (one seed)"
+        return paired, said("noise one seed")
     spread = 2 * max(_row(summary, v)["val_std"] for _, summary, v, _ in summaries)
-    return max(spread, paired), "the larger of 2 sd between seeds and twice the paired window standard error"
+    return max(spread, paired), said("noise seeds")
 
 
 def trained_2017(quick: bool) -> tuple[dict, ModelConfig]:

@@ -26,6 +26,7 @@ from contextlib import contextmanager
 
 import torch
 
+from llamablock.lab.details_text import said
 from llamablock.lab.record import DIFFERS, NOT_MEASURABLE, REPRODUCED, Claim
 
 BOOTSTRAP = 2000  # resamples of the rounds; the interval's ends move by well under its width between seeds
@@ -87,23 +88,21 @@ def verdict(r: dict, low: float, high: float) -> str:
     return REPRODUCED if lo <= high and hi >= low else DIFFERS
 
 
-def describe(r: dict) -> str:
-    """The ratio's figures as the details print them."""
+def describe(r: dict) -> dict:
+    """The ratio's figures as the details say them."""
     lo, hi = r["interval"]
-    return (f"Median of {r['rounds']} per-round ratios {r['median']:.3f}, 95% interval of the median "
-            f"{lo:.3f}-{hi:.3f} (bootstrap over rounds), per-round spread ± {r['spread']:.3f}.")
+    return said("ratio", rounds=r["rounds"], median=r["median"], low=lo, high=hi, spread=r["spread"])
 
 
-def judge_ratio(c: Claim, r: dict, low: float, high: float, details: str) -> Claim:
-    """Verdict for a time ratio claimed to lie in [low, high] (1 = no effect)."""
+def judge_ratio(c: Claim, r: dict, low: float, high: float, *details: dict) -> Claim:
+    """Verdict for a time ratio claimed to lie in [low, high] (1 = no effect); `details` are said() entries."""
     c.measured = round(r["median"], 3)
-    details += " " + describe(r)
+    lines = [*details, describe(r)]
     found = verdict(r, low, high)
     if found == NOT_MEASURABLE:
-        return c.unmeasurable(details + " The per-round spread is at least the effect, or the median's interval "
-                                        "holds 1, so the sign of the effect is not settled on this machine.")
-    ok = found == REPRODUCED
-    band = f"{low:g}-{high:g}" if high != float("inf") else f"the band above {low:g}"
-    return c.judge(ok, details + (f" The median's interval meets {band}." if ok else
-                                  f" The median's interval lies outside {band}: on this CPU, measured like for like, "
-                                  "the effect has another size."))
+        return c.unmeasurable(*lines, said("ratio unsettled"))
+    if high == float("inf"):
+        return c.judge(found == REPRODUCED, *lines, said("ratio above" if found == REPRODUCED else "ratio not above",
+                                                        low=low))
+    return c.judge(found == REPRODUCED, *lines, said("ratio in band" if found == REPRODUCED else "ratio outside band",
+                                                    low=low, high=high))

@@ -18,6 +18,7 @@ from fastapi import APIRouter, Query, Request
 
 from llamablock.config import ModelConfig
 from llamablock.kv_cache import KVCache
+from llamablock.lab.details_text import render
 from llamablock.presets import PRESETS, preset
 from llamablock.util.reads import MAX_JSON, read_bytes_bounded
 from llamablock.util.units import DTYPE_BYTES, human_bytes
@@ -47,10 +48,11 @@ def _measured_decode(path: Path) -> dict | None:
     try:
         doc = json.loads(read_bytes_bounded(path, MAX_JSON, "lab results"))
         claim = next(c for c in doc["claims"] if c.get("id") == DECODE_CLAIM)
-    except (OSError, ValueError, KeyError, TypeError, StopIteration):
+        details = render(claim.get("details") or [])  # said() entries, written as the report writes them
+    except (OSError, ValueError, KeyError, TypeError, IndexError, StopIteration):
         return None
     return {"source": str(path), "date": (doc.get("environment") or {}).get("date"), "verdict": claim.get("verdict"),
-            "ratio_32_to_8": claim.get("measured"), "details": str(claim.get("details", ""))[:600]}
+            "ratio_32_to_8": claim.get("measured"), "details": details[:600]}
 
 
 @router.get("/api/presets")
