@@ -119,16 +119,19 @@ MEASURED = {
         "quick run: one seed, {steps} steps of a {layers}-layer width-{width} model, {uptrain} uptraining steps; "
         "`llamablock lab` trains {full_layers} layers of width {full_width} for {full_steps}",
     "15.3.division-stabilizes":
-        "{steps} steps at lr {lr:g} (warm-up {warmup:.0%}); against LayerNorm: no mean subtraction {mean:+.4f} (noise "
-        "{mean_noise:.4f}), no division {division:+.4f} (noise {division_noise:.4f}).",
+        "{steps} steps at lr {lr:g} (warm-up {warmup:.0%}), {seeds:seeds}; LayerNorm's own loss {ln:.4f} against "
+        "{unigram:.4f} for the character frequencies alone; against LayerNorm: no mean subtraction {mean:+.4f} "
+        "(noise {mean_noise:.4f}), no division {division:+.4f} (noise {division_noise:.4f}).",
     "15.3.division-stabilizes diverged":
-        "{steps} steps at lr {lr:g} (warm-up {warmup:.0%}); against LayerNorm: no mean subtraction {mean:+.4f} (noise "
-        "{mean_noise:.4f}), no division diverged.",
+        "{steps} steps at lr {lr:g} (warm-up {warmup:.0%}), {seeds:seeds}; LayerNorm's own loss {ln:.4f} against "
+        "{unigram:.4f} for the character frequencies alone; against LayerNorm: no mean subtraction {mean:+.4f} "
+        "(noise {mean_noise:.4f}); without the division training diverged.",
     "15.3.division-stabilizes mean": "Removing the mean raised the loss beyond the noise.",
     "15.3.division-stabilizes division": "Removing the division did not raise the loss beyond the noise.",
     "15.3.division-stabilizes no training":
-        "{steps} steps at lr {lr:g}: LayerNorm itself does not train at this rate (its loss did not fall below its "
-        "loss at initialisation, or diverged), so the rate is not one where LayerNorm trains.",
+        "{steps} steps at lr {lr:g}: LayerNorm itself does not train at this rate in every seed (seed {seed} ends at "
+        "{ln:.4f} against {unigram:.4f} for the character frequencies alone, not below them by more than the noise "
+        "{noise:.4f}, or diverged), so the rate is not one where LayerNorm trains.",
     "beyond.training":
         "at lr 1e-3: 2024 {calm:loss}, {variant} {calm_variant:loss} ({quality:+.4f}); at lr 1e-2 with warm-up over "
         "10% of the steps: 2024 {hot:loss} ({rise:+.4f}), {variant} {hot_variant:loss} ({variant_rise:+.4f}); noise "
