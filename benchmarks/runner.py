@@ -1,11 +1,13 @@
 """Run the benchmarks, print their tables, and write BENCHMARKS.md atomically.
 
-    llamablock bench [--quick] [--output PATH] [NAME ...]      (or: python -m benchmarks ...)
+    llamablock bench [--quick] [--output PATH] [--into PATH] [NAME ...]   (or: python -m benchmarks ...)
 
 Each benchmark (a module named in BENCHMARKS) times its competitors interleaved in this one
 process and returns tables (benchmarks.common.Section). The report starts with the machine,
 versions, date and the load average at start, because on a shared machine absolute numbers
-move with the load while the interleaved ratios hold better.
+move with the load while the interleaved ratios hold better. A full run writes BENCHMARKS.md; a
+run of a few benchmarks given `--into BENCHMARKS.md` puts their sections there (splice), each
+under its own run's header, and leaves the others as they are.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ BENCHMARKS = {
     "size": "benchmarks.bench_size",
     "overflow": "benchmarks.bench_overflow",
     "scaled_perplexity": "benchmarks.bench_scaled_perplexity",
+    "passkey": "benchmarks.bench_passkey",
 }
 
 
@@ -120,6 +123,38 @@ def run_benchmarks(names: list[str], quick: bool = False, output: Path | None = 
     return report
 
 
+def splice(report: str, text: str) -> str:
+    """`text` (a report such as BENCHMARKS.md) with each benchmark section of `report` (a run of a few
+    benchmarks) in place of its old section, or at the end when it has none; under each claim the
+    run's own header (date, machine, load, command), since it is not the file's. Other sections stay
+    as they are."""
+    new = report.splitlines()
+    header = new[2:new.index("", 2)]  # "- Date: ..." to "- Command: ..."
+    old = text.rstrip("\n").splitlines()
+    for name, chunk in _sections(new).items():
+        while chunk and not chunk[-1]:
+            chunk.pop()
+        chunk = chunk[:4] + ["Run on its own (its own header):", *header, ""] + chunk[4:]
+        start = old.index(f"## {name}") if f"## {name}" in old else len(old)
+        end = next((i for i in range(start + 1, len(old)) if old[i].startswith("## ")), len(old))
+        if start == len(old) and old and old[-1]:
+            chunk = ["", *chunk]
+        old[start:end] = chunk + ([""] if end < len(old) else [])  # a blank line before the next section
+    return "\n".join(old).rstrip("\n") + "\n"
+
+
+def _sections(lines: list[str]) -> dict[str, list[str]]:
+    """'## name' -> its lines (the heading, the claim, the tables, the time), in order."""
+    out, name = {}, None
+    for line in lines:
+        if line.startswith("## "):
+            name = line[3:].strip()
+            out[name] = []
+        if name is not None:
+            out[name].append(line)
+    return out
+
+
 def repo_root() -> Path:
     return Path(__file__).resolve().parents[1]
 
@@ -137,6 +172,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--output", type=Path, default=None,
                    help="where to write the markdown report (default: BENCHMARKS.md at the repository root "
                         "for a full run of all benchmarks, nowhere otherwise)")
+    p.add_argument("--into", type=Path, default=None, metavar="PATH",
+                   help="put the named benchmarks' sections into this existing report (BENCHMARKS.md) in place of "
+                        "their old ones, or at its end, each under this run's header; the rest of it stays as it is")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     args = p.parse_args(argv)
     try:
@@ -152,9 +190,19 @@ def main(argv: list[str] | None = None) -> int:
 
     tune_allocator()  # as the command line sets it up, so the in-process benchmarks time what users run
     output = args.output
-    if output is None and not args.quick and not args.names:
+    if output is None and not args.quick and not args.names and args.into is None:
         output = repo_root() / "BENCHMARKS.md"
-    run_benchmarks(names, quick=args.quick, output=output)
+    if args.into is not None and (args.quick or not args.into.is_file()):
+        why = "--quick's tiny sizes stay out of a report" if args.quick else "no such report to update"
+        print(f"llamablock bench: error: --into {args.into}: {why}", file=sys.stderr)
+        return 2
+    report = run_benchmarks(names, quick=args.quick, output=output)
     if output is not None:
         print(f"wrote {output}")
+    if args.into is not None:
+        from llamablock.util.files import atomic_write
+
+        spliced = splice(report, args.into.read_text(encoding="utf-8"))
+        atomic_write(args.into, lambda tmp: Path(tmp).write_text(spliced, encoding="utf-8"))
+        print(f"updated {', '.join(names)} in {args.into}")
     return 0

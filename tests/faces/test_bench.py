@@ -19,7 +19,8 @@ def test_bench_quick_prints_and_writes_every_table(tmp_path, capfd):
     printed = capfd.readouterr().out
     report = out.read_text()
     for name in ("attention", "norm", "rope", "swiglu", "train_step", "malloc", "decode", "long_prefill", "long_loss", "file_blocks", "kquants",
-                 "compile_cache", "huge_pages", "memory", "generate_command", "startup", "size", "overflow", "scaled_perplexity"):
+                 "compile_cache", "huge_pages", "memory", "generate_command", "startup", "size", "overflow", "scaled_perplexity",
+                 "passkey"):
         assert f"## {name}" in report and f"## {name}" in printed
     assert "torch " + torch.__version__ in report and "Load average" in report
     # Every table row has as many cells as its header.
@@ -83,3 +84,28 @@ def test_decode_limits_time_the_real_layers_of_a_static_layout():
     sec, gemm_s, attn_s = decode_limits.prefill_parts(static, 32, repeats=1)
     assert [r[0].split(" (")[0] for r in sec.rows] == ["weight GEMMs", "causal attention"]
     assert gemm_s > 0 and attn_s > 0
+
+
+def test_into_puts_a_run_of_a_few_benchmarks_in_place_of_their_old_sections(tmp_path, capfd):
+    from benchmarks.runner import splice
+
+    report = "\n".join(["# Benchmarks", "", "- Date: today", "- Command: `llamablock bench b d`", "",
+                        "Absolute times move.", "", "## b", "", "Claim: b.", "", "### new b", "", "_b: 2 s_", "",
+                        "## d", "", "Claim: d.", "", "### d's table", "", "_d: 1 s_", ""])
+    old = "\n".join(["# Benchmarks", "", "- Date: long ago", "", "## a", "", "Claim: a.", "", "### a's table", "",
+                     "## b", "", "Claim: b.", "", "### old b", "", "_b: 9 s_", "", "## c", "", "### c's table", ""])
+    got = splice(report, old).splitlines()
+    heads = [ln for ln in got if ln.startswith("#")]
+    assert heads == ["# Benchmarks", "## a", "### a's table", "## b", "### new b", "## c", "### c's table", "## d",
+                     "### d's table"]
+    b = got[got.index("## b"):got.index("## c")]
+    assert b[:8] == ["## b", "", "Claim: b.", "", "Run on its own (its own header):", "- Date: today",
+                     "- Command: `llamablock bench b d`", ""]
+    assert "- Date: long ago" in got and got.count("- Date: today") == 2 and "old b" not in "\n".join(got)
+    assert splice(report, "\n".join(got)).splitlines() == got  # again: the same file
+    alone = report[:report.index("## d")].rstrip("\n")  # b the last section of its run, a section after it here
+    assert splice(alone, "\n".join(got)).splitlines() == got
+    from benchmarks.runner import main
+
+    assert main(["--quick", "--into", str(tmp_path / "nosuch.md"), "norm"]) == 2
+    assert "--quick's tiny sizes stay out of a report" in capfd.readouterr().err

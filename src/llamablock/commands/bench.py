@@ -1,10 +1,11 @@
-"""`llamablock bench [--quick] [--output PATH] [--threads N] [NAME ...]`: the speed benchmarks.
+"""`llamablock bench [--quick] [--output PATH] [--into PATH] [--threads N] [NAME ...]`: the benchmarks.
 
 The benchmarks are the repository's top-level `benchmarks/` package (one module each, timing
 competing implementations interleaved in one process), beside `src/`, not part of the installed
 library. This command runs them as `python -m benchmarks` in a child process from a source
 checkout, so the package never imports them. A full run writes BENCHMARKS.md at the repository
-root (atomically); --quick runs tiny sizes for CI and writes only where --output says.
+root (atomically); --quick runs tiny sizes for CI and writes only where --output says; --into
+BENCHMARKS.md puts the named benchmarks' sections into it, leaving the others.
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ def add_arguments(p) -> None:
     p.add_argument("--output", type=Path, default=None,
                    help="where to write the markdown report (default: BENCHMARKS.md at the repository root "
                         "for a full run of all benchmarks, nowhere otherwise)")
+    p.add_argument("--into", type=Path, default=None, metavar="PATH",
+                   help="put the named benchmarks' sections into this existing report (BENCHMARKS.md) in place of "
+                        "their old ones, or at its end, each under this run's header; the rest of it stays as it is")
 
 
 def repository() -> Path:
@@ -37,6 +41,8 @@ def run(args) -> int:
     argv = [*args.names, *(["--quick"] if args.quick else [])]
     if args.output is not None:
         argv += ["--output", str(args.output.absolute())]
+    if args.into is not None:
+        argv += ["--into", str(args.into.absolute())]
     argv += ["--threads", str(args.threads)]  # the command line's --threads (llamablock.cli)
     sys.stdout.flush()
     return subprocess.call([sys.executable, "-m", "benchmarks", *argv], cwd=repository())

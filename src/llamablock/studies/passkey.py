@@ -28,22 +28,30 @@ NEW_TOKENS = 8  # a five-digit key is at most five tokens, with room for a space
 CONTROL_PASS = 0.5  # accuracy inside L below which the task is "not measurable" on the model
 
 
-def passkey_prompt(tok, length: int, depth: float, key: int) -> list[int]:
-    """About `length` token ids (never more): the task, filler with the key at `depth`, the question."""
+def passkey_text(tok, length: int, depth: float, key: int) -> str:
+    """The prompt as text, about `length` tokens once encoded by `tok` (never more): the task, filler
+    with the key at `depth`, the question. Text, so that a command given it as --prompt reads the
+    same token ids that passkey_prompt gives."""
     needle = f" The pass key is {key}. Remember it. {key} is the pass key."
 
-    def build(k: int) -> list[int]:
+    def text(k: int) -> str:
         cut = round(k * depth)
-        return tok.encode(" ".join([TASK] + [FILLER] * cut) + needle + " " + " ".join([FILLER] * (k - cut) + [QUESTION]))
+        return " ".join([TASK] + [FILLER] * cut) + needle + " " + " ".join([FILLER] * (k - cut) + [QUESTION])
 
-    if len(build(0)) > length:
+    bare = len(tok.encode(text(0)))
+    if bare > length:
         raise ValueError(f"a passkey prompt needs more than {length} tokens with this tokenizer "
-                         f"({len(build(0))} without filler); ask for longer lengths")
+                         f"({bare} without filler); ask for longer lengths")
     per = max(1, len(tok.encode(" " + FILLER)))
-    k = max(0, (length - len(build(0))) // per)
-    while k > 0 and len(build(k)) > length:  # the estimate may overshoot by a merge or two
+    k = max(0, (length - bare) // per)
+    while k > 0 and len(tok.encode(text(k))) > length:  # the estimate may overshoot by a merge or two
         k -= 1
-    return build(k)
+    return text(k)
+
+
+def passkey_prompt(tok, length: int, depth: float, key: int) -> list[int]:
+    """About `length` token ids (never more): passkey_text encoded."""
+    return tok.encode(passkey_text(tok, length, depth, key))
 
 
 @torch.no_grad()
