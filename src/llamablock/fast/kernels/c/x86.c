@@ -121,41 +121,26 @@ static inline __m256i quant_bytes(const lb_traits *t, const uint8_t *blk, int j)
     return q;
 }
 
-/* Block j's (d, offset) in a float vector's low lanes, its weights d factor q + offset, and the
-   factors of its two halves of 16: the K types' group scales (Q6_K's two own), 1 for the others.
-   The offset is Q4_1's m or the K types' -dmin m; lane 1 is not read for the others (lb_has_min). */
-static inline __m128 block_scales(const lb_traits *t, const uint8_t *blk, int j, int16_t factor[2]) {
+/* A block of 32's (d, m) in a float vector's low lanes: its weights are d q + m (m Q4_1's; lane 1
+   is not read for the others, lb_has_min). The K types' scales are x86_super.h's. */
+static inline __m128 block_scales(const uint8_t *blk) {
     int32_t dm = 0;
-    factor[0] = factor[1] = 1;
-    if (t->type == LB_Q6_K) { /* int8 scales[16] at 192, d in the block's last 2 bytes */
-        factor[0] = (int8_t)blk[192 + 2 * j], factor[1] = (int8_t)blk[193 + 2 * j];
-        memcpy(&dm, blk + 208, 2);
-        return _mm_cvtph_ps(_mm_cvtsi32_si128(dm));
-    }
-    memcpy(&dm, blk, 4); /* d, then m, dmin or the first quants */
-    const __m128 halves = _mm_cvtph_ps(_mm_cvtsi32_si128(dm));
-    if (t->type != LB_Q4_K && t->type != LB_Q5_K) return halves;
-    int sc, m;
-    lb_k_scale(blk + 4, j, &sc, &m);
-    factor[0] = factor[1] = (int16_t)sc;
-    return _mm_mul_ps(halves, _mm_setr_ps(1.0f, -(float)m, 0.0f, 0.0f)); /* exact: 11 bits times 6 */
+    memcpy(&dm, blk, 4); /* d, then m or the first quants */
+    return _mm_cvtph_ps(_mm_cvtsi32_si128(dm));
 }
 
-/* The vector primitives of each width: `unpack` block j's 32 integers q (the file's order) in 16 bits,
-   the K types' group scales multiplied in (|sc q| <= 4096), `sums` of q p over a block as partial
-   int32 sums (at most 4 products a lane, exact) converted to float, which rounds only past 2^24 (the
-   K types' lanes can reach it), and `group_sums`, the 8 rows' exact integer sums of one block of a
-   group for activation row r. */
+/* The vector primitives of each width: `unpack` a block of 32's integers q (the file's order) in 16
+   bits, `k_ints` block j of a K-type super-block's (x86_super.h), `sums` of q p over a block as
+   partial int32 sums (at most 4 products a lane, exact) converted to float, which rounds only past
+   2^24 (Q6_K's scaled lanes can reach it), and `group_sums`, the 8 rows' exact integer sums of one
+   block of a group for activation row r. */
 #if defined(__AVX512BW__)
 /* AVX-512: q in one vector of 32 int16 (weights 0..15, then 16..31), its 32 products in one madd. */
 typedef __m512i block_ints;
 typedef __m512 row_acc;
-static inline block_ints unpack(const lb_traits *t, const uint8_t *blk, int j, __m128 *dm) {
-    int16_t f[2];
-    *dm = block_scales(t, blk, j, f);
-    const block_ints q = _mm512_cvtepi8_epi16(quant_bytes(t, blk, j));
-    if (t->weights == LB_QK) return q; /* the blocks of 32 have no group scales */
-    return _mm512_mullo_epi16(q, _mm512_inserti64x4(_mm512_set1_epi16(f[0]), _mm256_set1_epi16(f[1]), 1));
+static inline block_ints unpack(const lb_traits *t, const uint8_t *blk, __m128 *dm) {
+    *dm = block_scales(blk);
+    return _mm512_cvtepi8_epi16(quant_bytes(t, blk, 0));
 }
 /* A Q6_K super-block's 16 scales in int16 lanes 0..15, read once for its 8 blocks (dot_super) */
 typedef __m512i q6_scales;
@@ -215,16 +200,11 @@ typedef struct {
     __m256i lo, hi;
 } block_ints;
 typedef __m256 row_acc;
-static inline block_ints unpack(const lb_traits *t, const uint8_t *blk, int j, __m128 *dm) {
-    int16_t f[2];
-    *dm = block_scales(t, blk, j, f);
-    const __m256i bytes = quant_bytes(t, blk, j);
-    block_ints q = {_mm256_cvtepi8_epi16(_mm256_castsi256_si128(bytes)),
-                    _mm256_cvtepi8_epi16(_mm256_extracti128_si256(bytes, 1))};
-    if (t->weights == LB_QK) return q; /* the blocks of 32 have no group scales */
-    q.lo = _mm256_mullo_epi16(q.lo, _mm256_set1_epi16(f[0]));
-    q.hi = _mm256_mullo_epi16(q.hi, _mm256_set1_epi16(f[1]));
-    return q;
+static inline block_ints unpack(const lb_traits *t, const uint8_t *blk, __m128 *dm) {
+    *dm = block_scales(blk);
+    const __m256i bytes = quant_bytes(t, blk, 0);
+    return (block_ints){_mm256_cvtepi8_epi16(_mm256_castsi256_si128(bytes)),
+                        _mm256_cvtepi8_epi16(_mm256_extracti128_si256(bytes, 1))};
 }
 typedef const uint8_t *q6_scales; /* AVX2 reads Q6_K's scales a block at a time */
 static inline q6_scales q6_scales_of(const uint8_t *blk) { return blk; }
@@ -297,27 +277,21 @@ static inline __m256i group_sums(const lb_traits *t, const uint8_t *qs, const lb
 }
 #endif
 
-/* One weight row against R activation rows from r (R = 1 for decode, 4 in prefill): each block is
-   unpacked once for all R, and a row's sums come in the same order whatever R is, so its result
-   does not depend on the rows beside it (test_file_blocks.py checks it bit for bit). R and a K
-   type's 8 blocks of 32 are constants: the compiler unrolls those loops (j folds into the shifts). */
+/* One weight row of blocks of 32 against R activation rows from r (R = 1 for decode, 4 in prefill):
+   each block is unpacked once for all R, and a row's sums come in the same order whatever R is, so
+   its result does not depend on the rows beside it (test_file_blocks.py checks it bit for bit). */
 static inline void dot_rows(const int R, const lb_traits *t, const uint8_t *w, const lb_acts *a, int64_t r, float *out,
                             int64_t out_stride) {
     row_acc acc[4] = {ACC_ZERO, ACC_ZERO, ACC_ZERO, ACC_ZERO};
     __m128 terms[4] = {_mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps()};
-    const int per = t->weights / LB_QK; /* blocks of x per weight block: 1, or 8 for the K types */
-    for (int64_t wb = 0; wb < a->nb / per; wb++) {
-#pragma GCC unroll 8
-        for (int j = 0; j < per; j++) {
-            const int64_t b = wb * per + j;
-            __m128 dm;
-            const block_ints q = unpack(t, w + wb * t->bytes, j, &dm);
-            for (int i = 0; i < R; i++) {
-                const float *e = a->es + (r + i) * 2 * a->nb + 2 * b;
-                __m128 s = _mm_mul_ps(dm, _mm_castpd_ps(_mm_load_sd((const double *)e))); /* (d e, m e P) */
-                terms[i] = _mm_add_ps(terms[i], s); /* lane 1 sums the offsets' terms (m e P, -dmin m e P) */
-                acc[i] = ACC_FMADD(s, sums(q, a->p + (r + i) * a->k + b * LB_QK), acc[i]);
-            }
+    for (int64_t b = 0; b < a->nb; b++) {
+        __m128 dm;
+        const block_ints q = unpack(t, w + b * t->bytes, &dm);
+        for (int i = 0; i < R; i++) {
+            const float *e = a->es + (r + i) * 2 * a->nb + 2 * b;
+            __m128 s = _mm_mul_ps(dm, _mm_castpd_ps(_mm_load_sd((const double *)e))); /* (d e, m e P) */
+            terms[i] = _mm_add_ps(terms[i], s); /* lane 1 sums Q4_1's m e P */
+            acc[i] = ACC_FMADD(s, sums(q, a->p + (r + i) * a->k + b * LB_QK), acc[i]);
         }
     }
     for (int i = 0; i < R; i++) {
