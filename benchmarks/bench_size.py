@@ -8,7 +8,7 @@ each type mix llama.cpp's `llama-quantize` writes (benchmarks/scaled_gguf.py MIX
 Q4_0, Q8_0), once, into the user's cache (`bench/` under `llamablock cache`'s root). Weights are
 random, so the text means nothing; speed and memory do not depend on the values (denormals
 aside, which the commands flush: llamablock.util.denormals). The embedded SmolLM2-135M file is
-measured first, the same way: the README's speed table is this section's.
+measured first, the same way, so that one run gives the README's speed table.
 
 Each side runs as a fresh process, in turn, `ROUNDS` times (medians):
     llamablock   `python -m llamablock generate --model F --greedy --threads T`: a 4-token prompt and
