@@ -32,7 +32,8 @@ class AOTIEngine(StaticEngine):
 
     The prefill is one program for every prompt length PREFILL_MIN .. L - 1 (shorter prompts are
     padded at their end); `compile_prefill=False` prefills eagerly, and so does a context too short
-    for the program's lengths. Each program's library carries its own copy of the frozen weights.
+    for the program's lengths. Each program's library carries its own copy of the frozen weights,
+    except over a file's blocks, where both read the static layout's (aoti_step.SHARED_WEIGHT_FORMATS).
     `huge_pages` (default on) moves the step's copy of the weights into 2 MiB pages when it is
     loaded (llamablock.fast.compiled.huge_pages; `llamablock bench huge_pages` measures it side by side).
     A program whose settings fail to build falls back through build_options.attempts, then to the

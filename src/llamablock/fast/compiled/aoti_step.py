@@ -14,7 +14,8 @@ the start-up). Tests check the library's logits against the eager step (1e-4, fl
 
 Export: `torch.export` of `static.step` with the static cache's per-layer tensors as inputs that
 the program writes in place (the cache is a plain attribute of the StaticDecoder, not module
-state, which export would refuse to alias with inputs); the eager prefill writes the same tensors. Weights become constants of the library (freezing), so it is only valid
+state, which export would refuse to alias with inputs); the eager prefill writes the same tensors. Weights become constants of the library (freezing; over a file's blocks they are handed in at load,
+SHARED_WEIGHT_FORMATS), so it is only valid
 for these exact weights: it is named by a hash of the static layout's state (weights and
 quantized buffers), the config, format, cache length, inductor options and the torch version.
 
@@ -135,6 +136,17 @@ def package_dir() -> Path:
     return Path(root).absolute() / "llamablock-aoti"
 
 
+# Formats whose programs carry no weights: the static layout's tensors are handed to them at load
+# (AOTIProgram._share_weights), so the step and the prefill read the same memory as the eager layout
+# instead of a copy each (a process held about 6x a 1B file's bytes with a copy per program:
+# `llamablock bench size`). Without freezing: freezing folds views of the weights into new constants
+# the layout does not have (the tied embedding's rows regrouped, 30 MB for SmolLM2; cos[None]), and
+# over the file's blocks it has nothing to prepack (the block kernel takes the bytes as they are;
+# SmolLM2's compiled step ran at the same rate either way, one thread, seven interleaved rounds).
+# The float and q8/q4 formats' GEMMs prepack their weights while freezing, so they keep theirs inside
+# the library. tests/fast/compiled/test_compiled_memory.py bounds the peak.
+SHARED_WEIGHT_FORMATS = ("blocks",)
+
 MAX_CACHE_BYTES = 8 << 30  # the packages kept on disk (each holds its program's weights)
 
 
@@ -234,6 +246,9 @@ class AOTIProgram:
                  lengths: tuple[int, int] | None = None, huge_pages: bool = False):
         self.method, self.example, self.lengths = method, example, lengths
         self.caches = static.cache.tensors()
+        self.shares_weights = fmt in SHARED_WEIGHT_FORMATS
+        if self.shares_weights:
+            options = {**options, "freezing": False, "aot_inductor.package_constants_in_so": False}
         self.path = package_dir() / package_key(static, fmt, options, method, example, digest, lengths)
         self.compile_seconds = 0.0
         remove_stale_staging(self.path.parent)  # killed compiles' leftovers, weights and all
@@ -266,9 +281,28 @@ class AOTIProgram:
         # int8 prefill on AMX CPUs) dies of SIGILL at its first call without this.
         torch.cpu._init_amx()
         self.runner = torch._C._aoti.AOTIModelContainerRunnerCpu(str(library), 1)
+        if self.shares_weights:
+            self._share_weights(static)
         self.huge_page_bytes = 0
         if huge_pages:  # the block the library copied its weights into
             self.huge_page_bytes = collapse(tensor_ranges(self.runner.extract_constants_map(False).values()))
+
+    def _share_weights(self, static) -> None:
+        """Hand the library `static`'s own tensors as its constants (user-managed: never copied).
+        Its constants are the traced module's parameters and buffers, named by their path under the
+        wrapper (`static.<path>`); one that is not there (a constant inductor folded) is refused, not
+        guessed. The package's key holds the weights' identity, so the tensors have the shapes and
+        dtypes the program was traced with."""
+        own = dict(static.named_parameters(prefix="static"))
+        own.update(static.named_buffers(prefix="static"))
+        given = {}
+        for name, path in self.runner.get_constant_names_to_original_fqns().items():
+            tensor = own.get(path)
+            if tensor is None:
+                raise RuntimeError(f"the compiled {self.method} program wants a constant {path!r} that the static "
+                                   "layout does not have; run `llamablock cache --clear builds` and compile again")
+            given[name] = tensor
+        self.runner.update_constant_buffer(given, False, True, True)  # active buffer, all of them, user-managed
 
     def _compile(self, static, options: dict) -> None:
         """options: inductor settings (llamablock.fast.compiled.build_options)."""

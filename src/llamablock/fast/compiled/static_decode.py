@@ -110,8 +110,11 @@ def fuse_linears(parts: list[nn.Module]) -> nn.Module:
             return Concatenated(parts)
         bias = None if parts[0].bias is None else torch.cat([p.bias for p in parts])
         kind, k, binding = parts[0].type_name, parts[0].in_features, parts[0].binding  # the plan's, kept
-        if all(p.grouped for p in parts):  # whole groups of 8 rows: their bytes join as they are
-            return BlockLinear(kind, torch.cat([p.blocks for p in parts]), k, bias, grouped=True, binding=binding)
+        if len({p.grouped for p in parts}) == 1:  # whole rows (groups of 8 rows): their bytes join as they are
+            fused = BlockLinear(kind, torch.cat([p.blocks for p in parts]), k, bias, grouped=parts[0].grouped,
+                                binding=binding)
+            share_rows(fused, parts)
+            return fused
         return BlockLinear(kind, torch.cat([p.file_rows() for p in parts]), k, bias, binding=binding)
     weight = torch.cat([p.weight.detach() for p in parts])  # (sum of outs, in)
     fused = nn.Linear(weight.shape[1], weight.shape[0], bias=parts[0].bias is not None,
@@ -120,6 +123,19 @@ def fuse_linears(parts: list[nn.Module]) -> nn.Module:
     if parts[0].bias is not None:
         fused.bias = nn.Parameter(torch.cat([p.bias.detach() for p in parts]), requires_grad=False)
     return fused
+
+
+def share_rows(fused, parts: list[nn.Module]) -> None:
+    """Point each part's blocks at its rows of `fused` (views, the same bytes), so that the model
+    and its static layout hold one copy of the fused matrices, not two: at 1B the fused q/k/v and
+    gate/up are about two thirds of a layer's bytes (`llamablock bench size` measures the peak).
+    The model computes what it did: the bytes are equal, and a part's rows (whole groups of 8 where
+    grouped) are a contiguous slice of the fused tensor."""
+    start = 0
+    for part in parts:
+        rows = part.blocks.shape[0]
+        part.blocks = fused.blocks[start:start + rows]
+        start += rows
 
 
 class FusedGatedFFN(nn.Module):
@@ -201,13 +217,15 @@ class _Layer(nn.Module):
 class StaticDecoder(nn.Module):
     """`model`'s weights in the static layout, with a cache of `length` slots for `batch` rows.
 
-    The fused matrices are new tensors; the norms, output projections, embedding and head are
-    shared with `model` (no copy); the cache is kept in `kv_dtype` (default the model's dtype) and
+    The fused matrices are new tensors (over a file's blocks, the model's q/k/v and gate/up then view
+    their rows: share_rows); the norms, output projections, embedding and head are shared with
+    `model` (no copy); `layers` reuses another StaticDecoder's fused layers; the cache is kept in `kv_dtype` (default the model's dtype) and
     read upcast to float32. `step` is the function to compile (llamablock.fast.compiled.static_engine);
     the cache is a plain attribute, not module state, so a compiled program can take it as input.
     """
 
-    def __init__(self, model, length: int, batch: int = 1, kv_dtype: torch.dtype | None = None):
+    def __init__(self, model, length: int, batch: int = 1, kv_dtype: torch.dtype | None = None,
+                 layers: nn.ModuleList | None = None):
         super().__init__()
         cfg = model.cfg
         reason = unsupported_reason(cfg)
@@ -218,7 +236,10 @@ class StaticDecoder(nn.Module):
         dtype = model.embed.weight.dtype
         self.cfg, self.length, self.batch = cfg, length, batch
         self.embed, self.final_norm, self.head = model.embed, model.final_norm, model.head
-        self.layers = nn.ModuleList(_Layer(block, cfg, model.rotary) for block in model.layers)
+        # `layers`: another length's fused layers (they do not depend on the length), reused so that
+        # a longer cache does not fuse, and hold, the weights again
+        self.layers = layers if layers is not None else nn.ModuleList(_Layer(block, cfg, model.rotary)
+                                                                      for block in model.layers)
         self.cache = StaticKVCache(cfg, batch, length, kv_dtype or dtype)
         cos, sin = model.rotary.cos_sin(torch.arange(length)[None], dtype, seq_len=length)  # (1, L, r/2)
         self.register_buffer("cos", cos[0], persistent=False)  # (L, r/2)

@@ -17,7 +17,7 @@ batch engine (llamablock.fast.compiled.batch_compiled) prefills eagerly and fill
 of the static layout are quantized (llamablock.fast.kernels.quant) after fusing, so q, k and v share one
 int8 or int4 matrix, with the plan's prefill crossovers (`prefill`). The float model is kept: a
 request longer than the cache rebuilds the static layout at the next power-of-two length
-(static_decode.cache_length) from it. "blocks" takes the model as the plan loads a GGUF of
+(static_decode.cache_length) from it (the fused layers of the other formats are reused as they are). "blocks" takes the model as the plan loads a GGUF of
 the block kernel's types (Q4_0 ... Q8_0, the K types): its BlockLinear layers are fused as rows of blocks, never quantized again,
 and keep the binding the plan gave them (the torch operator, for programs to call). `kv_dtype` is
 the static cache's dtype (the plan's kv_dtype; default the model's), which the step reads upcast
@@ -100,7 +100,8 @@ class StaticEngine:
             return
         length = cache_length(total_tokens, self.cfg.max_seq_len)
         with torch.no_grad():
-            static = StaticDecoder(self.model, length, batch=self.batch, kv_dtype=self.kv_dtype)
+            reuse = self.static.layers if self.static is not None and self.fmt not in PACKED else None
+            static = StaticDecoder(self.model, length, batch=self.batch, kv_dtype=self.kv_dtype, layers=reuse)
             if self.fmt in PACKED:
                 quantize_model(static, self.fmt, prefill=self.crossovers)
         self.static, self._buckets = static, {}
