@@ -136,15 +136,11 @@ def package_dir() -> Path:
     return Path(root).absolute() / "llamablock-aoti"
 
 
-# Formats whose programs carry no weights: the static layout's tensors are handed to them at load
-# (AOTIProgram._share_weights), so the step and the prefill read the same memory as the eager layout
-# instead of a copy each (a process held about 6x a 1B file's bytes with a copy per program:
-# `llamablock bench size`). Without freezing: freezing folds views of the weights into new constants
-# the layout does not have (the tied embedding's rows regrouped, 30 MB for SmolLM2; cos[None]), and
-# over the file's blocks it has nothing to prepack (the block kernel takes the bytes as they are;
-# SmolLM2's compiled step ran at the same rate either way, one thread, seven interleaved rounds).
-# The float and q8/q4 formats' GEMMs prepack their weights while freezing, so they keep theirs inside
-# the library. tests/fast/compiled/test_compiled_memory.py bounds the peak.
+# Formats whose programs carry no weights: they read the static layout's tensors, handed in at load
+# (AOTIProgram._share_weights), not a copy each (`llamablock bench size`; test_compiled_memory.py).
+# Unfrozen: freezing folds views of the weights into constants the layout lacks (the tied embedding
+# regrouped; cos[None]) and over the blocks has nothing to prepack. The float and q8/q4 formats'
+# GEMMs prepack their weights while freezing, so those keep theirs inside the library.
 SHARED_WEIGHT_FORMATS = ("blocks",)
 
 MAX_CACHE_BYTES = 8 << 30  # the packages kept on disk (each holds its program's weights)
@@ -288,11 +284,9 @@ class AOTIProgram:
             self.huge_page_bytes = collapse(tensor_ranges(self.runner.extract_constants_map(False).values()))
 
     def _share_weights(self, static) -> None:
-        """Hand the library `static`'s own tensors as its constants (user-managed: never copied).
-        Its constants are the traced module's parameters and buffers, named by their path under the
-        wrapper (`static.<path>`); one that is not there (a constant inductor folded) is refused, not
-        guessed. The package's key holds the weights' identity, so the tensors have the shapes and
-        dtypes the program was traced with."""
+        """Hand the library `static`'s own tensors as its constants (user-managed: never copied), by
+        their path under the wrapper (`static.<path>`); one that is not there (a folded constant) is
+        refused, not guessed. The key holds the weights' identity: shapes and dtypes are as traced."""
         own = dict(static.named_parameters(prefix="static"))
         own.update(static.named_buffers(prefix="static"))
         given = {}
