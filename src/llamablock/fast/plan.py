@@ -203,7 +203,7 @@ def decide(source: ModelSource, fmt: str = "auto", engine: str = "auto", device:
     eager_only = follows_length(cfg)  # each pass's own frequencies: the static step has one set
     if eager_only and engine == "compiled":
         raise ValueError(f"{which} {rope_type(cfg)} changes RoPE's frequencies with the length, which a "
-                         "compiled step cannot; use --engine eager")
+                         "compiled step cannot: run it with --engine eager (`llamablock compile` has nothing to build for it)")
     scaling = cfg.rope_scaling or {}
     common = dict(context=cfg.max_seq_len, scaling=scaling.get("rope_type") or scaling.get("type") or "none",
                   batch=batch, reader=reader_choice().reason if source.kind == "gguf" else "")
