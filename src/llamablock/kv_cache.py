@@ -49,6 +49,16 @@ KEY_BUCKET = 256
 _ONEDNN_DTYPES = (torch.bfloat16, torch.float16)  # CPU bmm by oneDNN (BMM_LIBRARY, benchmarks/bench_attention.py)
 
 
+def cache_bytes(cfg: ModelConfig, tokens: int, batch: int = 1, value_bytes: int = 2, n_kv: int | None = None) -> int:
+    """Bytes of keys and values that `tokens` tokens take in every layer of `cfg` (n_kv heads, default
+    the model's), `value_bytes` per element: a sliding-window layer keeps at most its window, as
+    KVCache's ring does. The calculator (diagnostics/kv_calculator.py) reports this total."""
+    n_kv = cfg.n_kv_heads if n_kv is None else n_kv
+    kept = min(tokens, cfg.sliding_window) if "sliding" in cfg.layer_kinds else tokens
+    per_token_layer = 2 * n_kv * cfg.head_dim * value_bytes
+    return sum(per_token_layer * (kept if kind == "sliding" else tokens) * batch for kind in cfg.layer_kinds)
+
+
 @runtime_checkable
 class Cache(Protocol):
     """What a layer's attention and the Decoder use of a KV cache (KVCache's methods say what each does)."""

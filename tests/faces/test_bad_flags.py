@@ -58,12 +58,32 @@ EXTEND = "extend it with --rope-scaling linear|ntk|dynamic|dynamic-consistent|ya
     (["--rope-scaling", "dynamic", "--ctx-size", "32"], "would be a factor of 0.5, below 1"),
     (["--ctx-size", "128", "--rope-scaling", "dynamic", "--engine", "compiled"],
      "--rope-scaling dynamic changes RoPE's frequencies with the length"),
-    (["--ctx-size", "128", "--rope-scaling", "dynamic-consistent", "--compile"], "use --engine eager"),
+    (["--ctx-size", "128", "--rope-scaling", "dynamic-consistent", "--compile"], "run it with --engine eager"),
 ])
 def test_bad_scaling_flags_are_one_line(capsys, tiny, flags, message):
     assert cli.main(["generate", "--model", tiny, "--prompt", "abc", *flags]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err, err
+
+
+@pytest.mark.parametrize("command", ["generate", "perplexity", "serve", "compile"])
+def test_a_context_whose_cache_cannot_fit_is_refused_in_one_line(capsys, tiny, tmp_path, monkeypatch, command):
+    """The KV cache at --ctx-size (the calculator's bytes, in 16 bits) against the memory the machine
+    has available, before anything is sized for it: here a machine with 1 MiB left."""
+    from llamablock.util import units
+
+    monkeypatch.setattr(units, "available_memory", lambda: 2**20)
+    text = tmp_path / "t.txt"
+    text.write_text("hello world " * 30)
+    args = {"generate": ["--prompt", "abc"], "perplexity": [str(text)], "serve": [], "compile": []}[command]
+    flags = ["--ctx-size", "100000", "--rope-scaling", "yarn"]
+    assert cli.main([command, "--model", tiny, *args, *flags]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--ctx-size 100000 needs a KV cache of " in err, err
+    assert "this machine has 1 MiB available; choose a smaller --ctx-size" in err, err
+    monkeypatch.setattr(units, "available_memory", lambda: None)  # not known: nothing checked
+    if command == "generate":
+        assert cli.main([command, "--model", tiny, *args, "--max-new-tokens", "2", *flags]) == 0
 
 
 def test_bad_scaling_flags_of_perplexity_and_serve_are_one_line(capsys, tiny, tmp_path):

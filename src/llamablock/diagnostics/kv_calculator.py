@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from llamablock.config import ModelConfig
+from llamablock.kv_cache import cache_bytes
 from llamablock.util.units import DTYPE_BYTES
 
 
@@ -43,10 +44,9 @@ def kv_cache_size(cfg: ModelConfig, tokens: int, batch: int = 1, dtype: str = "f
     n_kv = cfg.n_kv_heads if kv_heads is None else kv_heads
     if n_kv <= 0 or cfg.n_heads % n_kv:
         raise ValueError(f"kv_heads must divide n_heads ({cfg.n_heads}), got {n_kv}")
-    kinds = cfg.layer_kinds
-    kept = min(tokens, cfg.sliding_window) if "sliding" in kinds else tokens
+    kept = min(tokens, cfg.sliding_window) if "sliding" in cfg.layer_kinds else tokens
     per_token_layer = 2 * n_kv * cfg.head_dim * DTYPE_BYTES[dtype]
-    total = sum(per_token_layer * (kept if kind == "sliding" else tokens) * batch for kind in kinds)
+    total = cache_bytes(cfg, tokens, batch, DTYPE_BYTES[dtype], n_kv)
     return KVCacheSize(layout_name(cfg.n_heads, n_kv), n_kv, kept, per_token_layer * cfg.n_layers,
                        per_token_layer * kept * batch, total)
 

@@ -157,7 +157,24 @@ def scaled_source(source, args, window: int | None = None):
     when they change nothing). ModelSource is not imported: io/export.py reads this module, and the
     import chain through it would pass tests/test_layers.py's bound."""
     new = scaled_config(source.cfg, args, window)
+    if new.max_seq_len > source.cfg.max_seq_len:
+        check_cache_fits(new)
     return source if new == source.cfg else dataclasses.replace(source, cfg=new)
+
+
+def check_cache_fits(cfg) -> None:
+    """Refuse a context whose KV cache, even in 16 bits (the smallest any engine keeps), is more than
+    the machine's available memory: one line with the calculator's size (kv_cache.cache_bytes, the
+    total of diagnostics/kv_calculator.py), before the run sizes RoPE tables and caches for it and
+    fails deep inside, or swaps."""
+    from llamablock.kv_cache import cache_bytes
+    from llamablock.util.units import available_memory, human_bytes
+
+    need, free = cache_bytes(cfg, cfg.max_seq_len, value_bytes=2), available_memory()
+    if free is not None and need > free:
+        raise ValueError(f"--ctx-size {cfg.max_seq_len} needs a KV cache of {human_bytes(need)} in 16 bits "
+                         f"(diagnostics/kv_calculator.py) and this machine has {human_bytes(free)} available; "
+                         "choose a smaller --ctx-size")
 
 
 def export_config(cfg, args):

@@ -18,3 +18,16 @@ def human_bytes(n: float) -> str:
     text = f"{value:.{digits}f}"
     text = text.rstrip("0").rstrip(".") if "." in text else text
     return f"{text} {UNITS[unit]}"
+
+
+def available_memory() -> int | None:
+    """Bytes the kernel says a new allocation can take without swapping (Linux's MemAvailable in
+    /proc/meminfo); None where that is not known (another OS), so that callers check nothing."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
