@@ -198,6 +198,10 @@ def run(quick: bool = False) -> list[Section]:
                     if name in prefill:
                         prefill[name].append(_ours(path, long_prompt, 1, threads, env, *flags[name])["prefill"])
             cpp = results.get("llama.cpp llama-bench")
+            for name, rs in results.items():  # a build that generate did not use (another source, a damaged
+                if name.startswith("llamablock (after") and not all(r["compiled"] for r in rs):  # package) ran eagerly
+                    notes.append(f"{mix}: {name} ran eagerly in {sum(not r['compiled'] for r in rs)} of {len(rs)} "
+                                 "decode runs (the summary line did not say compiled): its row is not the compiled engine's.")
             for name, rs in results.items():
                 dec = statistics.median(r["decode"] for r in rs)
                 pre = statistics.median(prefill[name] if name in prefill else [r["prefill"] for r in rs])

@@ -208,6 +208,28 @@ def test_perplexity_past_the_trained_context_scores_the_windows_of_the_scaled_mo
     assert got["rope_scaling"]["rope_type"] == "yarn"
 
 
+@pytest.mark.parametrize("method", ["yarn", "linear"])
+def test_perplexity_at_2l_equals_rope_evals(tiny, tmp_path, capsys, method):
+    """`perplexity --rope-scaling M --rope-scale 2 --context 2L` and rope eval's losses for M at factor 2
+    (studies/context_extension.method_losses, its own scaled model) on the same 2L tokens: two paths
+    to one number (rel 1e-5: the same float32 maths, summed in another order)."""
+    from llamablock.studies.context_extension import method_losses
+
+    text = tmp_path / "t.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog; " * 12)
+    argv = ["perplexity", str(text), "--model", str(tiny), "--context", "128", "--stride", "128", "--max-tokens", "128",
+            "--json", "--dtype", "float32", "--rope-scaling", method, "--rope-scale", "2"]
+    assert cli.main(argv) == 0
+    got = json.loads(capsys.readouterr().out)
+    source = open_source(tiny)  # trained context L = 64
+    model = build(source, decide(source, "float32", "eager")).model
+    ids = torch.tensor(source.tokenizer.encode(text.read_text())[:128])[None]
+    with torch.no_grad():
+        losses = method_losses(model, ids, method, 2.0)
+    assert got["tokens_scored"] == losses.numel() == 127
+    assert got["perplexity"] == pytest.approx(math.exp(losses.double().mean().item()), rel=1e-5)
+
+
 def test_serve_runs_the_scaled_model_and_never_a_compiled_build_of_the_unscaled_one(tiny):
     from llamablock.web.generation import load_served
 

@@ -5,7 +5,9 @@ Each score q_i . k_j takes one of two rotations (studies/grouped_attention.py): 
 at j) or the method's (q at P_q(i), k at P_k(j)). A key's two rotations never change once its
 position is known (P_k(j) is j // G for Self-Extend, j for sinks), so the cache holds every kept
 key in both, beside its value and its position; a new query is rotated twice and each score picks
-its rotation with the scheme's own `choose`. Nothing is re-rotated, nothing recomputed.
+its rotation with the scheme's own `choose`. Nothing is re-rotated, nothing recomputed. A sinks
+decode step writes its key into a fixed ring of S + W slots instead (`_ring_step`): appending and
+evicting copied the whole cache at every layer and step (`llamablock bench overflow` times a step).
 
     sinks        llama.cpp has no such mode; StreamingLLM (Xiao et al. 2023): the first S tokens
                  and the W most recent stay, every other key is evicted once no later query can
@@ -40,11 +42,14 @@ class CachedGroupedAttention(GroupedAttention):
 
     def reset(self) -> None:
         self.ka = self.kb = self.v = self.pos = None
+        self.ring = None  # sinks' decode steps: (keys, values, positions) in S + W slots (_ring_step)
         self.start = 0  # the position of the next new token
 
     @property
     def kept(self) -> int:
-        """Keys in the cache now."""
+        """Keys in the cache now that a later query can still see."""
+        if self.ring is not None:
+            return int(self._still_seen(self.ring[2]).logical_and(self.ring[2] >= 0).sum())
         return 0 if self.pos is None else int(self.pos.shape[0])
 
     def forward(self, x: torch.Tensor, inputs=None, cache=None) -> torch.Tensor:
@@ -60,6 +65,9 @@ class CachedGroupedAttention(GroupedAttention):
             return a.rotary.rotate(z, *a.rotary.cos_sin(p[None].expand(b, t), z.dtype))
 
         qa, qb = rotated(q, pos), rotated(q, pq)
+        if isinstance(self.scheme, Sinks) and t == 1:
+            return self._ring_step(qa, qb, rotated(k, pos), v, pos)
+        self._from_ring()
         keep = (self.ka, self.kb, self.v, self.pos)
         ka, kb, vs, kpos = (new if old is None else torch.cat((old, new), dim=-2 if new.dim() > 1 else 0)
                             for old, new in zip(keep, (rotated(k, pos), rotated(k, pk), v, pos), strict=True))
@@ -77,6 +85,46 @@ class CachedGroupedAttention(GroupedAttention):
             ka, kb, vs, kpos = ka[:, :, seen], kb[:, :, seen], vs[:, :, seen], kpos[seen]
         self.ka, self.kb, self.v, self.pos = ka, kb, vs, kpos
         return a.wo(out.transpose(1, 2).reshape(b, t, a.h * a.hd))
+
+    def _ring_step(self, qa, qb, k, v, pos) -> torch.Tensor:
+        """One sinks decode step without copying the cache: S + W slots, position i in slot i below S and
+        S + (i - S) mod W above, where it overwrites position i - W, the one key query i no longer sees
+        (not near, not a sink). A sink's key has the same rotation both ways (P_k(j) = j), so one copy of
+        the keys serves both scores; the query's two rotations are chosen per slot as forward does."""
+        a, s = self.attn, self.scheme
+        if self.ring is None:  # the prefill's cache, each kept key moved into its slot
+            n = s.sinks + s.window
+            keys = self.ka.new_zeros(*self.ka.shape[:2], n, self.ka.shape[-1])
+            values = self.v.new_zeros(*self.v.shape[:2], n, self.v.shape[-1])
+            slots = self._slot(self.pos)
+            keys[:, :, slots], values[:, :, slots] = self.ka, self.v
+            where = self.pos.new_full((n,), -1).index_copy_(0, slots, self.pos)  # -1: an empty slot
+            self.ring, self.ka, self.kb, self.v, self.pos = (keys, values, where), None, None, None, None
+        keys, values, where = self.ring
+        slot = self._slot(pos)
+        keys[:, :, slot], values[:, :, slot], where[slot] = k, v, pos  # (b, n_kv, 1, hd) into slot (1,)
+        allowed, second = s.choose(pos, where)  # (1, S + W)
+        allowed &= where >= 0
+        g = a.h // a.n_kv
+        scores = torch.where(second, self._scores(qb, keys, g), self._scores(qa, keys, g))
+        probs = torch.softmax(scores.masked_fill(~allowed, float("-inf")).float(), dim=-1).to(qa.dtype)
+        out = (probs @ values[:, :, None]).reshape(qa.shape[0], a.h, 1, a.hd)
+        self.start += 1
+        return a.wo(out.transpose(1, 2).reshape(qa.shape[0], 1, a.h * a.hd))
+
+    def _slot(self, p: torch.Tensor) -> torch.Tensor:
+        s = self.scheme
+        return torch.where(p < s.sinks, p, s.sinks + (p - s.sinks) % s.window)
+
+    def _from_ring(self) -> None:
+        """Back to forward's layout (keys in position order, both rotations) before a pass of many tokens."""
+        if self.ring is None:
+            return
+        keys, values, where = self.ring
+        seen = (where >= 0) & self._still_seen(where)
+        order = where[seen].argsort()
+        self.ka = self.kb = keys[:, :, seen][:, :, order]
+        self.v, self.pos, self.ring = values[:, :, seen][:, :, order], where[seen][order], None
 
     def _still_seen(self, kpos: torch.Tensor) -> torch.Tensor:
         """Sinks: the sink tokens and the last W - 1 positions (the next query, at `start`, makes W);
