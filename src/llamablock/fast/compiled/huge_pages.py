@@ -20,6 +20,8 @@ its small pages and everything works as before: the function reports bytes, neve
 (inductor's frozen weights are often those): AOTInductor copies a program's weights into one
 malloc'd block when the library is loaded (aoti_runtime/model_base.h, `load_constants`) and makes
 each constant a view of it, so the ranges of `runner.extract_constants_map()` cover that block.
+Over a file's blocks the programs hold no copy (aoti_step.SHARED_WEIGHT_FORMATS): the ranges are the
+static layout's own tensors, and only the whole 2 MiB pages inside each tensor move.
 """
 
 from __future__ import annotations
