@@ -50,6 +50,7 @@ SHAPE = (2048, 16, 32, 8, 8192)  # width, layers, heads, kv heads, feed-forward:
 QUICK_SHAPE = (256, 2, 4, 2, 512)
 EMBEDDED = "SmolLM2-135M Q4_1 (embedded)"
 ROUNDS, NEW, PROMPT_TOKENS = 3, 64, 512
+PER_CPU_KIND = True  # "## size (AVX2)" beside "## size (AMX)": the targets hold per CPU kind (the issue's AVX2 ratios)
 COMPILE = True  # False: the plain command without a build only (a shorter run; the title says so)
 
 
@@ -235,20 +236,44 @@ def run(quick: bool = False) -> list[Section]:
         if cpp and mix != EMBEDDED:  # the same reference read on llama.cpp's side: what its kernel reaches here
             notes.append(f"{mix}: llama.cpp's own decode streams {cpp} of the plain read on the same threads.")
     sec.notes = notes
-    return [sec, _profile_section(paths, prompt_tokens, threads)]
+    profiled, profiles = _profile_section(paths, prompt_tokens, threads)
+    profiled.notes += _gaps(sec.rows, profiles, {m: _step_bytes(p)[0] for m, p in paths.items()}, rate, floor)
+    return [sec, profiled]
 
 
-def _profile_section(paths: dict, prompt_tokens: int, threads: int) -> Section:
+def _profile_section(paths: dict, prompt_tokens: int, threads: int) -> tuple[Section, dict]:
     """Where the plain command's step goes, per file (benchmarks/step_profile.py): the measured reason
-    behind each decode and prefill ratio above."""
+    behind each decode and prefill ratio above; the section and {file: its profile} (for _gaps)."""
     from benchmarks.step_profile import profile, rows
 
     sec = Section(f"Where the plain command's step goes (eager, {threads} thread(s), in this process, the median of "
                   "16 decode steps)", ["file", "step", "ms", "block kernel ms (share)", "attention ms (share)",
                                        "the rest ms (share)"])
-    for mix, path in paths.items():
-        sec.rows += rows(mix, profile(path, prompt_tokens, 16), prompt_tokens)
+    profiles = {mix: profile(path, prompt_tokens, 16) for mix, path in paths.items()}
+    for mix, prof in profiles.items():
+        sec.rows += rows(mix, prof, prompt_tokens)
     sec.notes.append("The block kernel is every matrix product over the file's blocks (the weights' reads and their "
                      "integer sums); attention is the core over the cache (scores, softmax, values); the rest is the "
                      "step less both: norms, RoPE, the cache's writes, the embedding and Python per layer.")
-    return sec
+    return sec, profiles
+
+
+def _gaps(rows: list[list[str]], profiles: dict, step_bytes: dict, rate: float, floor: int) -> list[str]:
+    """What would close each miss of the eager rows (the profiled engine), from benchmarks/size_gaps.py."""
+    from benchmarks.size_gaps import bandwidth_gap, memory_gap, rate_gap
+
+    out = []
+    for row in rows:
+        mix, side = row[0], row[2]
+        if side != "llamablock (--engine eager)" and not side.startswith("llamablock (no build"):
+            continue
+        prof = profiles[mix]
+        if row[5]:
+            d, p = (float(x.strip().rstrip("x")) for x in row[5].split("/"))
+            out.append(rate_gap(f"{mix} decode, eager", d, 1.3 if mix == EMBEDDED else 1.0, prof["decode"]))
+            out.append(rate_gap(f"{mix} prefill, eager", p, 1.0, prof["prefill"]))
+        if mix != EMBEDDED:
+            out.append(bandwidth_gap(f"{mix} bandwidth share, eager", float(row[6].rstrip("%")) / 100, 0.85,
+                                     prof["decode"], step_bytes[mix], rate))
+            out.append(memory_gap(f"{mix} peak, eager", float(row[8]), float(row[9]), 1.2, floor / 2**20))
+    return [f"What would close it: {g}" for g in out if g]

@@ -7,7 +7,9 @@ process and returns tables (benchmarks.common.Section). The report starts with t
 versions, date and the load average at start, because on a shared machine absolute numbers
 move with the load while the interleaved ratios hold better. A full run writes BENCHMARKS.md; a
 run of a few benchmarks given `--into BENCHMARKS.md` puts their sections there (splice), each
-under its own run's header, and leaves the others as they are.
+under its own run's header, and leaves the others as they are. A benchmark whose result is a
+property of the CPU kind (PER_CPU_KIND = True: `size`) heads its section "## NAME (KIND)", so a run
+on an AVX2 machine sits beside the AMX one instead of replacing it.
 """
 
 from __future__ import annotations
@@ -109,7 +111,7 @@ def run_benchmarks(names: list[str], quick: bool = False, output: Path | None = 
         module = importlib.import_module(BENCHMARKS[name])
         t0 = time.perf_counter()
         sections = module.run(quick=quick)
-        chunk = [f"## {name}", "", f"Claim: {module.CLAIM}.", ""]
+        chunk = [f"## {heading(name, module)}", "", f"Claim: {module.CLAIM}.", ""]
         for s in sections:
             chunk += to_markdown(s)
         chunk += [f"_{name}: {time.perf_counter() - t0:.0f} s_", ""]
@@ -121,6 +123,15 @@ def run_benchmarks(names: list[str], quick: bool = False, output: Path | None = 
 
         atomic_write(Path(output), lambda tmp: Path(tmp).write_text(report + "\n", encoding="utf-8"))
     return report
+
+
+def heading(name: str, module) -> str:
+    """The section's heading: the benchmark's name, with the CPU kind (util.cpu) where its module asks."""
+    if not getattr(module, "PER_CPU_KIND", False):
+        return name
+    from llamablock.util.cpu import this_cpu
+
+    return f"{name} ({this_cpu().kind})"
 
 
 def splice(report: str, text: str) -> str:

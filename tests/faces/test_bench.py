@@ -109,3 +109,42 @@ def test_into_puts_a_run_of_a_few_benchmarks_in_place_of_their_old_sections(tmp_
 
     assert main(["--quick", "--into", str(tmp_path / "nosuch.md"), "norm"]) == 2
     assert "--quick's tiny sizes stay out of a report" in capfd.readouterr().err
+
+
+def test_a_per_cpu_kind_section_is_headed_by_the_kind_and_keeps_the_other_kinds(monkeypatch):
+    """`size`'s targets hold per CPU kind: an AVX2 run goes beside the AMX one, not over it."""
+    import types
+
+    from benchmarks import runner
+    from llamablock.util import cpu
+
+    monkeypatch.setattr(cpu, "this_cpu", lambda: types.SimpleNamespace(kind="AVX2"))
+    assert runner.heading("size", types.SimpleNamespace(PER_CPU_KIND=True)) == "size (AVX2)"
+    assert runner.heading("norm", types.SimpleNamespace()) == "norm"
+    import benchmarks.bench_size as size
+
+    assert size.PER_CPU_KIND
+    old = "\n".join(["# Benchmarks", "", "## size (AMX)", "", "Claim: s.", "", "### amx run", ""])
+    report = "\n".join(["# Benchmarks", "", "- Date: today", "", "## size (AVX2)", "", "Claim: s.", "",
+                        "### avx2 run", ""])
+    got = runner.splice(report, old)
+    assert "### amx run" in got and "### avx2 run" in got and got.index("## size (AMX)") < got.index("## size (AVX2)")
+
+
+def test_size_gaps_give_the_change_that_meets_each_missed_target():
+    """benchmarks/size_gaps.py by hand: a 10 ms step of which 8 ms is the kernel, at 0.8x its target,
+    must take 8 ms, so the kernel 6 ms (8/6 = 1.33x faster); at 0.1x no kernel can (1 ms < 2 ms)."""
+    from benchmarks.size_gaps import bandwidth_gap, memory_gap, rate_gap
+
+    prof = {"step": 0.010, "kernel": 0.008, "attention": 0.001, "rest": 0.001}
+    assert rate_gap("d", 1.0, 1.0, prof) is None
+    assert "1.33x faster (8.0 -> 6.0 ms of a 10.0 ms step)" in rate_gap("d", 0.8, 1.0, prof)
+    assert "no block kernel closes it" in rate_gap("d", 0.1, 1.0, prof)
+    # 1 GiB in 8 ms against a 200 GiB/s read: 62.5%; at 85% the step takes 1 GiB / 170 GiB/s = 5.9 ms
+    gib = 2**30
+    got = bandwidth_gap("b", 0.5, 0.85, prof, gib, 200 * gib)
+    assert "streams 62% of the plain read" in got and "takes 5.9 ms" in got
+    assert bandwidth_gap("b", 0.9, 0.85, prof, gib, 200 * gib) is None
+    assert "the miss is the runtime's floor" in memory_gap("m", 1.4, 1.1, 1.2, 219)
+    assert "copies beyond the file" in memory_gap("m", 1.5, 1.3, 1.2, 219)
+    assert memory_gap("m", 1.1, 1.0, 1.2, 219) is None

@@ -194,6 +194,7 @@ def test_commands_take_dtype_q8_q4(capsys, tmp_path):
     from llamablock import cli
     from llamablock.fast.formats import load_dtype
     from llamablock.fast.kernels.quant import apply_dtype
+    from llamablock.fast.machine import this_machine
     from llamablock.io.loading import load_model_and_tokenizer
 
     gguf = tmp_path / "tiny.gguf"
@@ -201,7 +202,9 @@ def test_commands_take_dtype_q8_q4(capsys, tmp_path):
     text = tmp_path / "t.txt"
     text.write_text("the quick brown fox jumps over the lazy dog " * 3)
     model, tok = load_model_and_tokenizer(str(gguf), load_dtype("q8"))
-    model = apply_dtype(model, "q8")
+    # with this CPU kind's prefill crossover, as the command's plan builds it (fast/machine.py): on AVX2
+    # q8 never dequantizes, so a 40-token prompt through the packed kernel rounds unlike the GEMM's
+    model = apply_dtype(model, "q8", prefill=this_machine().prefill)
     assert isinstance(model.layers[0].attn.wq, Int8Linear)
     ids = tok.encode(text.read_text())[:40]
     with torch.no_grad():
