@@ -8,8 +8,8 @@ can be taken): after a 64-token prompt, every token is one `step` of the engine 
 engine for shift, keeping the first 4 tokens). Per block of tokens the table gives the resident
 memory of the process and the step rate; at the end, the mean loss of the last 256 tokens beside
 a fresh model given only the last 2,048 tokens (one forward pass, no history): what a policy
-costs in quality against simply reading the window. One thread, eager. --quick: 600 tokens
-through a context of 256.
+costs in quality against simply reading the window. One thread, eager. --quick: 300 tokens
+through a context of 128.
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def run(quick: bool = False) -> list[Section]:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        n, ctx, block = (600, 256, 100) if quick else (20_000, 2048, 2000)
+        n, ctx, block = (300, 128, 50) if quick else (20_000, 2048, 2000)
         last = min(LAST, ctx // 2)
         source = open_source(None)
         built = build(source, decide(source, "auto", "eager"))

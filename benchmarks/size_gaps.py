@@ -39,10 +39,12 @@ def bandwidth_gap(what: str, share: float, target: float, prof: dict, step_bytes
         return None
     alone = step_bytes / prof["kernel"] / read_rate
     need = step_bytes / (target * read_rate)  # the whole step's time at the target
-    return (f"{what}: the block kernel alone streams {alone:.0%} of the plain read ({step_bytes / 2**20:.0f} MiB "
-            f"in {prof['kernel'] * 1e3:.1f} ms); at {target:.0%} the whole step takes {need * 1e3:.1f} ms, so the "
-            f"kernel must read at least that fast and the other {(prof['step'] - prof['kernel']) * 1e3:.1f} ms "
-            "must overlap it or go.")
+    other = (prof["step"] - prof["kernel"]) * 1e3
+    head = (f"{what}: the block kernel alone streams {alone:.0%} of the plain read ({step_bytes / 2**20:.0f} MiB "
+            f"in {prof['kernel'] * 1e3:.1f} ms); at {target:.0%} the whole step takes {need * 1e3:.1f} ms")
+    if alone >= target:
+        return f"{head}: the kernel is fast enough, the other {other:.1f} ms must overlap it or go."
+    return f"{head}, so the kernel must read at least that fast and the other {other:.1f} ms must overlap it or go."
 
 
 def memory_gap(what: str, whole: float, beyond_floor: float, target: float, floor_mib: float) -> str | None:

@@ -145,6 +145,7 @@ def test_size_gaps_give_the_change_that_meets_each_missed_target():
     got = bandwidth_gap("b", 0.5, 0.85, prof, gib, 200 * gib)
     assert "streams 62% of the plain read" in got and "takes 5.9 ms" in got
     assert bandwidth_gap("b", 0.9, 0.85, prof, gib, 200 * gib) is None
+    assert "the kernel is fast enough" in bandwidth_gap("b", 0.4, 0.85, prof, gib, 100 * gib)  # alone: 125%
     assert "the miss is the runtime's floor" in memory_gap("m", 1.4, 1.1, 1.2, 219)
     assert "copies beyond the file" in memory_gap("m", 1.5, 1.3, 1.2, 219)
     assert memory_gap("m", 1.1, 1.0, 1.2, 219) is None

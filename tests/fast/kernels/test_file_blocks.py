@@ -17,6 +17,7 @@ import pytest
 import torch
 from gguf_tiny import write_tiny_gguf
 from hf_reference import tiny_hf_model
+from kernel_builds import RUNS  # the builds this CPU runs; conftest.py's `libs` builds each once
 from torch import nn
 
 import llamablock
@@ -25,8 +26,6 @@ from llamablock.fast.kernels.file_blocks import BlockEmbedding, BlockLinear, deq
 from llamablock.fast.plan import load_gguf_native
 
 TYPES = ("Q4_0", "Q4_1", "Q8_0")
-# the builds this CPU runs: the widest (ggml_kernel.best_isa) and every narrower one (ISAS goes widest first)
-RUNS = list(ggml_kernel.ISAS)[list(ggml_kernel.ISAS).index(ggml_kernel.best_isa()):]
 
 
 def _random_blocks(type_name: str, n: int, k: int, seed: int = 0) -> np.ndarray:
@@ -92,11 +91,11 @@ def test_grouping_rows_is_a_reordering_of_the_file_bytes(type_name):
 @pytest.mark.parametrize("type_name", TYPES)
 @pytest.mark.parametrize("isa", list(ggml_kernel.ISAS))
 @pytest.mark.parametrize("grouped", [False, True])
-def test_the_kernel_is_within_its_16_bit_activation_bound(type_name, isa, grouped, tmp_path):
+def test_the_kernel_is_within_its_16_bit_activation_bound(type_name, isa, grouped, libs):
     """Both layouts in every build: a misplaced byte of the grouped layout moves a product far past the bound."""
     if isa not in RUNS:
         pytest.skip(f"this CPU does not run the {isa} build")
-    lib = ggml_kernel.load(tmp_path, isa)
+    lib = libs[isa]
     raw = torch.from_numpy(_random_blocks(type_name, 40, 160, seed=2))
     w = dequantize_blocks(type_name, raw)
     g = torch.Generator().manual_seed(3)
@@ -112,12 +111,12 @@ def test_the_kernel_is_within_its_16_bit_activation_bound(type_name, isa, groupe
 
 @pytest.mark.parametrize("type_name", TYPES)
 @pytest.mark.parametrize("isa", list(ggml_kernel.ISAS))
-def test_the_largest_integers_do_not_overflow(type_name, isa, tmp_path):
+def test_the_largest_integers_do_not_overflow(type_name, isa, libs):
     """Every quant at its largest magnitude against activations all at +-32767: the sums the AVX2
     build keeps in 16 bits (c/x86.c group_sums_q4) are at their largest, and must not wrap."""
     if isa not in RUNS:
         pytest.skip(f"this CPU does not run the {isa} build")
-    lib = ggml_kernel.load(tmp_path, isa)
+    lib = libs[isa]
     raw = torch.from_numpy(_random_blocks(type_name, 16, 64, seed=7)).reshape(16, 2, -1)
     head = 4 if type_name == "Q4_1" else 2
     raw[:8, :, head:] = 0xFF if type_name != "Q8_0" else 0x80  # nibbles 15 (Q4_0: 7); int8 -128
@@ -132,12 +131,12 @@ def test_the_largest_integers_do_not_overflow(type_name, isa, tmp_path):
 
 
 @pytest.mark.parametrize("isa", list(ggml_kernel.ISAS))
-def test_tiny_activations_stay_within_the_bound_or_count_as_zero(isa, tmp_path):
+def test_tiny_activations_stay_within_the_bound_or_count_as_zero(isa, libs):
     """A block of 1e-30 still has a finite 1/e and keeps its bound; a block of 1e-40 (subnormal)
     has none and counts as zeros in every build (c/blocks.h lb_quantize_block), not as garbage integers."""
     if isa not in RUNS:
         pytest.skip(f"this CPU does not run the {isa} build")
-    lib = ggml_kernel.load(tmp_path, isa)
+    lib = libs[isa]
     raw = torch.from_numpy(_random_blocks("Q4_1", 16, 64, seed=8))
     w = dequantize_blocks("Q4_1", raw)
     x = torch.randn(2, 64, generator=torch.Generator().manual_seed(9))
@@ -162,12 +161,12 @@ def test_a_non_finite_activation_gives_nan_not_a_finite_number(bad):
 
 @pytest.mark.parametrize("isa", list(ggml_kernel.ISAS))
 @pytest.mark.parametrize("grouped", [False, True])
-def test_a_row_is_the_same_alone_and_among_others(isa, grouped, tmp_path):
+def test_a_row_is_the_same_alone_and_among_others(isa, grouped, libs):
     """Prefill takes rows four at a time and decode one: a token's result must not depend on which
     (a prompt's logits then do not depend on how it was split into steps), bit for bit."""
     if isa not in RUNS:
         pytest.skip(f"this CPU does not run the {isa} build")
-    lib = ggml_kernel.load(tmp_path, isa)
+    lib = libs[isa]
     for type_name in TYPES:
         raw = torch.from_numpy(_random_blocks(type_name, 24, 96, seed=4))
         raw = group_rows(type_name, raw) if grouped else raw
@@ -212,12 +211,12 @@ def test_two_threads_compute_what_one_does():
 
 
 @pytest.mark.parametrize("isa", list(ggml_kernel.ISAS))
-def test_each_build_s_block_table_is_gguf_s(isa, tmp_path):
+def test_each_build_s_block_table_is_gguf_s(isa, libs):
     """The C table (c/blocks.h LB_TYPE_TABLE) that every build exports gives the gguf package's
     (weights, bytes) for every kept type, and nothing for a type the kernel does not compute."""
     if isa not in RUNS:
         pytest.skip(f"this CPU does not run the {isa} build")
-    lib = ggml_kernel.load(tmp_path, isa)
+    lib = libs[isa]
     for name in ggml_kernel.KEPT:
         qtype = gguf.GGMLQuantizationType[name]
         assert (lib.lb_block_weights(qtype.value), lib.lb_block_bytes(qtype.value)) == gguf.GGML_QUANT_SIZES[qtype]
@@ -232,12 +231,12 @@ def _extremes(type_name: str, n: int, k: int) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("grouped", [False, True])
-def test_the_vnni_build_is_the_avx512_build_bit_for_bit(grouped, tmp_path):
+def test_the_vnni_build_is_the_avx512_build_bit_for_bit(grouped, libs):
     """VNNI's dpwssd adds the same 16-bit products into the same int32 lanes as madd then add, and
     the float work around them is the same code: every output equal, prefill and decode."""
     if "avx512vnni" not in RUNS:
         pytest.skip("this CPU does not run the avx512vnni build (torch.cpu.get_capabilities: no avx512_vnni)")
-    vnni, plain = ggml_kernel.load(tmp_path, "avx512vnni"), ggml_kernel.load(tmp_path, "avx512")
+    vnni, plain = libs["avx512vnni"], libs["avx512"]
     x = torch.randn(37, 160, generator=torch.Generator().manual_seed(12)) * torch.logspace(-3, 2, 160)
     x[3] = torch.tensor([1.0, -1.0]).repeat(80)  # every integer at +-32767
     for type_name in TYPES:

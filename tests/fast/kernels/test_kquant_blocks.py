@@ -16,13 +16,13 @@ import gguf
 import numpy as np
 import pytest
 import torch
+from kernel_builds import RUNS  # the builds this CPU runs; conftest.py's `libs` builds each once
 
 from llamablock.fast.kernels import block_op, file_blocks, ggml_kernel
 from llamablock.fast.kernels.file_blocks import BlockEmbedding, BlockLinear, dequantize_blocks, group_rows, ungroup_rows
 
 TYPES = ("Q5_0", "Q4_K", "Q5_K", "Q6_K")
 HALVES = {"Q5_0": (0,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}  # byte offsets of d (and dmin)
-RUNS = list(ggml_kernel.ISAS)[list(ggml_kernel.ISAS).index(ggml_kernel.best_isa()):]  # builds this CPU runs
 K = 512  # two super-blocks of 256 per row, 16 blocks of 32
 LAYOUTS = [pytest.param(False, id="file's rows"), pytest.param(True, id="groups of 8")]
 
@@ -35,13 +35,6 @@ def _laid_out(type_name: str, raw, grouped: bool) -> torch.Tensor:
     if type_name not in ggml_kernel.GROUPABLE:
         pytest.skip(f"{type_name} has no grouped layout")
     return group_rows(type_name, raw)
-
-
-@pytest.fixture(scope="module")
-def libs(tmp_path_factory):
-    """Each build this CPU runs, compiled once for the module."""
-    where = tmp_path_factory.mktemp("kernels")
-    return {isa: ggml_kernel.load(where, isa) for isa in RUNS}
 
 
 def _random_blocks(type_name: str, n: int, k: int = K, seed: int = 0) -> np.ndarray:
