@@ -13,7 +13,7 @@ measured first, the same way, so that one run gives the README's speed table.
 Each side runs as a fresh process, in turn, `ROUNDS` times (medians):
     llamablock   `python -m llamablock generate --model F --greedy --threads T`: a 4-token prompt and
                  64 new tokens (decode), and a 512-token prompt with one new token (prefill), the
-                 rates from its summary line; with a fresh cache (XDG_CACHE_HOME), so without a
+                 rates from its summary line; with fresh caches (XDG_CACHE_HOME and inductor's), so without a
                  build the plain command runs eagerly, and, full runs only, again after one
                  `llamablock compile --model F`.
     llama.cpp    `llama-bench -m F -p 512 -n 64 -t T -r 1 -o json` (pp512 and tg64), where a
@@ -174,7 +174,8 @@ def run(quick: bool = False) -> list[Section]:
                    "bandwidth share", "peak MiB", "peak / (file + KV)", "peak less python + torch, / (file + KV)"])
     notes = []
     with tempfile.TemporaryDirectory() as cache:
-        env = {**os.environ, "XDG_CACHE_HOME": cache}
+        # inductor's own cache fresh too: with only XDG fresh, "compile took" depended on earlier runs' cache
+        env = {**os.environ, "XDG_CACHE_HOME": cache, "TORCHINDUCTOR_CACHE_DIR": os.path.join(cache, "inductor")}
         floor = _floor(env)
         for mix, path in paths.items():
             size, (step, cfg) = path.stat().st_size, _step_bytes(path)
