@@ -50,7 +50,7 @@ SHAPE = (2048, 16, 32, 8, 8192)  # width, layers, heads, kv heads, feed-forward:
 QUICK_SHAPE = (256, 2, 4, 2, 512)
 EMBEDDED = "SmolLM2-135M Q4_1 (embedded)"
 ROUNDS, NEW, PROMPT_TOKENS = 3, 64, 512
-PER_CPU_KIND = True  # "## size (AVX2)" beside "## size (AMX)": the targets hold per CPU kind (the issue's AVX2 ratios)
+PER_CPU_KIND = True  # "## size (AVX2)" beside "## size (AMX)": the ratios hold per CPU kind
 COMPILE = True  # False: the plain command without a build only (a shorter run; the title says so)
 
 
@@ -172,13 +172,14 @@ def run(quick: bool = False) -> list[Section]:
                   f"{rate / 1e9:.1f} GB/s on these threads",
                   ["file", "MiB", "side", "decode tok/s", f"prefill tok/s ({prompt_tokens})", "vs llama.cpp (decode / prefill)",
                    "bandwidth share", "peak MiB", "peak / (file + KV)", "peak less python + torch, / (file + KV)"])
-    notes = []
+    notes, step_bytes = [], {}
     with tempfile.TemporaryDirectory() as cache:
         # inductor's own cache fresh too: with only XDG fresh, "compile took" depended on earlier runs' cache
         env = {**os.environ, "XDG_CACHE_HOME": cache, "TORCHINDUCTOR_CACHE_DIR": os.path.join(cache, "inductor")}
         floor = _floor(env)
         for mix, path in paths.items():
             size, (step, cfg) = path.stat().st_size, _step_bytes(path)
+            step_bytes[mix] = step
             kv_dtype = _kv_dtype(path)
             kv = kv_cache_size(cfg, prompt_tokens + new, dtype=kv_dtype).total_bytes
             _ours(path, "The", 1, threads, env)  # builds the block kernel into the fresh cache, untimed
@@ -238,7 +239,7 @@ def run(quick: bool = False) -> list[Section]:
             notes.append(f"{mix}: llama.cpp's own decode streams {cpp} of the plain read on the same threads.")
     sec.notes = notes
     profiled, profiles = _profile_section(paths, prompt_tokens, threads)
-    profiled.notes += _gaps(sec.rows, profiles, {m: _step_bytes(p)[0] for m, p in paths.items()}, rate, floor)
+    profiled.notes += _gaps(sec.rows, profiles, step_bytes, rate, floor)
     return [sec, profiled]
 
 

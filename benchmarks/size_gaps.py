@@ -1,7 +1,6 @@
 """What would close each target `bench size` misses, computed from the same run's numbers.
 
-The issue asks that a missed target come with its measured reason and what would close it. The
-reason is the eager step's profile (benchmarks/step_profile.py: block kernel, attention, the
+A missed target comes with its measured reason and what would close it. The reason is the eager step's profile (benchmarks/step_profile.py: block kernel, attention, the
 rest); this module turns a miss and that profile into the change that would meet it, under one
 stated assumption: the parts not named keep their time. For a rate short of its target by a
 factor r (measured / target), the step must take r of its profiled time; taking the attention

@@ -105,18 +105,11 @@ def _head_bytes(type_name: str) -> int:
 def group_rows(type_name: str, blocks: torch.Tensor) -> torch.Tensor:
     """The (n, k / 32 * bytes) file rows reordered into the kernel's groups of 8 rows (c/blocks.h) (n a multiple
     of 8), the same shape: per group and block, the 8 rows' d (and m), then chunks of 4 quant bytes
-    of each row in turn. The kernel's library does it (c/linear.c lb_group_rows, at about a copy's
-    speed) where it is loaded, else `group_rows_torch` (the same bytes, tests/fast/kernels/
-    test_file_blocks.py). ValueError for a type without the grouped layout (not in ggml_kernel.GROUPABLE)."""
+    of each row in turn. The scales move as int16 and the quants as int32 (4 bytes a chunk): a
+    quarter of the elements a byte-wise transpose moves, which is most of a load's reordering time.
+    ValueError for a type without the grouped layout (not in ggml_kernel.GROUPABLE)."""
     if type_name not in GROUPABLE:
         raise ValueError(f"{type_name} blocks have no grouped layout; the kernel groups {', '.join(GROUPABLE)}")
-    lib = ggml_kernel.kernel()
-    return ggml_kernel.group_rows(type_name, blocks, lib) if lib is not None else group_rows_torch(type_name, blocks)
-
-
-def group_rows_torch(type_name: str, blocks: torch.Tensor) -> torch.Tensor:
-    """group_rows in torch: the scales move as int16 and the quants as int32 (4 bytes a chunk), a
-    quarter of the elements a byte-wise transpose moves; many times slower than the C one at load."""
     n, row = blocks.shape
     size, h = BLOCK_BYTES[type_name], _head_bytes(type_name)
     nb, groups, quants = row // size, n // GROUP, size - h

@@ -91,8 +91,6 @@ def _open(path: Path) -> ctypes.CDLL:
     try:
         lib.lb_linear.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
                                   ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int]
-        lib.lb_group_rows.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
-                                      ctypes.c_int]
         check_table(lib)
     except AttributeError as e:
         build.unload(lib)
@@ -123,18 +121,6 @@ def failed(status: int, type_name: str, n: int, k: int) -> Exception:
         return ValueError(f"the block kernel's library does not compute {type_name} in that layout"
                           f" (groups of {GROUP} rows are {', '.join(GROUPABLE)} only)")
     return ValueError(f"{type_name} rows of {k} weights are not whole blocks, or {n} rows not whole groups of {GROUP}")
-
-
-def group_rows(type_name: str, blocks: torch.Tensor, lib: ctypes.CDLL) -> torch.Tensor:
-    """`blocks` (n, row bytes) in the grouped layout, by `lib`'s lb_group_rows (file_blocks.group_rows
-    says the layout; ValueError for a type without it or n not whole groups)."""
-    blocks = blocks.contiguous()
-    out = torch.empty_like(blocks)
-    status = lib.lb_group_rows(TYPE_IDS[type_name], blocks.data_ptr(), out.data_ptr(), blocks.shape[0],
-                               blocks.shape[1], torch.get_num_threads())
-    if status:
-        raise failed(status, type_name, blocks.shape[0], blocks.shape[1] // BLOCK_BYTES[type_name] * SIZES[type_name][0])
-    return out
 
 
 def matmul(type_name: str, blocks: torch.Tensor, x: torch.Tensor, threads: int | None = None,

@@ -128,8 +128,6 @@ int lb_linear(int type, int layout, const uint8_t *w, int64_t n, int64_t k, cons
               int threads);
 int lb_block_bytes(int type);   /* LB_TYPES' bytes per block, 0 for a type not computed here */
 int lb_block_weights(int type); /* LB_TYPES' weights per block, 0 likewise */
-/* dst = src's (n, row bytes) rows of `type` in groups of 8 rows (LB_GROUPS), only bytes moved; an LB_ result */
-int lb_group_rows(int type, const uint8_t *src, uint8_t *dst, int64_t n, int64_t row, int threads);
 int lb_block_groups(int type);  /* 1 where the type has the grouped layout (LB_GROUPS), else 0 */
 
 /* Defined once per build by its ISA's kernel file, called by linear.c. lb_rows: weight rows

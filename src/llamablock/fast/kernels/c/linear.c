@@ -2,7 +2,7 @@
    kernel computes): lb_linear checks its arguments, quantizes x once (lb_quantize), then walks the
    weight rows in tiles of x, handing ranges of weight rows to the build's kernel (lb_rows,
    lb_groups: x86.c or generic.c). Threads split the weight rows, never a row, so a row's sums come
-   in the same order whatever the thread count. lb_group_rows makes the grouped layout at load. */
+   in the same order whatever the thread count. */
 
 #include <stdlib.h>
 
@@ -61,28 +61,5 @@ int lb_linear(int type, int layout, const uint8_t *w, int64_t n, int64_t k, cons
         }
     }
     free(scratch);
-    return LB_OK;
-}
-
-/* dst = src's (n, row) bytes of `type` in groups of 8 rows (blocks.h LB_GROUPS; file_blocks.py
-   group_rows): per group and block, each 2-byte head field of the 8 rows in turn, then chunks of 4
-   quant bytes of the 8 rows in turn. Only bytes move. In C because the same reorder in torch
-   (strided copies of 2- and 4-byte elements) took most of a model's load (`llamablock bench
-   startup`); here it runs at about the speed of a copy. Groups are split between threads. */
-int lb_group_rows(int type, const uint8_t *src, uint8_t *dst, int64_t n, int64_t row, int threads) {
-    const lb_traits *t = lb_find(type);
-    if (!t || !t->chunks) return LB_UNKNOWN;
-    if (n % LB_GROUP || row % t->bytes) return LB_BAD_SHAPE;
-    const int64_t nb = row / t->bytes, size = t->bytes, h = t->head, chunks = (size - h) / 4;
-#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
-    for (int64_t g = 0; g < n / LB_GROUP; g++)
-        for (int64_t b = 0; b < nb; b++) {
-            uint8_t *o = dst + (g * nb + b) * LB_GROUP * size;
-            for (int64_t r = 0; r < LB_GROUP; r++) {
-                const uint8_t *s = src + (g * LB_GROUP + r) * row + b * size;
-                for (int64_t i = 0; i < h; i += 2) memcpy(o + LB_GROUP * i + 2 * r, s + i, 2);
-                for (int64_t c = 0; c < chunks; c++) memcpy(o + LB_GROUP * h + (c * LB_GROUP + r) * 4, s + h + 4 * c, 4);
-            }
-        }
     return LB_OK;
 }
