@@ -9,7 +9,10 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-torch.set_num_threads(min(2, torch.get_num_threads()))
+# `make test` runs one pytest-xdist worker per CPU: each worker takes its share of the cores, since two
+# workers of two threads each on two cores make every multi-threaded call wait on the other's threads.
+_workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+torch.set_num_threads(max(1, min(2, torch.get_num_threads() // _workers)))
 # Compiled graphs of the tests go to a fresh directory, not the user's cache (llamablock.fast.compiled.compile_cache),
 # named by the pid: `llamablock cache --clear` removes one a killed run left (commands/cache.py).
 if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
