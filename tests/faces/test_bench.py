@@ -7,34 +7,69 @@ import torch
 
 from llamablock import cli
 
+# The quick suite in three parts of about equal time (each section's "_name: N s_" line in a quick
+# run), one class each: `make test` (pytest-xdist, --dist loadscope) runs a class on one worker, so the
+# parts run side by side instead of one test taking the longest share of the suite.
+QUICK_PARTS = {
+    "TestQuickCompiles": ("compile_cache", "size", "startup", "attention", "norm", "rope", "swiglu", "train_step",
+                          "malloc", "prefill_crossover", "kquants", "build"),
+    "TestQuickProcesses": ("passkey", "memory", "overflow", "huge_pages"),
+    "TestQuickDecode": ("decode", "file_blocks", "scaled_perplexity", "long_loss", "generate_command", "threads",
+                        "long_prefill", "serve"),
+}
 
-@pytest.mark.slow
-def test_bench_quick_prints_and_writes_every_table(tmp_path, capfd):
+
+def test_the_quick_parts_run_every_benchmark_once():
+    from benchmarks.runner import BENCHMARKS
+
+    names = [n for part in QUICK_PARTS.values() for n in part]
+    assert sorted(names) == sorted(BENCHMARKS)
+
+
+def _quick(names: tuple[str, ...], tmp_path, capfd) -> str:
+    """The report of `bench --quick NAMES`, checked: every section printed and written, the header, every
+    table's rows as wide as its header, written atomically."""
     out = tmp_path / "BENCH.md"
     threads = torch.get_num_threads()
     try:
-        assert cli.main(["bench", "--quick", "--threads", "1", "--output", str(out)]) == 0
+        assert cli.main(["bench", "--quick", "--threads", "1", *names, "--output", str(out)]) == 0
     finally:
         torch.set_num_threads(threads)
     printed = capfd.readouterr().out
     report = out.read_text()
-    for name in ("attention", "norm", "rope", "swiglu", "train_step", "malloc", "decode", "long_prefill", "long_loss", "file_blocks", "kquants",
-                 "compile_cache", "huge_pages", "memory", "generate_command", "startup", "size", "overflow", "scaled_perplexity",
-                 "passkey"):
+    for name in names:
         assert f"## {name}" in report and f"## {name}" in printed
     assert "torch " + torch.__version__ in report and "Load average" in report
-    # Every table row has as many cells as its header.
     tables = report.split("\n### ")[1:]
-    assert len(tables) >= 8
+    assert len(tables) >= len(names)
     for blk in tables:
         rows = [ln for ln in blk.splitlines() if ln.startswith("|")]
         assert len(rows) >= 3
         assert len({ln.count("|") for ln in rows}) == 1, blk
-    # The decode table has the four llamablock formats; the profile names the packed int8 kernel.
-    for fmt in ("float32", "bfloat16", "q8", "q4"):
-        assert f"| llamablock {fmt} |" in report
-    assert "_weight_int8pack_mm" in report
     assert not list(tmp_path.glob(".*.tmp"))  # written atomically: no temporary file left
+    return report
+
+
+@pytest.mark.slow
+class TestQuickCompiles:
+    def test_prints_and_writes_every_table(self, tmp_path, capfd):
+        _quick(QUICK_PARTS[type(self).__name__], tmp_path, capfd)
+
+
+@pytest.mark.slow
+class TestQuickProcesses:
+    def test_prints_and_writes_every_table(self, tmp_path, capfd):
+        _quick(QUICK_PARTS[type(self).__name__], tmp_path, capfd)
+
+
+@pytest.mark.slow
+class TestQuickDecode:
+    def test_prints_and_writes_every_table(self, tmp_path, capfd):
+        report = _quick(QUICK_PARTS[type(self).__name__], tmp_path, capfd)
+        # The decode table has the four llamablock formats; the profile names the packed int8 kernel.
+        for fmt in ("float32", "bfloat16", "q8", "q4"):
+            assert f"| llamablock {fmt} |" in report
+        assert "_weight_int8pack_mm" in report
 
 
 def test_unknown_benchmark_is_a_usage_error(capfd):
