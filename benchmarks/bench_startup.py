@@ -198,9 +198,9 @@ def _at_size(threads: int, runs: int, quick: bool, env: dict) -> list[Section]:
             continue
         torch_s = st["import torch"]
         largest = max((label for label in st if label != "import torch"), key=st.get)
-        sec.notes.append(f"{mix}: importing torch takes {torch_s:.2f} s, {torch_s / cpp:.1f}x llama.cpp's first byte "
-                         + ("(so while the command imports torch the target cannot be met)" if torch_s > 1.5 * cpp
-                            else "") + f"; the largest stage after it: {largest}, {st[largest]:.2f} s.")
+        bound = " (so while the command imports torch the target cannot be met)" if torch_s > 1.5 * cpp else ""
+        sec.notes.append(f"{mix}: importing torch takes {torch_s:.2f} s, {torch_s / cpp:.1f}x llama.cpp's first byte"
+                         f"{bound}; the largest stage after it is '{largest}', {st[largest]:.2f} s.")
     if not quick and not any(n.startswith("llama.cpp") for _, n, *_ in sec.rows):
         sec.notes.append("llama.cpp: llama-cpp-python does not import here, so the 1.5x target is not measured.")
     for label in STAGE_NAMES:
