@@ -57,6 +57,7 @@ def _whole(out, versions) -> str:
     return hits[0]
 
 
+@pytest.mark.slow
 def test_a_killed_export_leaves_the_old_or_the_new_one_whole(made, tmp_path):
     run = copy_run(made, tmp_path / "run")
     a, b = sorted((run / "checkpoints").glob("step-*"))  # two checkpoints: two different models

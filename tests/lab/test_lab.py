@@ -596,38 +596,40 @@ def test_residual_stream_fails_when_the_final_norm_does_not_clean_up(monkeypatch
 
 # End to end ------------------------------------------------------------------------------------
 
+# its own class: pytest-xdist (--dist loadscope) can then run it beside the rest of this module
 @pytest.mark.slow
-def test_lab_quick_end_to_end(tmp_path, capsys):
-    assert main(["lab", "--quick", "--out", str(tmp_path), "--no-progress"]) == 0
-    table = capsys.readouterr().out
-    assert "15.5.cache-bytes" in table and "verdict" in table
-    doc = json.loads((tmp_path / "results.json").read_text())
-    assert doc["claims"] and all(set(c) == FIELDS for c in doc["claims"])
-    assert all(c["verdict"] in VERDICTS for c in doc["claims"])
-    assert not [c for c in doc["claims"] if c["id"].endswith("experiment-error")]
-    from llamablock.lab.runner import EXPERIMENTS, claim_ids
+class TestLabEndToEnd:
+    def test_lab_quick_end_to_end(self, tmp_path, capsys):
+        assert main(["lab", "--quick", "--out", str(tmp_path), "--no-progress"]) == 0
+        table = capsys.readouterr().out
+        assert "15.5.cache-bytes" in table and "verdict" in table
+        doc = json.loads((tmp_path / "results.json").read_text())
+        assert doc["claims"] and all(set(c) == FIELDS for c in doc["claims"])
+        assert all(c["verdict"] in VERDICTS for c in doc["claims"])
+        assert not [c for c in doc["claims"] if c["id"].endswith("experiment-error")]
+        from llamablock.lab.runner import EXPERIMENTS, claim_ids
 
-    # Every claim the lab records is declared (so --only can find it), and every declared one ran, once.
-    ids = [c["id"] for c in doc["claims"]]
-    assert sorted(ids) == sorted(i for e in EXPERIMENTS for i in claim_ids(e[0])) and len(set(ids)) == len(ids)
-    # quick training claims are marked, and none prints a spread of a single seed
-    assert all(c["indicative"] for c in doc["claims"] if c["id"].endswith("training-quality"))
-    report = (tmp_path / "report.md").read_text()
-    assert report.startswith("# The LLaMA Block, measured")
-    from test_report_text import check_report
+        # Every claim the lab records is declared (so --only can find it), and every declared one ran, once.
+        ids = [c["id"] for c in doc["claims"]]
+        assert sorted(ids) == sorted(i for e in EXPERIMENTS for i in claim_ids(e[0])) and len(set(ids)) == len(ids)
+        # quick training claims are marked, and none prints a spread of a single seed
+        assert all(c["indicative"] for c in doc["claims"] if c["id"].endswith("training-quality"))
+        report = (tmp_path / "report.md").read_text()
+        assert report.startswith("# The LLaMA Block, measured")
+        from test_report_text import check_report
 
-    assert check_report(report, doc) == []  # every line a template filled from results.json
-    assert {c["verdict"] for c in doc["claims"] if c["id"].startswith("15.2.real-")} == {"not run (full lab only)"}
-    assert "± 0.0000" not in report and "{'" not in report
-    assert not [row for row in report.splitlines() if row.startswith("| `") and "e+0" in row]  # no 1.092e+04
-    assert report.count("**What this means.**") == 8
-    for plot in (tmp_path).glob("*.png"):
-        assert f"]({plot.name})" in report
-    # every id the audit list names is a claim the lab records
-    from pathlib import Path
+        assert check_report(report, doc) == []  # every line a template filled from results.json
+        assert {c["verdict"] for c in doc["claims"] if c["id"].startswith("15.2.real-")} == {"not run (full lab only)"}
+        assert "± 0.0000" not in report and "{'" not in report
+        assert not [row for row in report.splitlines() if row.startswith("| `") and "e+0" in row]  # no 1.092e+04
+        assert report.count("**What this means.**") == 8
+        for plot in (tmp_path).glob("*.png"):
+            assert f"]({plot.name})" in report
+        # every id the audit list names is a claim the lab records
+        from pathlib import Path
 
-    audit = (Path(__file__).parents[2] / "docs" / "lab-claims.md").read_text()
-    assert {i for i in ids} <= set(__import__("re").findall(r"`((?:15\.\d|ex|beyond)\.[a-z0-9.-]+)`", audit))
+        audit = (Path(__file__).parents[2] / "docs" / "lab-claims.md").read_text()
+        assert {i for i in ids} <= set(__import__("re").findall(r"`((?:15\.\d|ex|beyond)\.[a-z0-9.-]+)`", audit))
 
 
 def test_lab_only_and_bad_only(tmp_path, capsys):

@@ -62,6 +62,7 @@ def test_the_static_step_reads_only_the_filled_slots(tiny, ids, kv):
             assert_within_bound(g, w, kv)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kv", [torch.float32, torch.bfloat16])
 def test_the_compiled_step_reads_only_the_filled_slots(tiny, ids, kv):
     """The AOTInductor step (one program for every position) and prefill."""
