@@ -22,7 +22,7 @@ run: $(STAMP)
 	$(BIN)/llamablock lab --quick --out lab-out
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n auto --dist loadscope --durations=25
+	$(BIN)/python -m pytest -q -n auto --dist loadscope --no-loadscope-reorder --durations=25
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
