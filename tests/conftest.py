@@ -28,7 +28,8 @@ def _seed():
 
 def pytest_collection_modifyitems(config, items):
     """Modules with a slow test first, each module's own order kept. pytest-xdist (`make test`,
-    --dist loadscope) hands out whole modules in collection order: the long ones then start early
-    and the short ones fill the end, instead of a long module starting last and running alone."""
+    --dist loadscope --no-loadscope-reorder) hands out whole modules (and classes) in collection
+    order: the long ones then start early and the short ones fill the end. Its default order, by
+    test count, sent the one-test classes (the quick benchmark parts) last, to run alone."""
     slow = {item.nodeid.split("::")[0] for item in items if item.get_closest_marker("slow")}
     items.sort(key=lambda item: item.nodeid.split("::")[0] not in slow)  # stable: each module's order kept
