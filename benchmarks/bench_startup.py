@@ -175,7 +175,7 @@ def _at_size(threads: int, runs: int, quick: bool, env: dict) -> list[Section]:
                   "llamablock with no build (its eager engine)", ["file", "command", "first byte (s)", "runs (s)"])
     stages = Section("Where the plain command's first byte goes at that size (its fastest run, stages timed inside "
                      "the process)", ["stage", *paths])
-    per_file, bests = {}, {}
+    per_file = {}
     for mix, path in paths.items():
         cmd = ["generate", "--model", str(path), "--prompt", PROMPT, "--greedy", "--max-new-tokens", "1",
                "--threads", str(threads)]
@@ -183,24 +183,21 @@ def _at_size(threads: int, runs: int, quick: bool, env: dict) -> list[Section]:
         if not quick:
             sides.update(_llama_cpp(str(path), threads))
         times = _rounds(sides, runs, quick)
-        best = bests[mix] = {name: min(ts) for name, ts in times.items()}
+        best = {name: min(ts) for name, ts in times.items()}
         for name, ts in times.items():
             sec.rows.append([mix, name, f"{best[name]:.2f}", " ".join(f"{t:.2f}" for t in ts)])
         cpp = best.get("llama.cpp (llama-cpp-python)")
         if cpp is not None:
             sec.notes.append(verdict(f"{mix} first byte against llama.cpp's", best["llamablock generate"] / cpp,
                                      1.5, higher_is_better=False))
-        per_file[mix] = min((_stages(env, threads, "--model", str(path)) for _ in range(runs)),
-                            key=lambda s: sum(s.values()))
-    for mix, st in per_file.items():  # the measured reason behind each miss: our stages against llama.cpp's
-        ours, cpp = bests[mix].get("llamablock generate"), bests[mix].get("llama.cpp (llama-cpp-python)")
-        if cpp is None or ours <= 1.5 * cpp:
-            continue
-        torch_s = st["import torch"]
-        largest = max((label for label in st if label != "import torch"), key=st.get)
-        bound = " (so while the command imports torch the target cannot be met)" if torch_s > 1.5 * cpp else ""
-        sec.notes.append(f"{mix}: importing torch takes {torch_s:.2f} s, {torch_s / cpp:.1f}x llama.cpp's first byte"
-                         f"{bound}; the largest stage after it is '{largest}', {st[largest]:.2f} s.")
+        st = per_file[mix] = min((_stages(env, threads, "--model", str(path)) for _ in range(runs)),
+                                 key=lambda s: sum(s.values()))
+        if cpp is not None and best["llamablock generate"] > 1.5 * cpp:  # the measured reason: our stages against it
+            torch_s = st["import torch"]
+            largest = max((label for label in st if label != "import torch"), key=st.get)
+            bound = " (so while the command imports torch the target cannot be met)" if torch_s > 1.5 * cpp else ""
+            sec.notes.append(f"{mix}: importing torch takes {torch_s:.2f} s, {torch_s / cpp:.1f}x llama.cpp's first "
+                             f"byte{bound}; the largest stage after it is '{largest}', {st[largest]:.2f} s.")
     if not quick and not any(n.startswith("llama.cpp") for _, n, *_ in sec.rows):
         sec.notes.append("llama.cpp: llama-cpp-python does not import here, so the 1.5x target is not measured.")
     for label in STAGE_NAMES:

@@ -1,14 +1,15 @@
 """What would close each target `bench size` misses, computed from the same run's numbers.
 
-A missed target comes with its measured reason and what would close it. The reason is the eager step's profile (benchmarks/step_profile.py: block kernel, attention, the
-rest); this module turns a miss and that profile into the change that would meet it, under one
-stated assumption: the parts not named keep their time. For a rate short of its target by a
-factor r (measured / target), the step must take r of its profiled time; taking the attention
-and the rest as they are, the block kernel's share of that is what is left, and the kernel must
-run k / (that) times faster. Where what is left is not positive, no kernel meets the target and
-the rest of the step must shrink first. The profile is the eager engine's, in the benchmark's own
-process; the compiled engine's step is one program with no parts to time, so its misses are not
-decomposed here.
+A missed target comes with its measured reason and what would close it. The reason is the eager
+step's profile (benchmarks/step_profile.py: block kernel, attention, the rest); this module
+turns a miss and that profile into the change that would meet it, under one stated assumption:
+the parts not named keep their time. For a rate short of its target by a factor r (measured /
+target), the step must take r of its profiled time; taking the attention and the rest as they
+are, the block kernel's share of that is what is left, and the kernel must run k / (that) times
+faster. Where what is left is not positive, no kernel meets the target and the rest of the step
+must shrink first. The profile is the eager engine's, in the benchmark's own process; the
+compiled engine's step is one program with no parts to time, so its misses are not decomposed
+here.
 """
 
 from __future__ import annotations

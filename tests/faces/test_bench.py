@@ -7,24 +7,6 @@ import torch
 
 from llamablock import cli
 
-# The quick suite in three parts of about equal time (each section's "_name: N s_" line in a quick
-# run), one class each: `make test` (pytest-xdist, --dist loadscope) runs a class on one worker, so the
-# parts run side by side instead of one test taking the longest share of the suite.
-QUICK_PARTS = {
-    "TestQuickCompiles": ("compile_cache", "size", "startup", "attention", "norm", "rope", "swiglu", "train_step",
-                          "malloc", "prefill_crossover", "kquants", "build"),
-    "TestQuickProcesses": ("passkey", "memory", "overflow", "huge_pages"),
-    "TestQuickDecode": ("decode", "file_blocks", "scaled_perplexity", "long_loss", "generate_command", "threads",
-                        "long_prefill", "serve"),
-}
-
-
-def test_the_quick_parts_run_every_benchmark_once():
-    from benchmarks.runner import BENCHMARKS
-
-    names = [n for part in QUICK_PARTS.values() for n in part]
-    assert sorted(names) == sorted(BENCHMARKS)
-
 
 def _quick(names: tuple[str, ...], tmp_path, capfd) -> str:
     """The report of `bench --quick NAMES`, checked: every section printed and written, the header, every
@@ -50,26 +32,45 @@ def _quick(names: tuple[str, ...], tmp_path, capfd) -> str:
     return report
 
 
-@pytest.mark.slow
-class TestQuickCompiles:
+# The quick suite in three parts of about equal time (each section's "_name: N s_" line in a quick
+# run), one class each: `make test` (pytest-xdist, --dist loadscope) runs a class on one worker, so the
+# parts run side by side instead of one test taking the longest share of the suite.
+class _QuickPart:
+    names: tuple[str, ...] = ()
+
+    @pytest.mark.slow
     def test_prints_and_writes_every_table(self, tmp_path, capfd):
-        _quick(QUICK_PARTS[type(self).__name__], tmp_path, capfd)
+        self.check(_quick(self.names, tmp_path, capfd))
+
+    def check(self, report: str) -> None:
+        """What this part's report must hold beyond every section and table."""
 
 
-@pytest.mark.slow
-class TestQuickProcesses:
-    def test_prints_and_writes_every_table(self, tmp_path, capfd):
-        _quick(QUICK_PARTS[type(self).__name__], tmp_path, capfd)
+class TestQuickCompiles(_QuickPart):
+    names = ("compile_cache", "size", "startup", "attention", "norm", "rope", "swiglu", "train_step", "malloc",
+             "prefill_crossover", "kquants", "build")
 
 
-@pytest.mark.slow
-class TestQuickDecode:
-    def test_prints_and_writes_every_table(self, tmp_path, capfd):
-        report = _quick(QUICK_PARTS[type(self).__name__], tmp_path, capfd)
+class TestQuickProcesses(_QuickPart):
+    names = ("passkey", "memory", "overflow", "huge_pages")
+
+
+class TestQuickDecode(_QuickPart):
+    names = ("decode", "file_blocks", "scaled_perplexity", "long_loss", "generate_command", "threads",
+             "long_prefill", "serve")
+
+    def check(self, report: str) -> None:
         # The decode table has the four llamablock formats; the profile names the packed int8 kernel.
         for fmt in ("float32", "bfloat16", "q8", "q4"):
             assert f"| llamablock {fmt} |" in report
         assert "_weight_int8pack_mm" in report
+
+
+def test_the_quick_parts_run_every_benchmark_once():
+    from benchmarks.runner import BENCHMARKS
+
+    names = [n for part in (TestQuickCompiles, TestQuickProcesses, TestQuickDecode) for n in part.names]
+    assert sorted(names) == sorted(BENCHMARKS)
 
 
 def test_unknown_benchmark_is_a_usage_error(capfd):
