@@ -182,7 +182,7 @@ def test_describe_says_every_choice(monkeypatch):
     plan = _plan({**Q5_MAJORITY, "output.weight": "Q6_K"}, monkeypatch=monkeypatch)
     text = plan.describe()
     for part in ("plan: eager engine on cpu", "Q4_0 -> blocks", "Q5_1 -> q8", "output head blocks", "activations bfloat16",
-                 "the block kernel through ctypes, Q4_0, Q8_0 rows in groups of 8", "context: 512 tokens",
+                 "the block kernel through ctypes, Q4_0, Q6_K, Q8_0 rows in groups of 8", "context: 512 tokens",
                  "RoPE scaling none",
                  "q8 dequantizes from 64 rows", "batch engine", "llamablock compile", "kind AVX-512", "header: ",
                  "KV cache bfloat16", "16-bit KV cache: float16"):

@@ -1,5 +1,5 @@
 """Q5_0 and the K types (Q4_K, Q5_K, Q6_K) kept as the file's own blocks (fast/kernels/c/, file_blocks.py),
-in the file's order of rows and, for Q4_K and Q5_K, in groups of 8 rows (c/x86_super.h).
+in the file's order of rows and, for the K types, in groups of 8 rows (c/x86_super.h).
 
 References, independent of the code under test:
   * the `gguf` package's numpy dequantization (gguf.quants.dequantize): the blocks' exact weights,
@@ -209,17 +209,17 @@ def test_each_build_s_table_groups_exactly_the_groupable_types(isa, libs):
 
 
 def test_the_types_without_groups_are_refused_groups_in_python_and_by_the_operator():
-    raw = torch.from_numpy(_random_blocks("Q6_K", 8))
-    with pytest.raises(ValueError, match="Q6_K blocks have no grouped layout"):
-        group_rows("Q6_K", raw)
-    with pytest.raises(ValueError, match="Q6_K blocks have no grouped layout"):
-        BlockLinear("Q6_K", raw, K, grouped=True)
+    raw = torch.from_numpy(_random_blocks("Q5_0", 8))
+    with pytest.raises(ValueError, match="Q5_0 blocks have no grouped layout"):
+        group_rows("Q5_0", raw)
+    with pytest.raises(ValueError, match="Q5_0 blocks have no grouped layout"):
+        BlockLinear("Q5_0", raw, K, grouped=True)
     assert block_op.load(), block_op.why_not()
-    with pytest.raises(RuntimeError, match="no layout 1 for GGML type 14"):
-        block_op.linear("Q6_K", raw, torch.randn(1, K), grouped=True)
+    with pytest.raises(RuntimeError, match="no layout 1 for GGML type 6"):
+        block_op.linear("Q5_0", raw, torch.randn(1, K), grouped=True)
 
 
-@pytest.mark.parametrize("type_name", ["Q4_K", "Q5_K"])
+@pytest.mark.parametrize("type_name", ["Q4_K", "Q5_K", "Q6_K"])
 def test_grouping_only_moves_bytes(type_name):
     """group_rows undone gives the file's rows; each group holds exactly its 8 rows' bytes."""
     raw = torch.from_numpy(_random_blocks(type_name, 16, seed=9))

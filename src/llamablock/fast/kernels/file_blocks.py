@@ -21,7 +21,7 @@ most 11 + 7 + 5 significant bits), so the one rounding is the sum's, as in gguf'
 Block layouts are c/blocks.h's comment.
 
 Where the plan says so (fast/plan.py: the kernel's build for this CPU is faster on them), a layer
-of a type in ggml_kernel.GROUPABLE (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K) holds its bytes in groups of 8 rows (`group_rows`, the kernel's grouped layout): the same bytes
+of a type in ggml_kernel.GROUPABLE (all KEPT but Q5_0) holds its bytes in groups of 8 rows (`group_rows`, the kernel's grouped layout): the same bytes
 reordered once at load, so nothing is rounded and `file_rows()` gives the file's order back. A
 layer calls the kernel through the binding it is given (ggml_kernel.matmul by ctypes, or
 block_op.linear, the torch operator that compiled programs can trace): the same C function, so
@@ -97,26 +97,41 @@ def dequantize_blocks(type_name: str, blocks: torch.Tensor) -> torch.Tensor:
 
 
 def _head_bytes(type_name: str) -> int:
-    """Bytes before a block's quants, moved as 2-byte fields: d, then m (Q4_1), or d, dmin and the 12
-    bytes of 6-bit scales (Q4_K, Q5_K; c/blocks.h LB_TYPE_TABLE's head)."""
-    return {"Q4_1": 4, "Q4_K": 16, "Q5_K": 16}.get(type_name, 2)
+    """A block's head, moved as 2-byte fields: d, then m (Q4_1); d, dmin and the 12 bytes of 6-bit
+    scales (Q4_K, Q5_K); the 16 int8 scales, then d (Q6_K) (c/blocks.h LB_TYPE_TABLE's head)."""
+    return {"Q4_1": 4, "Q4_K": 16, "Q5_K": 16, "Q6_K": 18}.get(type_name, 2)
 
 
-def group_rows(type_name: str, blocks: torch.Tensor) -> torch.Tensor:
+def _lead(type_name: str) -> int:
+    """Where the head starts in the file's block (c/blocks.h `lead`): Q6_K keeps its scales and d after
+    its 192 bytes of quants, so its grouped block is the file's rotated to start there."""
+    return 192 if type_name == "Q6_K" else 0
+
+
+def group_rows(type_name: str, blocks: torch.Tensor, in_place: bool = False) -> torch.Tensor:
     """The (n, k / 32 * bytes) file rows reordered into the kernel's groups of 8 rows (c/blocks.h) (n a multiple
     of 8), the same shape: per group and block, the 8 rows' d (and m), then chunks of 4 quant bytes
     of each row in turn. The scales move as int16 and the quants as int32 (4 bytes a chunk): a
     quarter of the elements a byte-wise transpose moves, which is most of a load's reordering time.
-    ValueError for a type without the grouped layout (not in ggml_kernel.GROUPABLE)."""
+    `in_place` reorders `blocks` itself (contiguous, and the caller's own: a loader's read buffer), a
+    few groups at a time through a copy of them, so a tensor is never held twice: the load's peak
+    (tests/fast/kernels/test_file_size.py). ValueError for a type without the grouped layout (not in
+    ggml_kernel.GROUPABLE)."""
     if type_name not in GROUPABLE:
         raise ValueError(f"{type_name} blocks have no grouped layout; the kernel groups {', '.join(GROUPABLE)}")
     n, row = blocks.shape
-    size, h = BLOCK_BYTES[type_name], _head_bytes(type_name)
+    size, h, lead = BLOCK_BYTES[type_name], _head_bytes(type_name), _lead(type_name)
     nb, groups, quants = row // size, n // GROUP, size - h
-    out = torch.empty(groups, nb, GROUP * size, dtype=torch.uint8)
+    if in_place and not blocks.is_contiguous():
+        raise ValueError("group_rows in place needs contiguous rows")
+    out = blocks.view(groups, nb, GROUP * size) if in_place else torch.empty(groups, nb, GROUP * size, dtype=torch.uint8)
     step = max(1, (4 << 20) // (GROUP * row))  # groups at a time: a few MiB of temporaries, whatever the tensor
     for g in range(0, groups, step):
         b = blocks[g * GROUP:(g + step) * GROUP].reshape(-1, GROUP, nb, size)
+        if lead:  # the head first (Q6_K: scales and d), then the quants; a copy
+            b = torch.cat([b[..., lead:], b[..., :lead]], dim=-1)
+        elif in_place:  # the groups' bytes are about to be overwritten
+            b = b.clone()
         part = out[g:g + step]
         for i in range(0, h, 2):  # 8 d, then 8 m: (groups, 8, nb) -> (groups, nb, 8)
             scales = b[..., i:i + 2].contiguous().view(torch.int16).squeeze(-1)
@@ -137,6 +152,9 @@ def ungroup_rows(type_name: str, grouped: torch.Tensor) -> torch.Tensor:
     heads = [g[..., GROUP * i:GROUP * (i + 2)].reshape(groups, nb, GROUP, 2) for i in range(0, h, 2)]
     qs = g[..., GROUP * h:].reshape(groups, nb, quants // 4, GROUP, 4).transpose(2, 3)  # (groups, nb, row, chunk, 4)
     b = torch.cat([*heads, qs.reshape(groups, nb, GROUP, quants)], dim=-1)  # (groups, nb, 8, bytes)
+    lead = _lead(type_name)
+    if lead:  # the rotation undone: the quants, then the head
+        b = torch.cat([b[..., size - lead:], b[..., :size - lead]], dim=-1)
     return b.transpose(1, 2).reshape(n, row)
 
 

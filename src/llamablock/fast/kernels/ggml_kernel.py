@@ -35,7 +35,7 @@ from llamablock.util.files import user_cache_dir
 
 # the block types the kernel computes (c/blocks.h LB_TYPE_TABLE), and those it also computes in groups of 8 rows
 KEPT = ("Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
-GROUPABLE = ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K")
+GROUPABLE = ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
 TYPE_IDS = {name: int(gguf.GGMLQuantizationType[name]) for name in KEPT}  # GGML's ids: lb_linear's `type`
 SIZES = {name: tuple(gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[name]]) for name in KEPT}  # (weights, bytes)
 BLOCK_BYTES = {name: size[1] for name, size in SIZES.items()}

@@ -121,7 +121,7 @@ def _read_weights(reader, cfg, model, dtype: torch.dtype, weights: WeightPlan):
             elif as_blocks(name, kind):
                 # groups of 8 rows where the plan says so and the type has that layout, else the file's order
                 grouped = weights.grouped and kind in GROUPABLE and w.rows.shape[0] % GROUP == 0
-                rows = group_rows(kind, w.rows) if grouped else w.rows
+                rows = group_rows(kind, w.rows, in_place=True) if grouped else w.rows  # read_blocks' own copy
                 layer = BlockLinear(kind, rows, w.shape[1], grouped=grouped, binding=weights.binding)
                 if name in shared:
                     head = layer  # the embedding reads its rows too (BlockEmbedding)

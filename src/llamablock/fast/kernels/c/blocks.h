@@ -43,8 +43,11 @@
    (ggml-cpu/repack.cpp, block_q4_0x8, block_q4_Kx8), with x in 16 bits as above. Q4_K and Q5_K
    group per super-block alike: their head (d, dmin, the 12 bytes of scales) moves as 8 fields of
    2 bytes, each field's 8 rows together, and their quants (Q5_K's qh, then the nibbles) in chunks
-   of 4 bytes. Only the types with a `chunks` trait have it (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K);
-   lb_linear answers LB_UNKNOWN for the others in LB_GROUPS.
+   of 4 bytes. Q6_K's head is its last 18 bytes (the 16 scales, then d): its grouped block is the
+   file's block rotated to start there (the `lead` trait, 192), so the head's 9 fields come first
+   (field f < 8 each row's scales 2f and 2f + 1, field 8 its d) and ql, then qh, in 48 chunks.
+   Only the types with a `chunks` trait have it (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K); lb_linear
+   answers LB_UNKNOWN for the others (Q5_0) in LB_GROUPS.
 
    Sources: this header; linear.c (the entry point, the same in every build); one kernel file per
    ISA, defining lb_quantize, lb_rows and lb_groups: x86.c (AVX2, AVX-512, AVX-512 VNNI, by the
@@ -79,25 +82,26 @@ typedef struct {
     int type;    /* GGML's type id */
     int bytes;   /* bytes per block (ggml-common.h: sizeof(block_q4_0), ...) */
     int weights; /* weights per block (QK4_0, QK5_0, QK8_0, QK_K, ...) */
-    int head;    /* bytes before the quants: d, then m (Q4_1), or d, dmin and the scales (Q4_K, Q5_K) */
+    int head;    /* the head's bytes: d, then m (Q4_1); d, dmin and the scales (Q4_K, Q5_K); scales and d (Q6_K) */
     int chunks;  /* LB_GROUPS: chunks of 32 bytes (8 rows x 4 quant bytes) per block; 0: no grouped layout */
+    int lead;    /* where the head starts in the file's block: 0, the quants after it; Q6_K 192, the quants before */
 } lb_traits;
 
 /* The one table of the blocks this kernel computes, a row per type: X(type id, bytes, weights,
-   head, chunks). It makes LB_TYPES below, and each kernel file's switch over the types, which
+   head, chunks, lead). It makes LB_TYPES below, and each kernel file's switch over the types, which
    compiles its kernels once per type with the traits as constants (an LB_INLINE function called
    with &(const lb_traits){...}): the compiler then unrolls the loops over a block's chunks and
    drops the other types' branches. */
-#define LB_TYPE_TABLE(X)        \
-    X(LB_Q4_0, 18, 32, 2, 4)    \
-    X(LB_Q4_1, 20, 32, 4, 4)    \
-    X(LB_Q5_0, 22, 32, 2, 0)    \
-    X(LB_Q8_0, 34, 32, 2, 8)    \
-    X(LB_Q4_K, 144, 256, 16, 32) \
-    X(LB_Q5_K, 176, 256, 16, 40) \
-    X(LB_Q6_K, 210, 256, 0, 0)
+#define LB_TYPE_TABLE(X)            \
+    X(LB_Q4_0, 18, 32, 2, 4, 0)      \
+    X(LB_Q4_1, 20, 32, 4, 4, 0)      \
+    X(LB_Q5_0, 22, 32, 2, 0, 0)      \
+    X(LB_Q8_0, 34, 32, 2, 8, 0)      \
+    X(LB_Q4_K, 144, 256, 16, 32, 0)  \
+    X(LB_Q5_K, 176, 256, 16, 40, 0)  \
+    X(LB_Q6_K, 210, 256, 18, 48, 192)
 
-#define LB_TRAITS_ROW(id, bytes, weights, head, chunks) {id, bytes, weights, head, chunks},
+#define LB_TRAITS_ROW(id, bytes, weights, head, chunks, lead) {id, bytes, weights, head, chunks, lead},
 static const lb_traits LB_TYPES[] = {LB_TYPE_TABLE(LB_TRAITS_ROW)};
 
 static inline const lb_traits *lb_find(int type) {
@@ -109,7 +113,8 @@ static inline const lb_traits *lb_find(int type) {
 /* Bytes of a row of k weights in the file's order (a group of 8 rows is 8 such). */
 static inline int64_t lb_row_bytes(const lb_traits *t, int64_t k) { return k / t->weights * t->bytes; }
 
-/* x (m, k) quantized per block of 32: p = its integers, es its (e, e P) per block, ps its P, and
+/* x (m, k) quantized per block of 32: p = its integers, es its (e, e P) per block, ps its P, ps16
+   the P of its first 16 (Q6_K's scales are per 16 weights: x86_super.h dot_group_q6), and
    each integer's two bytes apart, p = 256 hi + lo with lo unsigned (for the AVX2 group kernel's
    8-bit products). Row r's values start at r k, its blocks at r nb. */
 typedef struct {
@@ -117,6 +122,7 @@ typedef struct {
     int16_t *p;    /* (m, k) */
     float *es;     /* (m, nb, 2): e = amax / 32767, and e P for Q4_1's m term */
     int32_t *ps;   /* (m, nb) */
+    int32_t *ps16; /* (m, nb) */
     uint8_t *lo;   /* (m, k) */
     int8_t *hi;    /* (m, k) */
 } lb_acts;
@@ -170,10 +176,14 @@ LB_HIDDEN void lb_groups(const lb_traits *t, const uint8_t *w, int64_t i0, int64
 
 /* Row `row`'s weight block (t->bytes, the file's order) out of a group's block g of the grouped layout:
    its head as 2-byte fields, each field's 8 rows together, then its quants in chunks of 4 bytes,
-   each chunk's 8 rows together (the inverse of fast/kernels/file_blocks.py group_rows). */
+   each chunk's 8 rows together, the whole the file's block rotated to start at `lead` (the inverse
+   of fast/kernels/file_blocks.py group_rows). */
 static inline void lb_ungroup_block(const lb_traits *t, const uint8_t *g, int row, uint8_t *out) {
-    for (int f = 0; f < t->head / 2; f++) memcpy(out + 2 * f, g + 2 * LB_GROUP * f + 2 * row, 2);
-    for (int c = 0; c < t->chunks; c++) memcpy(out + t->head + 4 * c, g + LB_GROUP * t->head + 32 * c + 4 * row, 4);
+    uint8_t rotated[256]; /* a block: at most 210 bytes (Q6_K) */
+    for (int f = 0; f < t->head / 2; f++) memcpy(rotated + 2 * f, g + 2 * LB_GROUP * f + 2 * row, 2);
+    for (int c = 0; c < t->chunks; c++) memcpy(rotated + t->head + 4 * c, g + LB_GROUP * t->head + 32 * c + 4 * row, 4);
+    memcpy(out + t->lead, rotated, t->bytes - t->lead);
+    memcpy(out, rotated + t->bytes - t->lead, t->lead);
 }
 
 /* A float16 as float32, exact: every float16 is a float32. */
@@ -220,7 +230,7 @@ static inline void lb_quantize_block(const float *v, const lb_acts *a, int64_t b
        flush-to-zero unit would take it (its products are below float32's resolution of any others) */
     float e = amax / 32767.0f, inv = e > 0.0f && 1.0f / e <= FLT_MAX ? 1.0f / e : 0.0f;
     if (finite != 0.0f) e = NAN; /* the block's products are NaN, as a float matmul's would be */
-    int32_t sum = 0;
+    int32_t sum = 0, first = 0;
     for (int i = 0; i < LB_QK; i++) {
         int q = (int)lrintf(v[i] * inv);
         q = q > 32767 ? 32767 : q < -32767 ? -32767 : q;
@@ -228,10 +238,12 @@ static inline void lb_quantize_block(const float *v, const lb_acts *a, int64_t b
         a->lo[b * LB_QK + i] = (uint8_t)(q & 255);
         a->hi[b * LB_QK + i] = (int8_t)((q - (q & 255)) / 256); /* exact: q - lo is a multiple of 256 */
         sum += q;
+        if (i == LB_QK / 2 - 1) first = sum;
     }
     a->es[2 * b] = e;
     a->es[2 * b + 1] = e * (float)sum;
     a->ps[b] = sum;
+    a->ps16[b] = first;
 }
 
 #ifdef __cplusplus

@@ -34,9 +34,9 @@ int lb_linear(int type, int layout, const uint8_t *w, int64_t n, int64_t k, cons
     const lb_traits *t = lb_find(type);
     if (!t || (layout != LB_ROWS && layout != LB_GROUPS) || (layout == LB_GROUPS && !t->chunks)) return LB_UNKNOWN;
     if (k % t->weights || k % LB_QK || (layout == LB_GROUPS && n % LB_GROUP)) return LB_BAD_SHAPE;
-    /* one allocation for x's copies: p (int16), es (float pairs), ps (int32), then lo and hi (bytes) */
+    /* one allocation for x's copies: p (int16), es (float pairs), ps and ps16 (int32), then lo and hi (bytes) */
     const size_t values = (size_t)(m * k), blocks = (size_t)(m * (k / LB_QK));
-    char *scratch = malloc(values * 2 + blocks * 2 * sizeof(float) + blocks * sizeof(int32_t) + values * 2);
+    char *scratch = malloc(values * 2 + blocks * 2 * sizeof(float) + blocks * 2 * sizeof(int32_t) + values * 2);
     if (!scratch) return LB_NO_MEMORY;
     lb_acts a;
     a.k = k;
@@ -44,7 +44,8 @@ int lb_linear(int type, int layout, const uint8_t *w, int64_t n, int64_t k, cons
     a.p = (int16_t *)scratch;
     a.es = (float *)(scratch + values * 2);
     a.ps = (int32_t *)(a.es + blocks * 2);
-    a.lo = (uint8_t *)(a.ps + blocks);
+    a.ps16 = a.ps + blocks;
+    a.lo = (uint8_t *)(a.ps16 + blocks);
     a.hi = (int8_t *)(a.lo + values);
     lb_quantize(x, m, &a);
     const int parts = threads > 1 ? threads : 1;

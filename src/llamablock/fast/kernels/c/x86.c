@@ -3,7 +3,7 @@
    flags (fast/kernels/build.py ISAS). The AVX-512 builds take a block's 32 products in one madd
    where AVX2 takes two; VNNI fuses a madd and the add after it into one instruction on the same
    integers, so its results are the plain AVX-512 build's bit for bit. Each build does both layouts
-   (blocks.h) for Q4_0, Q4_1, Q8_0, Q4_K and Q5_K, the groups of 8 rows the faster (`llamablock
+   (blocks.h) for Q4_0, Q4_1, Q8_0 and the K types, the groups of 8 rows the faster (`llamablock
    bench file_blocks`), and the file's order for every type, Q5_0's and the K types' blocks of 32
    unpacked to bytes (quant_bytes) to meet x as Q8_0's do. The K types go a super-block at a time
    (x86_super.h): its scales are decoded once for its 8 blocks, in either layout. */
@@ -30,6 +30,12 @@ static inline float hsum(__m256 a) {
     return _mm_cvtss_f32(h);
 }
 
+static inline int32_t hsum_epi32(__m256i a) {
+    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
+    return _mm_cvtsi128_si32(_mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1)));
+}
+
 /* Block b of x's copy in AVX2, for its finite blocks (0 returned otherwise: blocks.h
    lb_quantize_block then does the block, NaN scale and all). The same values as that code: amax
    and 1/e are computed alike, cvtps rounds to nearest even as lrintf does, and the clamp and byte
@@ -50,11 +56,10 @@ static inline int quantize_block(const float *v, const lb_acts *a, int64_t b) {
     const float e = amax / 32767.0f, inv = e > 0.0f && 1.0f / e <= FLT_MAX ? 1.0f / e : 0.0f; /* as blocks.h */
     const __m256 inv8 = _mm256_set1_ps(inv);
     const __m256i top = _mm256_set1_epi32(32767), bottom = _mm256_set1_epi32(-32767);
-    __m256i q[4], sum8 = _mm256_setzero_si256();
+    __m256i q[4];
     for (int j = 0; j < 4; j++) {
         q[j] = _mm256_cvtps_epi32(_mm256_mul_ps(x[j], inv8));
         q[j] = _mm256_max_epi32(_mm256_min_epi32(q[j], top), bottom);
-        sum8 = _mm256_add_epi32(sum8, q[j]);
     }
     /* int32 -> int16 (exact after the clamp); packs interleaves 128-bit lanes, the permute undoes it */
     const __m256i lo = _mm256_permute4x64_epi64(_mm256_packs_epi32(q[0], q[1]), 0xD8); /* values 0..15 */
@@ -66,12 +71,11 @@ static inline int quantize_block(const float *v, const lb_acts *a, int64_t b) {
     const __m256i high_bytes = _mm256_packs_epi16(_mm256_srai_epi16(lo, 8), _mm256_srai_epi16(hi, 8));
     _mm256_storeu_si256((__m256i *)(a->lo + b * LB_QK), _mm256_permute4x64_epi64(low_bytes, 0xD8));
     _mm256_storeu_si256((__m256i *)(a->hi + b * LB_QK), _mm256_permute4x64_epi64(high_bytes, 0xD8));
-    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum8), _mm256_extracti128_si256(sum8, 1));
-    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
-    const int32_t sum = _mm_cvtsi128_si32(_mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1)));
+    const int32_t first = hsum_epi32(_mm256_add_epi32(q[0], q[1])), sum = first + hsum_epi32(_mm256_add_epi32(q[2], q[3]));
     a->es[2 * b] = e;
     a->es[2 * b + 1] = e * (float)sum;
     a->ps[b] = sum;
+    a->ps16[b] = first;
     return 1;
 }
 
@@ -344,6 +348,11 @@ static LB_INLINE void groups(const lb_traits *t, const uint8_t *w, int64_t i0, i
     const int64_t row = lb_row_bytes(t, a->k);
     for (int64_t i = i0; i < i1; i += LB_GROUP) {
         int64_t r = r0;
+        if (t->type == LB_Q6_K) {
+            for (; r + 4 <= r1; r += 4) dot_group_q6(4, t, w + i * row, a, r, y + r * n + i, n);
+            for (; r < r1; r++) dot_group_q6(1, t, w + i * row, a, r, y + r * n + i, n);
+            continue;
+        }
         if (t->weights != LB_QK) { /* Q4_K, Q5_K */
             for (; r + 4 <= r1; r += 4) dot_group_super(4, t, w + i * row, a, r, y + r * n + i, n);
             for (; r < r1; r++) dot_group_super(1, t, w + i * row, a, r, y + r * n + i, n);

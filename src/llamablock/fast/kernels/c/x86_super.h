@@ -180,4 +180,84 @@ static LB_INLINE void dot_group_super(const int R, const lb_traits *t, const uin
     for (int i = 0; i < R; i++) _mm256_storeu_ps(out + i * out_stride, acc[i]);
 }
 
+/* Q6_K's integer sums over 16 weights (chunks q[0..3]: 8 rows x 4 weights each, q unsigned 0..63)
+   for 8 weight rows against x's two bytes at lo and hi, one int32 lane a row: sum q p = 256 sum q
+   hi + sum q lo, exact. A pair of lo (0..255) products reaches 2 * 255 * 63, so maddubs' int16 lanes
+   are widened one chunk at a time; hi's (at most 2 * 63 * 128) two chunks at a time. */
+static inline __m256i q6_half_sums(const __m256i q[4], const uint8_t *lo, const int8_t *hi) {
+    __m256i low = _mm256_setzero_si256(), high = _mm256_setzero_si256();
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    for (int k = 0; k < 4; k++) {
+        int32_t l, h;
+        memcpy(&l, lo + 4 * k, 4);
+        memcpy(&h, hi + 4 * k, 4);
+        low = _mm256_dpbusd_epi32(low, _mm256_set1_epi32(l), q[k]);   /* lo unsigned, q as signed (< 64) */
+        high = _mm256_dpbusd_epi32(high, q[k], _mm256_set1_epi32(h)); /* q unsigned, hi signed */
+    }
+#else
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int k = 0; k < 4; k += 2) {
+        int32_t l0, l1, h0, h1;
+        memcpy(&l0, lo + 4 * k, 4), memcpy(&l1, lo + 4 * k + 4, 4);
+        memcpy(&h0, hi + 4 * k, 4), memcpy(&h1, hi + 4 * k + 4, 4);
+        low = _mm256_add_epi32(low, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi32(l0), q[k]), ones));
+        low = _mm256_add_epi32(low, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi32(l1), q[k + 1]), ones));
+        const __m256i h = _mm256_add_epi16(_mm256_maddubs_epi16(q[k], _mm256_set1_epi32(h0)),
+                                           _mm256_maddubs_epi16(q[k + 1], _mm256_set1_epi32(h1)));
+        high = _mm256_add_epi32(high, _mm256_madd_epi16(h, ones));
+    }
+#endif
+    return _mm256_add_epi32(low, _mm256_slli_epi32(high, 8));
+}
+
+/* One group's 8 weight rows of Q6_K against R activation rows from r: out[i * out_stride + 0..7].
+   The grouped block (blocks.h) is the file's rotated: fields 0..7 of its head are each row's two
+   scales of block j (16 weights each), field 8 its d, then ql's 32 chunks and qh's 16. Block j (32
+   weights, quarter c of half h) takes its low 4 bits from ql chunks 16 h + 8 (c & 1) + k, nibble
+   c >> 1, and its top 2 from qh chunks 8 h + k, bits 2c, as in the file's order (quant_bytes). Each
+   half's sum of (q - 32) p is sum q p - 32 P16 (lb_acts ps16), at most 16 * 32 * 32767 < 2^24, so
+   its conversion to float is exact; it is then multiplied by d sc e (d sc exact: 11 bits times 8)
+   in one fused multiply-add. Where the file's order (dot_super) multiplies the scales into the
+   integers, this keeps them apart, so the two layouts round differently: both within the 16-bit
+   activations' bound (test_kquant_blocks.py). */
+static LB_INLINE void dot_group_q6(const int R, const lb_traits *t, const uint8_t *g, const lb_acts *a, int64_t r,
+                                   float *out, int64_t out_stride) {
+    const int64_t bytes = LB_GROUP * t->bytes;
+    const __m256i nibble = _mm256_set1_epi8(15), top = _mm256_set1_epi8(0x30);
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int64_t sb = 0; sb < a->nb / 8; sb++) {
+        const uint8_t *head = g + sb * bytes, *qs = head + LB_GROUP * t->head;
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(head + 2 * LB_GROUP * 8)));
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; j++) {
+            const int h = j / 4, c = j % 4;
+            /* each row's scales 2j and 2j + 1 as the int16 halves of its 32-bit lane */
+            const __m256i pair = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(head + 2 * LB_GROUP * j)));
+            const __m256 dsc0 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_slli_epi32(pair, 16), 16)));
+            const __m256 dsc1 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_srai_epi32(pair, 16)));
+            const uint8_t *ql = qs + 32 * (16 * h + 8 * (c & 1)), *qh = qs + 32 * (32 + 8 * h);
+            __m256i q[8];
+            for (int k = 0; k < 8; k++) {
+                const __m256i l = _mm256_loadu_si256((const __m256i *)(ql + 32 * k));
+                const __m256i hb = _mm256_loadu_si256((const __m256i *)(qh + 32 * k));
+                /* bits 2c, 2c + 1 of each qh byte to bits 4, 5 (shifts in 16-bit lanes, then masked) */
+                const __m256i high2 = c < 2 ? _mm256_slli_epi16(hb, 4 - 2 * c) : _mm256_srli_epi16(hb, 2 * c - 4);
+                q[k] = _mm256_or_si256(_mm256_and_si256(c >> 1 ? _mm256_srli_epi16(l, 4) : l, nibble),
+                                       _mm256_and_si256(high2, top));
+            }
+            for (int i = 0; i < R; i++) {
+                const int64_t b = 8 * sb + j, at = (r + i) * a->k + b * LB_QK, ib = (r + i) * a->nb + b;
+                const __m256 e = _mm256_broadcast_ss(a->es + 2 * ib);
+                const int32_t p0 = a->ps16[ib], p1 = a->ps[ib] - p0;
+                const __m256i s0 = _mm256_sub_epi32(q6_half_sums(q, a->lo + at, a->hi + at), _mm256_set1_epi32(32 * p0));
+                const __m256i s1 = _mm256_sub_epi32(q6_half_sums(q + 4, a->lo + at + 16, a->hi + at + 16),
+                                                    _mm256_set1_epi32(32 * p1));
+                acc[i] = _mm256_fmadd_ps(_mm256_mul_ps(dsc0, e), _mm256_cvtepi32_ps(s0), acc[i]);
+                acc[i] = _mm256_fmadd_ps(_mm256_mul_ps(dsc1, e), _mm256_cvtepi32_ps(s1), acc[i]);
+            }
+        }
+    }
+    for (int i = 0; i < R; i++) _mm256_storeu_ps(out + i * out_stride, acc[i]);
+}
+
 #endif
