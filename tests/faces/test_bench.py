@@ -52,7 +52,7 @@ class TestQuickCompiles(_QuickPart):
 
 
 class TestQuickProcesses(_QuickPart):
-    names = ("passkey", "memory", "overflow", "huge_pages")
+    names = ("passkey", "memory", "overflow", "huge_pages", "activations")
 
 
 class TestQuickDecode(_QuickPart):

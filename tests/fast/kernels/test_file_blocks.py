@@ -57,15 +57,16 @@ def test_dequantize_equals_the_gguf_package_bit_for_bit(type_name, source):
 
 
 
-def _bound(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+def _bound(w: torch.Tensor, x: torch.Tensor, bits: int = 16) -> torch.Tensor:
     """|kernel - x W^T| per output, for W (n, k) exact and x (m, k). The kernel multiplies W by x
-    rounded to e * p, p an integer of 16 bits and e = (block max |x|) / 32767 per block of 32: each
+    rounded to e * p, p an integer of 16 bits and e = (block max |x|) / 32767 per block of 32 (in
+    8 bits, ggml_kernel.matmul's bits=8: e = (block max |x|) / 127, the same argument): each
     rounding moves x by at most e / 2, so the product by at most sum_blocks e / 2 * sum |w| over
     the block (1.01: e and 1/e are themselves rounded). The float32 arithmetic after the exact
     integer sums (a scale product, a fused multiply-add per block into one of two accumulators, the
     final sums) adds at most (blocks + 16) units of 2^-24 of sum |w| |x|."""
     m, k = x.shape
-    e = x.abs().reshape(m, k // 32, 32).amax(-1).double() / 32767  # (m, blocks)
+    e = x.abs().reshape(m, k // 32, 32).amax(-1).double() / (32767 if bits == 16 else 127)  # (m, blocks)
     w_blocks = w.abs().double().reshape(w.shape[0], k // 32, 32).sum(-1)  # (n, blocks)
     quantization = 1.01 * (e / 2) @ w_blocks.T  # (m, n)
     arithmetic = (k // 32 + 16) * 2.0**-24 * (x.abs().double() @ w.abs().double().T)
@@ -87,8 +88,11 @@ def test_grouping_rows_is_a_reordering_of_the_file_bytes(type_name):
 @pytest.mark.parametrize("type_name", TYPES)
 @pytest.mark.parametrize("isa", list(ggml_kernel.ISAS))
 @pytest.mark.parametrize("grouped", [False, True])
-def test_the_kernel_is_within_its_16_bit_activation_bound(type_name, isa, grouped, libs):
-    """Both layouts in every build: a misplaced byte of the grouped layout moves a product far past the bound."""
+@pytest.mark.parametrize("bits", [16, 8])
+def test_the_kernel_is_within_its_activation_bound(type_name, isa, grouped, bits, libs):
+    """Both layouts in every build, activations in 16 bits and in 8: a misplaced byte of the grouped
+    layout moves a product far past the bound, and so does 8-bit x's skipped half wrongly skipped
+    in 16 (the 16-bit bound is 258 times the 8-bit one)."""
     if isa not in RUNS:
         pytest.skip(f"this CPU does not run the {isa} build")
     lib = libs[isa]
@@ -100,16 +104,18 @@ def test_the_kernel_is_within_its_16_bit_activation_bound(type_name, isa, groupe
     x[5, 70] = 1e4  # one outlier dominates its block's scale
     blocks = group_rows(type_name, raw) if grouped else raw
     for rows in (x[:1], x):  # a decode step; prefill, four rows at a time and two alone
-        got = ggml_kernel.matmul(type_name, blocks, rows, lib=lib, grouped=grouped).double()
-        want = rows.double() @ w.double().T
-        assert ((got - want).abs() <= _bound(w, rows)).all(), ((got - want).abs() / _bound(w, rows)).max()
+        got = ggml_kernel.matmul(type_name, blocks, rows, lib=lib, grouped=grouped, bits=bits).double()
+        want, bound = rows.double() @ w.double().T, _bound(w, rows, bits)
+        assert ((got - want).abs() <= bound).all(), ((got - want).abs() / bound).max()
 
 
 @pytest.mark.parametrize("type_name", TYPES)
 @pytest.mark.parametrize("isa", list(ggml_kernel.ISAS))
-def test_the_largest_integers_do_not_overflow(type_name, isa, libs):
-    """Every quant at its largest magnitude against activations all at +-32767: the sums the AVX2
-    build keeps in 16 bits (c/x86.c group_sums_q4) are at their largest, and must not wrap."""
+@pytest.mark.parametrize("bits", [16, 8])
+def test_the_largest_integers_do_not_overflow(type_name, isa, bits, libs):
+    """Every quant at its largest magnitude against activations all at +-32767 (8 bits: +-127): the
+    sums the AVX2 build keeps in 16 bits (c/x86.c group_sums_q4, Q8_0's pairs in 8 bits) are at
+    their largest, and must not wrap."""
     if isa not in RUNS:
         pytest.skip(f"this CPU does not run the {isa} build")
     lib = libs[isa]
@@ -122,8 +128,8 @@ def test_the_largest_integers_do_not_overflow(type_name, isa, libs):
     x = torch.tensor([[-1.0] * 64, [1.0] * 64, [1.0, -1.0] * 32])  # every integer at +-32767
     for grouped in (False, True):
         got = ggml_kernel.matmul(type_name, group_rows(type_name, raw) if grouped else raw, x, lib=lib,
-                                 grouped=grouped).double()
-        assert ((got - x.double() @ w.double().T).abs() <= _bound(w, x)).all(), (isa, grouped)
+                                 grouped=grouped, bits=bits).double()
+        assert ((got - x.double() @ w.double().T).abs() <= _bound(w, x, bits)).all(), (isa, grouped)
 
 
 @pytest.mark.parametrize("isa", list(ggml_kernel.ISAS))
@@ -167,10 +173,11 @@ def test_a_row_is_the_same_alone_and_among_others(isa, grouped, libs):
         raw = torch.from_numpy(_random_blocks(type_name, 24, 96, seed=4))
         raw = group_rows(type_name, raw) if grouped else raw
         x = torch.randn(37, 96)  # a tile of 32 (eight groups of four) and five more, four and one alone
-        together = ggml_kernel.matmul(type_name, raw, x, lib=lib, grouped=grouped)
-        alone = torch.cat([ggml_kernel.matmul(type_name, raw, x[i:i + 1], lib=lib, grouped=grouped)
-                           for i in range(len(x))])
-        assert torch.equal(together, alone), type_name
+        for bits in (16, 8):
+            together = ggml_kernel.matmul(type_name, raw, x, lib=lib, grouped=grouped, bits=bits)
+            alone = torch.cat([ggml_kernel.matmul(type_name, raw, x[i:i + 1], lib=lib, grouped=grouped, bits=bits)
+                               for i in range(len(x))])
+            assert torch.equal(together, alone), (type_name, bits)
 
 
 @pytest.mark.parametrize("type_name", TYPES)
@@ -334,3 +341,9 @@ def test_smollm2_runs_its_own_q4_1_blocks():
         got, want = model(ids), exact(ids)
     assert torch.equal(got.argmax(-1), want.argmax(-1))
     assert (got - want).abs().max() <= 1e-3 * want.abs().max()
+
+
+def test_activations_take_8_or_16_bits_only():
+    raw = torch.from_numpy(_random_blocks("Q4_0", 8, 64, seed=1))
+    with pytest.raises(ValueError, match="8 or 16 bits, not 12"):
+        ggml_kernel.matmul("Q4_0", raw, torch.randn(1, 64), bits=12)

@@ -84,10 +84,10 @@ def _magnitude(type_name: str, raw: np.ndarray) -> torch.Tensor:
     return _exact(type_name, d_only.reshape(len(raw), -1)).abs() + _exact(type_name, dmin_only.reshape(len(raw), -1)).abs()
 
 
-def _bound(w: torch.Tensor, mag: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+def _bound(w: torch.Tensor, mag: torch.Tensor, x: torch.Tensor, bits: int = 16) -> torch.Tensor:
     """|kernel - x W^T| per output, for W (n, k) exact, `mag` its terms' sizes (_magnitude), x (m, k).
     Quantization, as test_file_blocks._bound: x is rounded to e p, p an integer of 16 bits and
-    e = (block max |x|) / 32767 per block of 32, which moves each product by at most e / 2 |w| (1.01:
+    e = (block max |x|) / 32767 per block of 32 (8 bits: / 127), which moves each product by at most e / 2 |w| (1.01:
     e and 1/e are rounded themselves). The kernel's value is exactly sum_i w_i e p_i before its
     float32 arithmetic: a block's integer sum of (sc q) p is exact in int32 lanes, whose conversion
     to float rounds past 2^24; then d e, the product by the sums, -dmin m e P (two roundings), and
@@ -96,7 +96,7 @@ def _bound(w: torch.Tensor, mag: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     roundings count at their own sizes: hence mag, not |w|). The reference rounds d sc q - dmin m
     once to float32, one more unit of that sum, inside the 16."""
     m, k = x.shape
-    e = x.abs().reshape(m, k // 32, 32).amax(-1).double() / 32767  # (m, blocks)
+    e = x.abs().reshape(m, k // 32, 32).amax(-1).double() / (32767 if bits == 16 else 127)  # (m, blocks)
     w_blocks = w.abs().double().reshape(w.shape[0], k // 32, 32).sum(-1)  # (n, blocks)
     quantization = 1.01 * (e / 2) @ w_blocks.T  # (m, n)
     arithmetic = (2 * (k // 32) + 16) * 2.0**-24 * (x.abs().double() @ mag.double().T)
@@ -128,19 +128,21 @@ def test_dequantize_equals_the_gguf_package_bit_for_bit(type_name, source):
 @pytest.mark.parametrize("type_name", TYPES)
 @pytest.mark.parametrize("isa", list(ggml_kernel.ISAS))
 @pytest.mark.parametrize("grouped", LAYOUTS)
-def test_the_kernel_is_within_its_16_bit_activation_bound(type_name, isa, grouped, libs):
+@pytest.mark.parametrize("bits", [16, 8])
+def test_the_kernel_is_within_its_activation_bound(type_name, isa, grouped, bits, libs):
     """Random blocks and blocks at their extremes, decode (one row) and prefill, in every build and
-    layout (a misplaced byte of the grouped layout moves a product far past the bound)."""
+    layout, activations in 16 bits and in 8 (a misplaced byte of the grouped layout moves a product
+    far past the bound; so does a half of x's bytes skipped in 16 bits)."""
     if isa not in RUNS:
         pytest.skip(f"this CPU does not run the {isa} build")
     raw = np.concatenate([_random_blocks(type_name, 24, seed=2), _extremes(type_name)])
     w, mag, x, blocks = _exact(type_name, raw), _magnitude(type_name, raw), _activations(), _laid_out(type_name, raw,
                                                                                                      grouped)
     for rows in (x[:1], x[:8]):
-        got = ggml_kernel.matmul(type_name, blocks, rows, lib=libs[isa], grouped=grouped).double()
-        err, bound = (got - rows.double() @ w.double().T).abs(), _bound(w, mag, rows)
+        got = ggml_kernel.matmul(type_name, blocks, rows, lib=libs[isa], grouped=grouped, bits=bits).double()
+        err, bound = (got - rows.double() @ w.double().T).abs(), _bound(w, mag, rows, bits)
         assert (err <= bound).all(), (err / bound.clamp(min=1e-300)).max()
-    got = ggml_kernel.matmul(type_name, blocks, x, lib=libs[isa], grouped=grouped)
+    got = ggml_kernel.matmul(type_name, blocks, x, lib=libs[isa], grouped=grouped, bits=bits)
     assert torch.equal(got[8], torch.zeros(len(raw))), "a row of subnormals counts as zeros"
 
 
@@ -153,10 +155,11 @@ def test_a_row_is_the_same_alone_and_among_others(isa, grouped, libs):
     x = _activations(rows=37)  # a tile of 32 (eight groups of four) and five more, four and one alone
     for type_name in [t for t in TYPES if not grouped or t in ggml_kernel.GROUPABLE]:
         raw = _laid_out(type_name, np.concatenate([_random_blocks(type_name, 8, seed=4), _extremes(type_name)]), grouped)
-        together = ggml_kernel.matmul(type_name, raw, x, lib=libs[isa], grouped=grouped)
-        alone = torch.cat([ggml_kernel.matmul(type_name, raw, x[i:i + 1], lib=libs[isa], grouped=grouped)
-                           for i in range(len(x))])
-        assert torch.equal(together, alone), type_name
+        for bits in (16, 8):
+            together = ggml_kernel.matmul(type_name, raw, x, lib=libs[isa], grouped=grouped, bits=bits)
+            alone = torch.cat([ggml_kernel.matmul(type_name, raw, x[i:i + 1], lib=libs[isa], grouped=grouped,
+                                                  bits=bits) for i in range(len(x))])
+            assert torch.equal(together, alone), (type_name, bits)
 
 
 @pytest.mark.parametrize("grouped", LAYOUTS)

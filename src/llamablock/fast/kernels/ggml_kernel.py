@@ -89,8 +89,8 @@ def _open(path: Path) -> ctypes.CDLL:
     build.Damaged (unloaded first) where it lacks the kernel's symbols: another library in its place."""
     lib = build.open_ctypes(path)
     try:
-        lib.lb_linear.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
-                                  ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int]
+        lib.lb_linear_bits.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
+                                       ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
         check_table(lib)
     except AttributeError as e:
         build.unload(lib)
@@ -124,15 +124,19 @@ def failed(status: int, type_name: str, n: int, k: int) -> Exception:
 
 
 def matmul(type_name: str, blocks: torch.Tensor, x: torch.Tensor, threads: int | None = None,
-           lib: ctypes.CDLL | None = None, grouped: bool = False) -> torch.Tensor:
+           lib: ctypes.CDLL | None = None, grouped: bool = False, bits: int = 16) -> torch.Tensor:
     """y (m, n) float32 = x (m, k) W^T, W the (n, k / block weights * block bytes) uint8 `blocks` of
-    `type_name` (in groups of 8 rows where `grouped`, a GROUPABLE type), x quantized to 16 bits per
-    block of 32 first (c/blocks.h says how); `lib` another build than kernel()."""
+    `type_name` (in groups of 8 rows where `grouped`, a GROUPABLE type), x quantized per block of 32
+    first to `bits`: 16, what every engine runs, or 8, llama.cpp's, faster where the products bound
+    the call and less exact (`llamablock bench activations`; c/blocks.h says how); `lib` another
+    build than kernel()."""
+    if bits not in (8, 16):
+        raise ValueError(f"the block kernel takes its activations in 8 or 16 bits, not {bits}")
     x = x.contiguous().float()
     y = torch.empty(x.shape[0], blocks.shape[0])
-    status = (lib or kernel()).lb_linear(TYPE_IDS[type_name], GROUPED if grouped else ROWS, blocks.data_ptr(),
-                                         blocks.shape[0], x.shape[1], x.data_ptr(), x.shape[0], y.data_ptr(),
-                                         threads or torch.get_num_threads())
+    status = (lib or kernel()).lb_linear_bits(TYPE_IDS[type_name], GROUPED if grouped else ROWS, blocks.data_ptr(),
+                                              blocks.shape[0], x.shape[1], x.data_ptr(), x.shape[0], y.data_ptr(),
+                                              threads or torch.get_num_threads(), bits)
     if status:
         raise failed(status, type_name, blocks.shape[0], x.shape[1])
     return y

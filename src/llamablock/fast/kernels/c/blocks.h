@@ -119,6 +119,7 @@ static inline int64_t lb_row_bytes(const lb_traits *t, int64_t k) { return k / t
    8-bit products). Row r's values start at r k, its blocks at r nb. */
 typedef struct {
     int64_t k, nb; /* values and blocks of 32 per row */
+    int bits;      /* 16, or 8: p = 256 q with q of 8 bits, so lo is 0 (the kernels may skip it) */
     int16_t *p;    /* (m, k) */
     float *es;     /* (m, nb, 2): e = amax / 32767, and e P for Q4_1's m term */
     int32_t *ps;   /* (m, nb) */
@@ -132,6 +133,11 @@ typedef struct {
    y is written only on LB_OK. */
 int lb_linear(int type, int layout, const uint8_t *w, int64_t n, int64_t k, const float *x, int64_t m, float *y,
               int threads);
+/* The same with x's activations in `bits`: 16 (lb_linear's), or 8 (llama.cpp's q8_0 activations: the
+   grouped x86 kernels skip half their byte products, at a cost in accuracy that `llamablock bench
+   activations` measures beside the speed). LB_UNKNOWN for other bits. */
+int lb_linear_bits(int type, int layout, const uint8_t *w, int64_t n, int64_t k, const float *x, int64_t m, float *y,
+                   int threads, int bits);
 int lb_block_bytes(int type);   /* LB_TYPES' bytes per block, 0 for a type not computed here */
 int lb_block_weights(int type); /* LB_TYPES' weights per block, 0 likewise */
 int lb_block_groups(int type);  /* 1 where the type has the grouped layout (LB_GROUPS), else 0 */
@@ -219,7 +225,10 @@ static inline void lb_k_scale(const uint8_t *s, int g, int *sc, int *m) {
 }
 
 /* Block b of x's copy from its 32 values v, in portable C: the reference that a vector version
-   must equal (x86.c quantize_block). */
+   must equal (x86.c quantize_block). In 8 bits (llama.cpp's q8_0 activations: ggml-quants.c
+   quantize_row_q8_0) the integers are q = round(x / e8), e8 = amax / 127, stored as p = 256 q with
+   e = e8 / 256: the same products e p = e8 q, so every kernel computes them unchanged and exactly,
+   and one that knows the low bytes are 0 skips their half of the work (x86_super.h). */
 static inline void lb_quantize_block(const float *v, const lb_acts *a, int64_t b) {
     float amax = 0.0f, finite = 0.0f;
     for (int i = 0; i < LB_QK; i++) {
@@ -228,12 +237,14 @@ static inline void lb_quantize_block(const float *v, const lb_acts *a, int64_t b
     }
     /* a block whose largest |x| is under about 1e-34 has no finite 1/e: it counts as zeros, as a
        flush-to-zero unit would take it (its products are below float32's resolution of any others) */
-    float e = amax / 32767.0f, inv = e > 0.0f && 1.0f / e <= FLT_MAX ? 1.0f / e : 0.0f;
+    const int top = a->bits == 8 ? 127 : 32767, scale = a->bits == 8 ? 256 : 1;
+    float e = amax / (float)top, inv = e > 0.0f && 1.0f / e <= FLT_MAX ? 1.0f / e : 0.0f;
+    e /= (float)scale;
     if (finite != 0.0f) e = NAN; /* the block's products are NaN, as a float matmul's would be */
     int32_t sum = 0, first = 0;
     for (int i = 0; i < LB_QK; i++) {
         int q = (int)lrintf(v[i] * inv);
-        q = q > 32767 ? 32767 : q < -32767 ? -32767 : q;
+        q = (q > top ? top : q < -top ? -top : q) * scale;
         a->p[b * LB_QK + i] = (int16_t)q;
         a->lo[b * LB_QK + i] = (uint8_t)(q & 255);
         a->hi[b * LB_QK + i] = (int8_t)((q - (q & 255)) / 256); /* exact: q - lo is a multiple of 256 */

@@ -31,8 +31,15 @@ int lb_block_groups(int type) {
 
 int lb_linear(int type, int layout, const uint8_t *w, int64_t n, int64_t k, const float *x, int64_t m, float *y,
               int threads) {
+    return lb_linear_bits(type, layout, w, n, k, x, m, y, threads, 16);
+}
+
+int lb_linear_bits(int type, int layout, const uint8_t *w, int64_t n, int64_t k, const float *x, int64_t m, float *y,
+                   int threads, int bits) {
     const lb_traits *t = lb_find(type);
-    if (!t || (layout != LB_ROWS && layout != LB_GROUPS) || (layout == LB_GROUPS && !t->chunks)) return LB_UNKNOWN;
+    if (!t || (layout != LB_ROWS && layout != LB_GROUPS) || (layout == LB_GROUPS && !t->chunks) ||
+        (bits != 8 && bits != 16))
+        return LB_UNKNOWN;
     if (k % t->weights || k % LB_QK || (layout == LB_GROUPS && n % LB_GROUP)) return LB_BAD_SHAPE;
     /* one allocation for x's copies: p (int16), es (float pairs), ps and ps16 (int32), then lo and hi (bytes) */
     const size_t values = (size_t)(m * k), blocks = (size_t)(m * (k / LB_QK));
@@ -41,6 +48,7 @@ int lb_linear(int type, int layout, const uint8_t *w, int64_t n, int64_t k, cons
     lb_acts a;
     a.k = k;
     a.nb = k / LB_QK;
+    a.bits = bits;
     a.p = (int16_t *)scratch;
     a.es = (float *)(scratch + values * 2);
     a.ps = (int32_t *)(a.es + blocks * 2);

@@ -53,13 +53,15 @@ static inline int quantize_block(const float *v, const lb_acts *a, int64_t b) {
     __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax8), _mm256_extractf128_ps(amax8, 1));
     m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
     const float amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
-    const float e = amax / 32767.0f, inv = e > 0.0f && 1.0f / e <= FLT_MAX ? 1.0f / e : 0.0f; /* as blocks.h */
+    const int most = a->bits == 8 ? 127 : 32767, shift = a->bits == 8 ? 8 : 0; /* as blocks.h */
+    const float e8 = amax / (float)most, inv = e8 > 0.0f && 1.0f / e8 <= FLT_MAX ? 1.0f / e8 : 0.0f;
+    const float e = e8 / (float)(1 << shift);
     const __m256 inv8 = _mm256_set1_ps(inv);
-    const __m256i top = _mm256_set1_epi32(32767), bottom = _mm256_set1_epi32(-32767);
+    const __m256i top = _mm256_set1_epi32(most), bottom = _mm256_set1_epi32(-most);
     __m256i q[4];
     for (int j = 0; j < 4; j++) {
         q[j] = _mm256_cvtps_epi32(_mm256_mul_ps(x[j], inv8));
-        q[j] = _mm256_max_epi32(_mm256_min_epi32(q[j], top), bottom);
+        q[j] = _mm256_sll_epi32(_mm256_max_epi32(_mm256_min_epi32(q[j], top), bottom), _mm_cvtsi32_si128(shift));
     }
     /* int32 -> int16 (exact after the clamp); packs interleaves 128-bit lanes, the permute undoes it */
     const __m256i lo = _mm256_permute4x64_epi64(_mm256_packs_epi32(q[0], q[1]), 0xD8); /* values 0..15 */
@@ -171,7 +173,9 @@ static inline row_acc sums(block_ints q, const int16_t *p) {
 
 /* A 64-byte load is two chunks; each 16-bit lane pair is (row, 2 weights), so after the madds the
    qword lanes are the rows, each as two int32 halves, added and narrowed to 8 int32. */
-static inline __m256i group_sums(const lb_traits *t, const uint8_t *qs, const lb_acts *a, int64_t r, int64_t b) {
+static inline __m256i group_sums(const lb_traits *t, const uint8_t *qs, const lb_acts *a, int64_t r, int64_t b,
+                                 const int eight) {
+    (void)eight; /* 16-bit products: 8-bit x (p = 256 q) gives the same sums, at the same cost */
     const int16_t *p = a->p + r * a->k + b * LB_QK;
     __m512i acc = _mm512_setzero_si512();
     const __m512i low = _mm512_set1_epi8(15);
@@ -247,13 +251,30 @@ static inline __m256i group_sums_q8(const uint8_t *qs, const int16_t *p) {
     return _mm256_permute4x64_epi64(_mm256_hadd_epi32(lo, hi), 0xD8);
 }
 
+/* The same for 8-bit x (lb_acts bits 8: hi = q, lo = 0), its bytes against the weights' bytes:
+   maddubs takes one operand unsigned, so |w| meets q with w's sign (llama.cpp's mul_sum_i8_pairs),
+   pairs at most 2 * 128 * 127, widened at once; each chunk's lane r is row r. Times 256: p = 256 q. */
+static inline __m256i group_sums_q8_eight(const uint8_t *qs, const int8_t *xh) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i acc = _mm256_setzero_si256();
+    for (int c = 0; c < 8; c++) {
+        const __m256i w = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
+        int32_t h;
+        memcpy(&h, xh + 4 * c, 4);
+        const __m256i pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(_mm256_set1_epi32(h), w));
+        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, ones));
+    }
+    return _mm256_slli_epi32(acc, 8);
+}
+
 /* Q4_0 and Q4_1 without widening: maddubs multiplies bytes, so each activation is taken as its two
    bytes, sum q p = 256 sum q hi + sum q lo (lo 0..255, hi -128..127), q the unsigned nibble. A chunk
    of 8 rows x 4 nibbles against the 4 activations' bytes broadcast gives each row's pair sums in
    16-bit lanes (at most 2 * 15 * 128 for hi, 2 * 255 * 15 for lo), added in 16 bits while they
    cannot overflow (8 of the hi sums, 4 of the lo ones), then madd makes each row one int32 lane,
    in row order. Q4_0's offset is taken off as 8 P, P the activations' integer sum. Exact, as above. */
-static inline __m256i group_sums_q4(int type, const uint8_t *qs, const uint8_t *xl, const int8_t *xh, int32_t p) {
+static inline __m256i group_sums_q4(int type, const uint8_t *qs, const uint8_t *xl, const int8_t *xh, int32_t p,
+                                    const int eight) { /* eight: lo is 0 (8-bit x), its products skipped */
     const __m256i low = _mm256_set1_epi8(15);
     __m256i high_sum = _mm256_setzero_si256(), low_sums[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
     for (int c = 0; c < 4; c++) {
@@ -264,20 +285,21 @@ static inline __m256i group_sums_q4(int type, const uint8_t *qs, const uint8_t *
             memcpy(&l, xl + 16 * half + 4 * c, 4);
             memcpy(&h, xh + 16 * half + 4 * c, 4);
             high_sum = _mm256_add_epi16(high_sum, _mm256_maddubs_epi16(q, _mm256_set1_epi32(h)));
-            low_sums[half] = _mm256_add_epi16(low_sums[half], _mm256_maddubs_epi16(_mm256_set1_epi32(l), q));
+            if (!eight) low_sums[half] = _mm256_add_epi16(low_sums[half], _mm256_maddubs_epi16(_mm256_set1_epi32(l), q));
         }
     }
     const __m256i ones = _mm256_set1_epi16(1);
-    __m256i s = _mm256_add_epi32(_mm256_madd_epi16(high_sum, _mm256_set1_epi16(256)),
-                                 _mm256_add_epi32(_mm256_madd_epi16(low_sums[0], ones),
-                                                  _mm256_madd_epi16(low_sums[1], ones)));
+    __m256i s = _mm256_madd_epi16(high_sum, _mm256_set1_epi16(256));
+    if (!eight)
+        s = _mm256_add_epi32(s, _mm256_add_epi32(_mm256_madd_epi16(low_sums[0], ones), _mm256_madd_epi16(low_sums[1], ones)));
     return type == LB_Q4_0 ? _mm256_sub_epi32(s, _mm256_set1_epi32(8 * p)) : s;
 }
 
-static inline __m256i group_sums(const lb_traits *t, const uint8_t *qs, const lb_acts *a, int64_t r, int64_t b) {
+static inline __m256i group_sums(const lb_traits *t, const uint8_t *qs, const lb_acts *a, int64_t r, int64_t b,
+                                 const int eight) {
     const int64_t at = r * a->k + b * LB_QK;
-    if (t->type == LB_Q8_0) return group_sums_q8(qs, a->p + at);
-    return group_sums_q4(t->type, qs, a->lo + at, a->hi + at, a->ps[r * a->nb + b]);
+    if (t->type == LB_Q8_0) return eight ? group_sums_q8_eight(qs, a->hi + at) : group_sums_q8(qs, a->p + at);
+    return group_sums_q4(t->type, qs, a->lo + at, a->hi + at, a->ps[r * a->nb + b], eight);
 }
 #endif
 
@@ -310,7 +332,7 @@ static inline void dot_rows(const int R, const lb_traits *t, const uint8_t *w, c
    block's 8 integer sums are exact; the float work per block is one product of scales and a fused
    multiply-add (and Q4_1's m e P), the same sequence for a row whatever R is. */
 static inline void dot_group(const int R, const lb_traits *t, const uint8_t *g, const lb_acts *a, int64_t r,
-                             float *out, int64_t out_stride) {
+                             float *out, int64_t out_stride, const int eight) {
     const int64_t bytes = LB_GROUP * t->bytes, head = LB_GROUP * t->head;
     __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
     for (int64_t b = 0; b < a->nb; b++) {
@@ -318,7 +340,7 @@ static inline void dot_group(const int R, const lb_traits *t, const uint8_t *g, 
         const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
         for (int i = 0; i < R; i++) {
             const float *e = a->es + (r + i) * 2 * a->nb + 2 * b;
-            const __m256 s = _mm256_cvtepi32_ps(group_sums(t, blk + head, a, r + i, b));
+            const __m256 s = _mm256_cvtepi32_ps(group_sums(t, blk + head, a, r + i, b, eight));
             acc[i] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_broadcast_ss(e)), s, acc[i]);
             if (t->type == LB_Q4_1)
                 acc[i] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 2 * LB_GROUP))),
@@ -346,21 +368,26 @@ static LB_INLINE void rows(const lb_traits *t, const uint8_t *w, int64_t i0, int
 static LB_INLINE void groups(const lb_traits *t, const uint8_t *w, int64_t i0, int64_t i1, const lb_acts *a,
                              int64_t r0, int64_t r1, float *y, int64_t n) {
     const int64_t row = lb_row_bytes(t, a->k);
+    /* each kernel compiled twice, for 16-bit x and for 8-bit x (eight a constant: lo's work dropped) */
+#define GROUP_CALLS(kernel)                                                                           \
+    do {                                                                                              \
+        for (; r + 4 <= r1; r += 4)                                                                   \
+            a->bits == 8 ? kernel(4, t, w + i * row, a, r, y + r * n + i, n, 1)                       \
+                         : kernel(4, t, w + i * row, a, r, y + r * n + i, n, 0);                      \
+        for (; r < r1; r++)                                                                           \
+            a->bits == 8 ? kernel(1, t, w + i * row, a, r, y + r * n + i, n, 1)                       \
+                         : kernel(1, t, w + i * row, a, r, y + r * n + i, n, 0);                      \
+    } while (0)
     for (int64_t i = i0; i < i1; i += LB_GROUP) {
         int64_t r = r0;
-        if (t->type == LB_Q6_K) {
-            for (; r + 4 <= r1; r += 4) dot_group_q6(4, t, w + i * row, a, r, y + r * n + i, n);
-            for (; r < r1; r++) dot_group_q6(1, t, w + i * row, a, r, y + r * n + i, n);
-            continue;
-        }
-        if (t->weights != LB_QK) { /* Q4_K, Q5_K */
-            for (; r + 4 <= r1; r += 4) dot_group_super(4, t, w + i * row, a, r, y + r * n + i, n);
-            for (; r < r1; r++) dot_group_super(1, t, w + i * row, a, r, y + r * n + i, n);
-            continue;
-        }
-        for (; r + 4 <= r1; r += 4) dot_group(4, t, w + i * row, a, r, y + r * n + i, n);
-        for (; r < r1; r++) dot_group(1, t, w + i * row, a, r, y + r * n + i, n);
+        if (t->type == LB_Q6_K)
+            GROUP_CALLS(dot_group_q6);
+        else if (t->weights != LB_QK) /* Q4_K, Q5_K */
+            GROUP_CALLS(dot_group_super);
+        else
+            GROUP_CALLS(dot_group);
     }
+#undef GROUP_CALLS
 }
 
 LB_ENTRY_POINTS /* lb_rows and lb_groups over rows() and groups() above, per type (blocks.h) */

@@ -93,15 +93,16 @@ static LB_INLINE void dot_super(const int R, const lb_traits *t, const uint8_t *
    hi), so every product is of bytes: VNNI's dpbusd takes 4 a lane and adds them in int32; without
    it, maddubs pairs them in int16 (at most 2 * 31 * 255, two chunks added before widening) and madd
    widens. Exact either way, as the sums are integers and no partial sum overflows. */
-static inline __m256i group_block_sums(const __m256i q[8], const uint8_t *lo, const int8_t *hi) {
+static inline __m256i group_block_sums(const __m256i q[8], const uint8_t *lo, const int8_t *hi, const int eight) {
+    /* eight: 8-bit x (lb_acts bits 8), whose lo bytes are 0: their products are skipped */
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
     __m256i low = _mm256_setzero_si256(), high = _mm256_setzero_si256();
     for (int k = 0; k < 8; k++) {
         int32_t l, h;
         memcpy(&l, lo + 4 * k, 4);
         memcpy(&h, hi + 4 * k, 4);
-        low = _mm256_dpbusd_epi32(low, _mm256_set1_epi32(l), q[k]);   /* lo unsigned, q as signed (< 32) */
-        high = _mm256_dpbusd_epi32(high, q[k], _mm256_set1_epi32(h)); /* q unsigned, hi signed */
+        if (!eight) low = _mm256_dpbusd_epi32(low, _mm256_set1_epi32(l), q[k]); /* lo unsigned, q as signed (< 32) */
+        high = _mm256_dpbusd_epi32(high, q[k], _mm256_set1_epi32(h));            /* q unsigned, hi signed */
     }
 #else
     const __m256i ones = _mm256_set1_epi16(1);
@@ -110,11 +111,13 @@ static inline __m256i group_block_sums(const __m256i q[8], const uint8_t *lo, co
         int32_t l0, l1, h0, h1;
         memcpy(&l0, lo + 4 * k, 4), memcpy(&l1, lo + 4 * k + 4, 4);
         memcpy(&h0, hi + 4 * k, 4), memcpy(&h1, hi + 4 * k + 4, 4);
-        const __m256i l = _mm256_add_epi16(_mm256_maddubs_epi16(_mm256_set1_epi32(l0), q[k]),
-                                           _mm256_maddubs_epi16(_mm256_set1_epi32(l1), q[k + 1]));
+        if (!eight) {
+            const __m256i l = _mm256_add_epi16(_mm256_maddubs_epi16(_mm256_set1_epi32(l0), q[k]),
+                                               _mm256_maddubs_epi16(_mm256_set1_epi32(l1), q[k + 1]));
+            low = _mm256_add_epi32(low, _mm256_madd_epi16(l, ones));
+        }
         const __m256i h = _mm256_add_epi16(_mm256_maddubs_epi16(q[k], _mm256_set1_epi32(h0)),
                                            _mm256_maddubs_epi16(q[k + 1], _mm256_set1_epi32(h1)));
-        low = _mm256_add_epi32(low, _mm256_madd_epi16(l, ones));
         high = _mm256_add_epi32(high, _mm256_madd_epi16(h, ones));
     }
 #endif
@@ -133,7 +136,7 @@ static inline __m256i head_words(const uint8_t *head, int f) {
    once for all R rows, and each block's integer sums get one conversion and one multiply-add by
    d sc e, the mins' term one more by dmin m e P. */
 static LB_INLINE void dot_group_super(const int R, const lb_traits *t, const uint8_t *g, const lb_acts *a,
-                                      int64_t r, float *out, int64_t out_stride) {
+                                      int64_t r, float *out, int64_t out_stride, const int eight) {
     const int64_t bytes = LB_GROUP * t->bytes;
     const int five = t->type == LB_Q5_K;
     const __m256i low6 = _mm256_set1_epi32(0x3f3f3f3f), low4 = _mm256_set1_epi32(0x0f0f0f0f),
@@ -171,7 +174,7 @@ static LB_INLINE void dot_group_super(const int R, const lb_traits *t, const uin
             for (int i = 0; i < R; i++) {
                 const int64_t b = 8 * sb + j, at = (r + i) * a->k + b * LB_QK;
                 const float *e = a->es + (r + i) * 2 * a->nb + 2 * b;
-                const __m256 s = _mm256_cvtepi32_ps(group_block_sums(q, a->lo + at, a->hi + at));
+                const __m256 s = _mm256_cvtepi32_ps(group_block_sums(q, a->lo + at, a->hi + at, eight));
                 acc[i] = _mm256_fmadd_ps(_mm256_mul_ps(sc, _mm256_broadcast_ss(e)), s, acc[i]);
                 acc[i] = _mm256_fnmadd_ps(m, _mm256_broadcast_ss(e + 1), acc[i]);
             }
@@ -184,15 +187,15 @@ static LB_INLINE void dot_group_super(const int R, const lb_traits *t, const uin
    for 8 weight rows against x's two bytes at lo and hi, one int32 lane a row: sum q p = 256 sum q
    hi + sum q lo, exact. A pair of lo (0..255) products reaches 2 * 255 * 63, so maddubs' int16 lanes
    are widened one chunk at a time; hi's (at most 2 * 63 * 128) two chunks at a time. */
-static inline __m256i q6_half_sums(const __m256i q[4], const uint8_t *lo, const int8_t *hi) {
-    __m256i low = _mm256_setzero_si256(), high = _mm256_setzero_si256();
+static inline __m256i q6_half_sums(const __m256i q[4], const uint8_t *lo, const int8_t *hi, const int eight) {
+    __m256i low = _mm256_setzero_si256(), high = _mm256_setzero_si256(); /* eight: lo is 0, skipped */
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
     for (int k = 0; k < 4; k++) {
         int32_t l, h;
         memcpy(&l, lo + 4 * k, 4);
         memcpy(&h, hi + 4 * k, 4);
-        low = _mm256_dpbusd_epi32(low, _mm256_set1_epi32(l), q[k]);   /* lo unsigned, q as signed (< 64) */
-        high = _mm256_dpbusd_epi32(high, q[k], _mm256_set1_epi32(h)); /* q unsigned, hi signed */
+        if (!eight) low = _mm256_dpbusd_epi32(low, _mm256_set1_epi32(l), q[k]); /* lo unsigned, q as signed (< 64) */
+        high = _mm256_dpbusd_epi32(high, q[k], _mm256_set1_epi32(h));            /* q unsigned, hi signed */
     }
 #else
     const __m256i ones = _mm256_set1_epi16(1);
@@ -200,8 +203,10 @@ static inline __m256i q6_half_sums(const __m256i q[4], const uint8_t *lo, const 
         int32_t l0, l1, h0, h1;
         memcpy(&l0, lo + 4 * k, 4), memcpy(&l1, lo + 4 * k + 4, 4);
         memcpy(&h0, hi + 4 * k, 4), memcpy(&h1, hi + 4 * k + 4, 4);
-        low = _mm256_add_epi32(low, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi32(l0), q[k]), ones));
-        low = _mm256_add_epi32(low, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi32(l1), q[k + 1]), ones));
+        if (!eight) {
+            low = _mm256_add_epi32(low, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi32(l0), q[k]), ones));
+            low = _mm256_add_epi32(low, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi32(l1), q[k + 1]), ones));
+        }
         const __m256i h = _mm256_add_epi16(_mm256_maddubs_epi16(q[k], _mm256_set1_epi32(h0)),
                                            _mm256_maddubs_epi16(q[k + 1], _mm256_set1_epi32(h1)));
         high = _mm256_add_epi32(high, _mm256_madd_epi16(h, ones));
@@ -221,7 +226,7 @@ static inline __m256i q6_half_sums(const __m256i q[4], const uint8_t *lo, const 
    integers, this keeps them apart, so the two layouts round differently: both within the 16-bit
    activations' bound (test_kquant_blocks.py). */
 static LB_INLINE void dot_group_q6(const int R, const lb_traits *t, const uint8_t *g, const lb_acts *a, int64_t r,
-                                   float *out, int64_t out_stride) {
+                                   float *out, int64_t out_stride, const int eight) {
     const int64_t bytes = LB_GROUP * t->bytes;
     const __m256i nibble = _mm256_set1_epi8(15), top = _mm256_set1_epi8(0x30);
     __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
@@ -249,8 +254,8 @@ static LB_INLINE void dot_group_q6(const int R, const lb_traits *t, const uint8_
                 const int64_t b = 8 * sb + j, at = (r + i) * a->k + b * LB_QK, ib = (r + i) * a->nb + b;
                 const __m256 e = _mm256_broadcast_ss(a->es + 2 * ib);
                 const int32_t p0 = a->ps16[ib], p1 = a->ps[ib] - p0;
-                const __m256i s0 = _mm256_sub_epi32(q6_half_sums(q, a->lo + at, a->hi + at), _mm256_set1_epi32(32 * p0));
-                const __m256i s1 = _mm256_sub_epi32(q6_half_sums(q + 4, a->lo + at + 16, a->hi + at + 16),
+                const __m256i s0 = _mm256_sub_epi32(q6_half_sums(q, a->lo + at, a->hi + at, eight), _mm256_set1_epi32(32 * p0));
+                const __m256i s1 = _mm256_sub_epi32(q6_half_sums(q + 4, a->lo + at + 16, a->hi + at + 16, eight),
                                                     _mm256_set1_epi32(32 * p1));
                 acc[i] = _mm256_fmadd_ps(_mm256_mul_ps(dsc0, e), _mm256_cvtepi32_ps(s0), acc[i]);
                 acc[i] = _mm256_fmadd_ps(_mm256_mul_ps(dsc1, e), _mm256_cvtepi32_ps(s1), acc[i]);
