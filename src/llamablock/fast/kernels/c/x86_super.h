@@ -87,34 +87,38 @@ static LB_INLINE void dot_super(const int R, const lb_traits *t, const uint8_t *
     for (int i = 0; i < R; i++) out[i * out_stride] = ACC_TOTAL(ACC_ADD(acc[i][0], acc[i][1])) - hsum(mins[i]);
 }
 
-/* The grouped layout (blocks.h): block j's integer sums for 8 weight rows against activation row
-   r, as 8 int32 lanes, one a row. Chunk k of block j holds weights 4k..4k+3 of its 8 rows, one byte
-   each; x's integers meet them as their two bytes, sum q p = 256 sum q hi + sum q lo (lb_acts lo,
-   hi), so every product is of bytes: VNNI's dpbusd takes 4 a lane and adds them in int32; without
-   it, maddubs pairs them in int16 (at most 2 * 31 * 255, two chunks added before widening) and madd
-   widens. Exact either way, as the sums are integers and no partial sum overflows. */
-static inline __m256i group_block_sums(const __m256i q[8], const uint8_t *lo, const int8_t *hi, const int eight) {
-    /* eight: 8-bit x (lb_acts bits 8), whose lo bytes are 0: their products are skipped */
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+/* The grouped layout (blocks.h): the integer sums of `chunks` chunks q[] of a block for 8 weight
+   rows against activation row r, as 8 int32 lanes, one a row. Chunk k holds weights 4k..4k+3 of
+   its 8 rows, one unsigned byte each (Q4_K's 4 bits, Q5_K's 5, Q6_K's 6: `six`); x's integers meet
+   them as their two bytes, sum q p = 256 sum q hi + sum q lo (lb_acts lo, hi), so every product is
+   of bytes: VNNI's dpbusd takes 4 a lane and adds them in int32; without it, maddubs pairs them
+   in int16 and madd widens: hi's pairs (at most 2 * 63 * 128) two chunks at a time, lo's (2 * 31 *
+   255; with six bits 2 * 63 * 255) two at a time below six bits, else one. `eight`: 8-bit x
+   (lb_acts bits 8), whose lo bytes are 0: their products are skipped. Exact either way, as the
+   sums are integers and no partial sum overflows. */
+static inline __m256i chunk_sums(const __m256i *q, const int chunks, const int six, const uint8_t *lo,
+                                 const int8_t *hi, const int eight) {
     __m256i low = _mm256_setzero_si256(), high = _mm256_setzero_si256();
-    for (int k = 0; k < 8; k++) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    (void)six;
+    for (int k = 0; k < chunks; k++) {
         int32_t l, h;
         memcpy(&l, lo + 4 * k, 4);
         memcpy(&h, hi + 4 * k, 4);
-        if (!eight) low = _mm256_dpbusd_epi32(low, _mm256_set1_epi32(l), q[k]); /* lo unsigned, q as signed (< 32) */
+        if (!eight) low = _mm256_dpbusd_epi32(low, _mm256_set1_epi32(l), q[k]); /* lo unsigned, q as signed (< 64) */
         high = _mm256_dpbusd_epi32(high, q[k], _mm256_set1_epi32(h));            /* q unsigned, hi signed */
     }
 #else
     const __m256i ones = _mm256_set1_epi16(1);
-    __m256i low = _mm256_setzero_si256(), high = _mm256_setzero_si256();
-    for (int k = 0; k < 8; k += 2) {
+    for (int k = 0; k < chunks; k += 2) {
         int32_t l0, l1, h0, h1;
         memcpy(&l0, lo + 4 * k, 4), memcpy(&l1, lo + 4 * k + 4, 4);
         memcpy(&h0, hi + 4 * k, 4), memcpy(&h1, hi + 4 * k + 4, 4);
         if (!eight) {
-            const __m256i l = _mm256_add_epi16(_mm256_maddubs_epi16(_mm256_set1_epi32(l0), q[k]),
-                                               _mm256_maddubs_epi16(_mm256_set1_epi32(l1), q[k + 1]));
-            low = _mm256_add_epi32(low, _mm256_madd_epi16(l, ones));
+            const __m256i l_0 = _mm256_maddubs_epi16(_mm256_set1_epi32(l0), q[k]);
+            const __m256i l_1 = _mm256_maddubs_epi16(_mm256_set1_epi32(l1), q[k + 1]);
+            low = six ? _mm256_add_epi32(low, _mm256_add_epi32(_mm256_madd_epi16(l_0, ones), _mm256_madd_epi16(l_1, ones)))
+                      : _mm256_add_epi32(low, _mm256_madd_epi16(_mm256_add_epi16(l_0, l_1), ones));
         }
         const __m256i h = _mm256_add_epi16(_mm256_maddubs_epi16(q[k], _mm256_set1_epi32(h0)),
                                            _mm256_maddubs_epi16(q[k + 1], _mm256_set1_epi32(h1)));
@@ -174,45 +178,13 @@ static LB_INLINE void dot_group_super(const int R, const lb_traits *t, const uin
             for (int i = 0; i < R; i++) {
                 const int64_t b = 8 * sb + j, at = (r + i) * a->k + b * LB_QK;
                 const float *e = a->es + (r + i) * 2 * a->nb + 2 * b;
-                const __m256 s = _mm256_cvtepi32_ps(group_block_sums(q, a->lo + at, a->hi + at, eight));
+                const __m256 s = _mm256_cvtepi32_ps(chunk_sums(q, 8, 0, a->lo + at, a->hi + at, eight));
                 acc[i] = _mm256_fmadd_ps(_mm256_mul_ps(sc, _mm256_broadcast_ss(e)), s, acc[i]);
                 acc[i] = _mm256_fnmadd_ps(m, _mm256_broadcast_ss(e + 1), acc[i]);
             }
         }
     }
     for (int i = 0; i < R; i++) _mm256_storeu_ps(out + i * out_stride, acc[i]);
-}
-
-/* Q6_K's integer sums over 16 weights (chunks q[0..3]: 8 rows x 4 weights each, q unsigned 0..63)
-   for 8 weight rows against x's two bytes at lo and hi, one int32 lane a row: sum q p = 256 sum q
-   hi + sum q lo, exact. A pair of lo (0..255) products reaches 2 * 255 * 63, so maddubs' int16 lanes
-   are widened one chunk at a time; hi's (at most 2 * 63 * 128) two chunks at a time. */
-static inline __m256i q6_half_sums(const __m256i q[4], const uint8_t *lo, const int8_t *hi, const int eight) {
-    __m256i low = _mm256_setzero_si256(), high = _mm256_setzero_si256(); /* eight: lo is 0, skipped */
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-    for (int k = 0; k < 4; k++) {
-        int32_t l, h;
-        memcpy(&l, lo + 4 * k, 4);
-        memcpy(&h, hi + 4 * k, 4);
-        if (!eight) low = _mm256_dpbusd_epi32(low, _mm256_set1_epi32(l), q[k]); /* lo unsigned, q as signed (< 64) */
-        high = _mm256_dpbusd_epi32(high, q[k], _mm256_set1_epi32(h));            /* q unsigned, hi signed */
-    }
-#else
-    const __m256i ones = _mm256_set1_epi16(1);
-    for (int k = 0; k < 4; k += 2) {
-        int32_t l0, l1, h0, h1;
-        memcpy(&l0, lo + 4 * k, 4), memcpy(&l1, lo + 4 * k + 4, 4);
-        memcpy(&h0, hi + 4 * k, 4), memcpy(&h1, hi + 4 * k + 4, 4);
-        if (!eight) {
-            low = _mm256_add_epi32(low, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi32(l0), q[k]), ones));
-            low = _mm256_add_epi32(low, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi32(l1), q[k + 1]), ones));
-        }
-        const __m256i h = _mm256_add_epi16(_mm256_maddubs_epi16(q[k], _mm256_set1_epi32(h0)),
-                                           _mm256_maddubs_epi16(q[k + 1], _mm256_set1_epi32(h1)));
-        high = _mm256_add_epi32(high, _mm256_madd_epi16(h, ones));
-    }
-#endif
-    return _mm256_add_epi32(low, _mm256_slli_epi32(high, 8));
 }
 
 /* One group's 8 weight rows of Q6_K against R activation rows from r: out[i * out_stride + 0..7].
@@ -254,8 +226,8 @@ static LB_INLINE void dot_group_q6(const int R, const lb_traits *t, const uint8_
                 const int64_t b = 8 * sb + j, at = (r + i) * a->k + b * LB_QK, ib = (r + i) * a->nb + b;
                 const __m256 e = _mm256_broadcast_ss(a->es + 2 * ib);
                 const int32_t p0 = a->ps16[ib], p1 = a->ps[ib] - p0;
-                const __m256i s0 = _mm256_sub_epi32(q6_half_sums(q, a->lo + at, a->hi + at, eight), _mm256_set1_epi32(32 * p0));
-                const __m256i s1 = _mm256_sub_epi32(q6_half_sums(q + 4, a->lo + at + 16, a->hi + at + 16, eight),
+                const __m256i s0 = _mm256_sub_epi32(chunk_sums(q, 4, 1, a->lo + at, a->hi + at, eight), _mm256_set1_epi32(32 * p0));
+                const __m256i s1 = _mm256_sub_epi32(chunk_sums(q + 4, 4, 1, a->lo + at + 16, a->hi + at + 16, eight),
                                                     _mm256_set1_epi32(32 * p1));
                 acc[i] = _mm256_fmadd_ps(_mm256_mul_ps(dsc0, e), _mm256_cvtepi32_ps(s0), acc[i]);
                 acc[i] = _mm256_fmadd_ps(_mm256_mul_ps(dsc1, e), _mm256_cvtepi32_ps(s1), acc[i]);
