@@ -148,6 +148,7 @@ static LB_INLINE void dot_group_super(const int R, const lb_traits *t, const uin
     __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
     for (int64_t sb = 0; sb < a->nb / 8; sb++) {
         const uint8_t *head = g + sb * bytes, *qs = head + LB_GROUP * t->head;
+        prefetch_ahead(head, bytes);
         const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)head));
         const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(head + 16)));
         const __m256i u0 = head_words(head, 2), u1 = head_words(head, 4), u2 = head_words(head, 6);
@@ -204,6 +205,7 @@ static LB_INLINE void dot_group_q6(const int R, const lb_traits *t, const uint8_
     __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
     for (int64_t sb = 0; sb < a->nb / 8; sb++) {
         const uint8_t *head = g + sb * bytes, *qs = head + LB_GROUP * t->head;
+        prefetch_ahead(head, bytes);
         const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(head + 2 * LB_GROUP * 8)));
 #pragma GCC unroll 8
         for (int j = 0; j < 8; j++) {
