@@ -440,6 +440,23 @@ def test_gqa_quality_fails_when_mqa_trains_better(monkeypatch):
     _broken(_by_id(exp_training.ablation_claims(True, None))["15.5.training-quality"])
 
 
+def test_swiglu_quality_needs_both_ungated_layers_beaten_and_fails_above_either(monkeypatch):
+    """15.4.training-quality: lower than ReLU (the 2017 model) and GELU beyond the noise reproduces;
+    above GELU beyond it differs; lower than ReLU but level with GELU settles nothing."""
+    base = {n: 2.5 for n in shared.NAMES}
+
+    def verdict(swiglu: float, gelu: float) -> str:
+        losses = base | {"2017 + SwiGLU": swiglu, "2017 + GELU": gelu}
+        monkeypatch.setattr(exp_training, "run_variants", lambda *a, **k: _records(losses))
+        return _by_id(exp_training.ablation_claims(True, None))["15.4.training-quality"]
+
+    assert verdict(2.3, 2.45).verdict == REPRODUCED
+    _broken(verdict(2.3, 2.1))  # GELU lower by far: SwiGLU above it
+    tied = verdict(2.3, 2.3)
+    assert tied.verdict == NOT_MEASURABLE and "not settled" in render(tied.details)
+    assert tied.measured == [pytest.approx(-0.2, abs=1e-3), pytest.approx(0.0, abs=1e-3)]
+
+
 def _beyond_runs(calm: dict[str, float], hot: dict[str, float]):
     """A stand-in for run_variants: `calm` losses at the ablation's rate, `hot` at lr 1e-2."""
     return lambda *a, lr=1e-3, **k: _records(hot if lr > 1e-3 else calm)

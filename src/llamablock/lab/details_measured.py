@@ -78,7 +78,10 @@ MEASURED = {
     "15.3.training-quality worse": "RMSNorm worse by {delta:+.4f}, beyond the noise {noise:.4f}, after {steps} steps.",
     "15.4.training-quality": "GELU at the same budget: {gelu:loss}; {steps} steps.",
     "15.4.training-quality not lower":
-        "SwiGLU minus ReLU {relu:+.4f}, minus GELU {gelu:+.4f}: not both below -{noise:.4f}.",
+        "SwiGLU minus ReLU {relu:+.4f}, minus GELU {gelu:+.4f}: above an ungated layer by more than {noise:.4f}.",
+    "15.4.training-quality unsettled":
+        "SwiGLU minus ReLU {relu:+.4f}, minus GELU {gelu:+.4f}, noise {noise:.4f}: not lower than both beyond the "
+        "noise, nor above either beyond it, so 'lower than ReLU and GELU' is not settled at this size.",
     "15.5.training-quality":
         "MQA (one KV head) against GQA: {mqa:+.4f}, noise threshold {noise:.4f}. Pairs of query heads share a KV "
         "head; the saved parameters go to a wider feed-forward layer (equal budget).",
@@ -164,8 +167,8 @@ MEASURED = {
     "15.2.extensions-recover":
         "YaRN (factor {factor}) after {steps} steps at {length} tokens: {yarn:.3f} at {band}, against {none:.3f} for "
         "unscaled RoPE there without fine-tuning, whose rise from 0-{L} of the same windows is {rise:+.4f} "
-        "({share:.0%} of it removed); the unscaled control after the same steps: {control:.3f}, YaRN below it by "
-        "{below:+.4f} (margin {margin:.4f}, over {windows} windows).",
+        "({share:.0%} of it removed); the unscaled control after the same steps: {control:.3f}; the control minus "
+        "YaRN {below:+.4f} (above the margin {margin:.4f}: YaRN below it; over {windows} windows).",
     "long quick":
         "quick run: a {layers}-layer width-{width} model, {steps} steps at L = {L} (full: {full_layers} layers, "
         "{full_steps} steps at {full_L})",

@@ -125,8 +125,10 @@ READINGS = {
                               "the model with RMSNorm trained worse than with LayerNorm ({measured} nats)"),
     "15.4.gate-closes": ("the library's SwiGLU unit closes when its gate input is large and negative",
                          "the library's SwiGLU unit does not close as Swish(gate) x up says"),
-    "15.4.training-quality": ("SwiGLU reached a lower loss than the ungated layers at equal size ({measured} nats)",
-                              "SwiGLU did not beat the ungated layers at equal size here ({measured} nats)"),
+    "15.4.training-quality": ("SwiGLU reached a lower loss than ReLU and GELU at equal size (SwiGLU minus each: "
+                              "{measured} nats)",
+                              "SwiGLU's loss was above an ungated layer's at equal size beyond the noise (SwiGLU "
+                              "minus ReLU, minus GELU: {measured} nats)"),
     "15.5.gqa-equals-mha": ("GQA computes what MHA with copied key/value heads computes, bit for bit at h_kv = h_q",
                             "GQA does not compute what MHA with copied key/value heads computes ({measured})"),
     "15.5.decode-speed": ("on this CPU 32 -> 8 KV heads decodes {measured}x faster (median), the median's 95% "
