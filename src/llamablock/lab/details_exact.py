@@ -120,7 +120,7 @@ EXACT = {
         "the law at d_model 64 with 8 heads of width 8; its totals then need an output bias and no q/k/v bias (the "
         "module does not give its configuration). The attention arithmetic, counted by torch's FlopCounterMode on "
         "LLaMA 3 8B's 32 query heads of 128 against 256 keys:",
-    "15.5.attention-params flops": "{kv} KV heads {decode:,} FLOPs per decode step, {masked:,} for 32 masked queries;",
+    "15.5.attention-params flops": "{kv} {heads} {decode:,} FLOPs per decode step, {masked:,} for 32 masked queries;",
     "15.5.attention-params closed":
         "closed form 2 x 2 x h x d_head x t x s: {decode:,} and {masked:,}; {same:?unchanged, as the module "
         "says|not unchanged}.",

@@ -161,8 +161,8 @@ MEASURED = {
     "15.2.long-context unsettled": "ALiBi's rise is within the noise of half of RoPE's.",
     "15.2.interpolation-finetune":
         "rope_scaling linear with factor {factor} at {length} tokens, inside L (positions 0-{L}): fine-tuning "
-        "{steps} steps at that length lowers its loss by {linear:+.4f}; the same steps lower unscaled RoPE's (the "
-        "control) by {control:+.4f}. Paired over the {windows} windows the interpolated model gains {beyond:+.4f} "
+        "{steps} steps at that length gains it {linear:+.4f} (its loss before minus after); the same steps gain "
+        "unscaled RoPE (the control) {control:+.4f}. Paired over the {windows} windows the interpolated model gains {beyond:+.4f} "
         "more (margin {margin:.4f}).",
     "15.2.extensions-recover":
         "YaRN (factor {factor}) after {steps} steps at {length} tokens: {yarn:.3f} at {band}, against {none:.3f} for "

@@ -182,7 +182,8 @@ def claim_param_counts() -> Claim:
                         "KV heads and to the closed form")
     return c.judge(ok and same_flops and module_drop == 7 * 2 * 64 * 8 and rows == [16448, 9280],
                    said("15.5.attention-params", law=ok, drop=module_drop),
-                   *[said("15.5.attention-params flops", kv=kv, decode=f[0], masked=f[1]) for kv, f in flops.items()],
+                   *[said("15.5.attention-params flops", kv=kv, heads="KV head" if kv == 1 else "KV heads",
+                          decode=f[0], masked=f[1]) for kv, f in flops.items()],
                    said("15.5.attention-params closed", decode=closed[0], masked=closed[1], same=same_flops))
 
 
