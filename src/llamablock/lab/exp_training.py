@@ -86,7 +86,7 @@ def ablation_claims(quick: bool, out) -> list[Claim]:
     c = Claim("15.4.training-quality", "15.4", "at equal size SwiGLU reaches lower loss than ReLU and GELU (Shazeer)",
               "lower", measured=[round(delta, 4), round(to_gelu, 4)],
               unit="val loss, SwiGLU - ReLU (the 2017 model) / SwiGLU - GELU, nats/char",
-              tolerance="lower than ReLU and GELU by more than the noise; higher than either by more than it differs")
+              tolerance="lower than ReLU and GELU by more than the noise; above either by more than the noise: differs")
     lines = [*text, said("15.4.training-quality", gelu=_loss(gelu), steps=p["steps"])]
     if delta < -noise and to_gelu < -noise:
         claims.append(c.judge(True, *lines))
