@@ -91,8 +91,8 @@ def test_grouping_rows_is_a_reordering_of_the_file_bytes(type_name):
 @pytest.mark.parametrize("bits", [16, 8])
 def test_the_kernel_is_within_its_activation_bound(type_name, isa, grouped, bits, libs):
     """Both layouts in every build, activations in 16 bits and in 8: a misplaced byte of the grouped
-    layout moves a product far past the bound, and so does 8-bit x's skipped half wrongly skipped
-    in 16 (the 16-bit bound is 258 times the 8-bit one)."""
+    layout moves a product far past the bound, and so does x's low half skipped in 16 bits (the
+    8-bit bound is 258 times the 16-bit one, so 16-bit x computed as 8-bit would pass only the former)."""
     if isa not in RUNS:
         pytest.skip(f"this CPU does not run the {isa} build")
     lib = libs[isa]

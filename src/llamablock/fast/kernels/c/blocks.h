@@ -134,8 +134,9 @@ typedef struct {
 int lb_linear(int type, int layout, const uint8_t *w, int64_t n, int64_t k, const float *x, int64_t m, float *y,
               int threads);
 /* The same with x's activations in `bits`: 16 (lb_linear's), or 8 (llama.cpp's q8_0 activations: the
-   grouped x86 kernels skip half their byte products, at a cost in accuracy that `llamablock bench
-   activations` measures beside the speed). LB_UNKNOWN for other bits. */
+   grouped AVX2 kernels, and every x86 build's K types, skip half their byte products; the AVX-512
+   builds' Q4_0, Q4_1 and Q8_0 compute 8-bit x at 16-bit cost), at a cost in accuracy that `llamablock
+   bench activations` measures beside the speed. LB_UNKNOWN for other bits. */
 int lb_linear_bits(int type, int layout, const uint8_t *w, int64_t n, int64_t k, const float *x, int64_t m, float *y,
                    int threads, int bits);
 int lb_block_bytes(int type);   /* LB_TYPES' bytes per block, 0 for a type not computed here */
