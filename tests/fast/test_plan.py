@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from llamablock.fast.compiled import builds
-from llamablock.fast.machine import machine_for
+from llamablock.fast.kernels.ggml_kernel import GEMM_FROM_BY_CPU
+from llamablock.fast.machine import machine_for, this_machine
 from llamablock.fast.plan import decide
 from llamablock.io.source import ModelSource
 from llamablock.presets import preset
@@ -66,7 +67,8 @@ TABLE = [
      dict(engine="eager", formats={"Q4_1": "blocks", "Q8_0": "blocks"}, activations="float32", head="blocks",
           binding="ctypes", grouped=True, note="llamablock compile")),
     ("own blocks, grouped on AVX2", dict(stored=Q4_1_TIED, tied=True, cpu="AVX2"),
-     dict(formats={"Q4_1": "blocks", "Q8_0": "blocks"}, grouped=True, prefill={"q8": None, "q4": None})),
+     dict(formats={"Q4_1": "blocks", "Q8_0": "blocks"}, grouped=True,
+          prefill={"q8": None, "q4": None, "blocks": GEMM_FROM_BY_CPU["AVX2"]})),
     ("own blocks, the file's order on a portable build", dict(stored=Q4_1_TIED, tied=True, cpu="other"),
      dict(binding="ctypes", grouped=False)),
     ("no kernel: blocks re-quantized, and why", dict(stored=Q4_1_TIED, tied=True, kernel=False),
@@ -78,7 +80,7 @@ TABLE = [
      dict(formats={"Q4_K": "blocks", "Q6_K": "blocks"}, activations="float32", head="blocks", binding="ctypes")),
     ("Q4_K_M without a kernel: 4-bit to q4 (Q4_K's ids kept), 6-bit to q8", dict(stored=Q4_K_M, kernel=False),
      dict(formats={"Q4_K": "q4", "Q6_K": "q8"}, activations="bfloat16", head="q8", binding=None,
-          prefill={"q8": 64, "q4": 256})),
+          prefill={"q8": 64, "q4": 256, "blocks": None})),
     ("a type not kept among blocks: packed, and bfloat16 activations", dict(stored=Q5_MAJORITY),
      dict(formats={"Q5_1": "q8", "Q4_0": "blocks", "Q8_0": "blocks"}, activations="bfloat16", binding="ctypes")),
     ("all F32: float32 throughout", dict(stored=F32_ONLY),
@@ -106,7 +108,9 @@ TABLE = [
     ("compiled on a mixed file: the majority format", dict(stored=Q5_MAJORITY, engine="compiled"),
      dict(engine="compiled", fmt="q8", activations="bfloat16", head="q8")),
     ("AMX: the packed GEMM from 32 rows", dict(stored=Q4_K_M, cpu="AMX", kernel=False),
-     dict(prefill={"q8": 32, "q4": 32})),
+     dict(prefill={"q8": 32, "q4": 32, "blocks": None})),
+    ("a CPU not measured: the blocks' float GEMM from 32 rows", dict(stored=Q4_1_TIED, cpu="other"),
+     dict(prefill={"q8": 32, "q4": 32, "blocks": 32})),
     ("flags changed the context or RoPE scaling, built with them: compiled (the name: test below)",
      dict(stored=Q4_1_TIED, tied=True, built=512, rescaled=True),
      dict(engine="compiled", built=512, binding="operator", serving="compiled batch")),
@@ -184,7 +188,7 @@ def test_describe_says_every_choice(monkeypatch):
     for part in ("plan: eager engine on cpu", "Q4_0 -> blocks", "Q5_1 -> q8", "output head blocks", "activations bfloat16",
                  "the block kernel through ctypes, Q4_0, Q6_K, Q8_0 rows in groups of 8", "context: 512 tokens",
                  "RoPE scaling none",
-                 "q8 dequantizes from 64 rows", "batch engine", "llamablock compile", "kind AVX-512", "header: ",
+                 "q8 dequantizes from 64 rows", "blocks never dequantizes", "batch engine", "llamablock compile", "kind AVX-512", "header: ",
                  "KV cache bfloat16", "16-bit KV cache: float16"):
         assert part in text, (part, text)
 
@@ -225,7 +229,8 @@ def test_a_rescaled_model_s_build_is_found_under_its_scaling_only(monkeypatch):
 
 def test_the_binding_the_plan_chose_is_the_one_a_layer_calls(tmp_path):
     """Eager layers call the ctypes kernel and a compiled engine's the operator, whatever else the
-    process has loaded: loading the operator first does not change an eager layer."""
+    process has loaded: loading the operator first does not change an eager layer. Either is handed
+    the machine's crossover to the float GEMM (Machine.prefill's blocks)."""
     from gguf_tiny import write_tiny_gguf
     from hf_reference import tiny_hf_model
 
@@ -241,10 +246,12 @@ def test_the_binding_the_plan_chose_is_the_one_a_layer_calls(tmp_path):
     operator = block_op.load()
     eager, _ = load_gguf_native(f)
     layers = [m for m in eager.modules() if isinstance(m, BlockLinear)]
-    assert layers and all(m.binding is ggml_kernel.matmul for m in layers)
+    crossover = {"gemm_from": this_machine().prefill["blocks"]}
+    assert layers and all(m.binding.func is ggml_kernel.matmul and m.binding.keywords == crossover for m in layers)
     if operator:
         compiled, _ = load_gguf_native(f, engine="compiled")
-        assert all(m.binding is block_op.linear for m in compiled.modules() if isinstance(m, BlockLinear))
+        assert all(m.binding.func is block_op.linear and m.binding.keywords == crossover
+                   for m in compiled.modules() if isinstance(m, BlockLinear))
     calls = []
     for m in layers:  # every layer multiplies through its own binding, and nothing else
         m.binding = lambda *a, real=m.binding, **k: calls.append(a[0]) or real(*a, **k)

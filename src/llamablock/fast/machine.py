@@ -2,7 +2,7 @@
 
 The same command runs on very different CPUs, and on one where no C compiler works. Every choice
 that depends on that (which stored GGUF types run as the file's own blocks, whether a layer holds
-its blocks in groups of 8 rows, from how many prompt rows a packed layer dequantizes for a GEMM)
+its blocks in groups of 8 rows, from how many prompt rows a packed or block layer dequantizes for a GEMM)
 is read from one `Machine`, made once per process by `this_machine()`, and only `decide`
 (fast/plan.py) reads it: layers are handed what they need when they are built, so nothing below
 the plan reads process-wide state. A test builds a Machine by hand to simulate another CPU
@@ -12,7 +12,8 @@ the plan reads process-wide state. A test builds a Machine by hand to simulate a
     kernel       whether the block kernel (fast/kernels/ggml_kernel.py) built here, and `why_not`
     kernel_isa   the kernel's build for this CPU: "avx512vnni", "avx512", "avx2" or "portable"
     grouped      whether layers hold blocks in groups of 8 rows (that build is faster so)
-    prefill      {q8, q4: rows from which a packed layer dequantizes for a GEMM (None: never)}
+    prefill      {q8, q4, blocks: rows from which a packed layer (quant.prefill_rows) or a block layer
+                 (ggml_kernel.gemm_rows) dequantizes for a GEMM (None: never)}
     kv16         the 16-bit type a KV cache is kept in here (`kv16_for`), or "float32" where none is
 The block operator that compiled programs call is not probed here: building it takes the C++
 compiler several seconds, so the compiled engine builds it when it runs (fast/kernels/block_op.py).
@@ -35,7 +36,7 @@ class Machine:
     kernel: bool
     kernel_isa: str
     grouped: bool
-    prefill: dict = field(default_factory=dict)  # {"q8": rows or None, "q4": rows or None}
+    prefill: dict = field(default_factory=dict)  # {"q8", "q4", "blocks": rows or None}
     why_not: str = ""  # why the kernel did not build ("" where it did)
     kv16: str = "float32"  # the 16-bit KV cache type of this CPU (kv16_for)
 
@@ -52,7 +53,7 @@ class Machine:
         kernel = (f"block kernel: its {self.kernel_isa} build" + (", rows in groups of 8" if self.grouped else "")
                   if self.kernel else f"no block kernel ({self.why_not})")
         crossover = ", ".join(f"{f} from {r} rows" if r is not None else f"{f} never" for f, r in self.prefill.items())
-        return (f"{self.cpu.describe()}; kind {self.cpu.kind}; {kernel}; packed prefill GEMM: {crossover}; "
+        return (f"{self.cpu.describe()}; kind {self.cpu.kind}; {kernel}; prefill GEMM: {crossover}; "
                 f"16-bit KV cache: {self.kv16 if self.kv16 != 'float32' else 'none'}")
 
 
@@ -76,7 +77,8 @@ def machine_for(cpu: CPU, kernel: bool, why_not: str = "", isa: str | None = Non
         vnni = "avx512vnni" if "avx512_vnni" in cpu.features else "avx512"
         isa = vnni if cpu.kind in ("AMX", "AVX-512") else "avx2" if cpu.kind == "AVX2" else "portable"
     return Machine(cpu, kernel, isa, kernel and isa in ggml_kernel.GROUPING_ISAS,
-                   {f: prefill_rows(f, cpu.kind) for f in ("q8", "q4")}, "" if kernel else why_not, kv16_for(cpu))
+                   {**{f: prefill_rows(f, cpu.kind) for f in ("q8", "q4")}, "blocks": ggml_kernel.gemm_rows(cpu.kind)},
+                   "" if kernel else why_not, kv16_for(cpu))
 
 
 @functools.cache

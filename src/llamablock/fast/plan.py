@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -67,7 +68,7 @@ class Plan:
     head: str = "float32"  # the output head's format
     binding: str | None = None  # how block layers call the kernel: "ctypes", "operator", or None (no blocks)
     grouped: bool = False  # block layers of a GROUPABLE type hold their rows in groups of 8
-    prefill: dict = field(default_factory=dict)  # packed format -> rows from which it dequantizes (None: never)
+    prefill: dict = field(default_factory=dict)  # q8, q4, blocks -> rows from which it dequantizes (None: never)
     context: int = 0  # tokens the model runs at most (its config's max_seq_len)
     scaling: str = "none"  # the RoPE scaling in force (its config's)
     built: int | None = None  # the recorded build's cache length (compiled), else None
@@ -100,9 +101,9 @@ class Plan:
         lines = [f"plan: {self.engine} engine on {self.device}{built}, batch {self.batch}; a server decodes with the "
                  f"{self.serving} engine", f"  weights: {self.weights()}",
                  f"  context: {self.context} tokens, RoPE scaling {self.scaling}; KV cache {self.kv}"]
-        if any(f in PACKED for f in (*self.formats.values(), self.head)) and self.prefill:
-            lines.append("  packed prefill: " + ", ".join(f"{f} dequantizes from {r} rows" if r is not None else
-                                                          f"{f} never dequantizes" for f, r in self.prefill.items()))
+        if used := [f for f in self.prefill if f in (*self.formats.values(), self.head)]:  # for a GEMM
+            lines.append("  prefill: " + ", ".join(f"{f} dequantizes from {self.prefill[f]} rows" if self.prefill[f]
+                                                   is not None else f"{f} never dequantizes" for f in used))
         lines += [f"  {why}" for why in self.reasons] + ([f"  {self.note}"] if self.note else [])
         if self.machine:
             lines.append(f"  machine: {self.machine}")
@@ -254,15 +255,14 @@ class Built:
 
 def _binding(plan: Plan, notify=None):
     """The function block layers call: the ctypes kernel, or the torch operator compiled programs trace
-    (built on first use; where it cannot be, the ctypes kernel with one line: those programs run eagerly)."""
+    (built on first use; where it cannot be, the ctypes kernel with one line: those programs run eagerly),
+    with the machine's rows from which a prefill dequantizes for a float GEMM (ggml_kernel.matmul's gemm_from)."""
     from llamablock.fast.kernels import block_op, ggml_kernel
 
-    if plan.binding != "operator":
-        return ggml_kernel.matmul
-    if block_op.load():
-        return block_op.linear
-    (notify or print)(f"{block_op.why_not()}: the programs cannot call the blocks, and run eagerly")
-    return ggml_kernel.matmul
+    operator = plan.binding == "operator" and block_op.load()
+    if plan.binding == "operator" and not operator:
+        (notify or print)(f"{block_op.why_not()}: the programs cannot call the blocks, and run eagerly")
+    return functools.partial(block_op.linear if operator else ggml_kernel.matmul, gemm_from=plan.prefill.get("blocks"))
 
 
 def _native(source: ModelSource, plan: Plan, notify=None) -> tuple[nn.Module, dict]:

@@ -7,10 +7,33 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <algorithm>
+
 #include "c/blocks.h"
 
-// x (..., k) any float dtype, blocks (n, k / weights * block bytes) uint8 -> (..., n) float32
-static at::Tensor block_linear(const at::Tensor &x, const at::Tensor &blocks, int64_t type, int64_t layout) {
+// x2 (m, k) float32 W^T by GEMM_TILE weight rows at a time, each tile dequantized exactly (c/dequant.c)
+// and multiplied by one float32 at::mm: ggml_kernel.py's _float_gemm, call for call, so that the
+// compiled and the eager engines give the same numbers.
+static constexpr int64_t GEMM_TILE = 256;  // ggml_kernel.GEMM_TILE
+
+static at::Tensor float_gemm(const at::Tensor &x2, const at::Tensor &blocks, int type, int layout) {
+    const int64_t n = blocks.size(0), k = x2.size(1);
+    at::Tensor y = at::empty({x2.size(0), n}, x2.options());
+    at::Tensor tile = at::empty({std::min(GEMM_TILE, n), k}, x2.options());
+    for (int64_t i = 0; i < n; i += GEMM_TILE) {
+        const int64_t rows = std::min(GEMM_TILE, n - i);
+        int status = lb_dequantize(type, layout, blocks.data_ptr<uint8_t>(), n, k, i, i + rows, tile.data_ptr<float>(),
+                                   at::get_num_threads());
+        TORCH_CHECK(status == LB_OK, "block_linear: cannot dequantize GGML type ", type, " in layout ", layout);
+        y.narrow(1, i, rows).copy_(at::mm(x2, tile.narrow(0, 0, rows).t()));
+    }
+    return y;
+}
+
+// x (..., k) any float dtype, blocks (n, k / weights * block bytes) uint8 -> (..., n) float32; from
+// gemm_from rows of x on (0: never) a float GEMM over the dequantized rows (ggml_kernel.matmul's)
+static at::Tensor block_linear(const at::Tensor &x, const at::Tensor &blocks, int64_t type, int64_t layout,
+                               int64_t gemm_from) {
     TORCH_CHECK(blocks.scalar_type() == at::kByte && blocks.dim() == 2 && blocks.is_contiguous(),
                 "block_linear: blocks must be a contiguous 2-D uint8 tensor");
     const int64_t k = x.size(-1), n = blocks.size(0), weights = lb_block_weights(static_cast<int>(type));
@@ -20,6 +43,8 @@ static at::Tensor block_linear(const at::Tensor &x, const at::Tensor &blocks, in
     at::Tensor x2 = x.reshape({-1, k}).to(at::kFloat).contiguous();
     std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
     shape.back() = n;
+    if (gemm_from > 0 && x2.size(0) >= gemm_from)
+        return float_gemm(x2, blocks, static_cast<int>(type), static_cast<int>(layout)).reshape(shape);
     at::Tensor y = at::empty({x2.size(0), n}, x2.options());
     int status = lb_linear(static_cast<int>(type), static_cast<int>(layout), blocks.data_ptr<uint8_t>(), n, k,
                            x2.data_ptr<float>(), x2.size(0), y.data_ptr<float>(), at::get_num_threads());
@@ -30,6 +55,6 @@ static at::Tensor block_linear(const at::Tensor &x, const at::Tensor &blocks, in
     return y.reshape(shape);
 }
 
-TORCH_LIBRARY(llamablock, m) { m.def("block_linear(Tensor x, Tensor blocks, int type, int layout=0) -> Tensor"); }
+TORCH_LIBRARY(llamablock, m) { m.def("block_linear(Tensor x, Tensor blocks, int type, int layout=0, int gemm_from=0) -> Tensor"); }
 
 TORCH_LIBRARY_IMPL(llamablock, CPU, m) { m.impl("block_linear", &block_linear); }

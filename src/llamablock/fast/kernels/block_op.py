@@ -78,7 +78,7 @@ def _register() -> bool:
                                       extra=OP_SOURCE.read_bytes() + torch.__version__.encode()))
 
     @torch.library.register_fake("llamablock::block_linear")
-    def _(x, blocks, type, layout=ROWS):  # shapes for tracing: (..., k) -> (..., n) float32
+    def _(x, blocks, type, layout=ROWS, gemm_from=0):  # shapes for tracing: (..., k) -> (..., n) float32
         return x.new_empty((*x.shape[:-1], blocks.shape[0]), dtype=torch.float32)
 
     return True
@@ -98,12 +98,14 @@ def why_not() -> str:
 
 
 def linear(type_name: str, blocks: torch.Tensor, x: torch.Tensor, threads: int | None = None,
-           lib: object = None, grouped: bool = False) -> torch.Tensor:
+           lib: object = None, grouped: bool = False, gemm_from: int | None = None) -> torch.Tensor:
     """ggml_kernel.matmul through the operator, which compiled programs can trace: y (m, n) float32
     = x (m, k) W^T for the (n, k / block weights * block bytes) uint8 `blocks` of `type_name` (in
-    groups of 8 rows where `grouped`, a ggml_kernel.GROUPABLE type). `threads` and `lib` are
+    groups of 8 rows where `grouped`, a ggml_kernel.GROUPABLE type), by a float GEMM over the dequantized
+    rows from `gemm_from` rows of x on (None: never), as matmul's. `threads` and `lib` are
     matmul's, unused: the operator runs on torch's threads (at::get_num_threads) with the one
     library load() registered."""
     if not load():
         raise RuntimeError(f"the block operator is not available: {why_not()}")
-    return torch.ops.llamablock.block_linear(x, blocks, TYPE_IDS[type_name], GROUPED if grouped else ROWS)
+    return torch.ops.llamablock.block_linear(x, blocks, TYPE_IDS[type_name], GROUPED if grouped else ROWS,
+                                             gemm_from or 0)

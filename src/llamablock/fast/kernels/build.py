@@ -43,6 +43,7 @@ from llamablock.util.files import atomic_write, file_lock, is_disk_full
 
 C_DIR = Path(__file__).with_name("c")
 DRIVER = C_DIR / "linear.c"
+DEQUANTIZE = C_DIR / "dequant.c"  # float32 rows for prefill's GEMM, portable C in every build
 _AVX512 = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx2", "-mfma", "-mf16c"]
 # each build's flags, widest first: every build runs where the one before it does
 ISAS = {"avx512vnni": [*_AVX512, "-mavx512vnni"], "avx512": _AVX512, "avx2": ["-mavx2", "-mfma", "-mf16c"],
@@ -86,8 +87,8 @@ def flags(isa: str | None = None, threads: bool = True) -> list[str]:
 
 
 def sources(isa: str | None = None) -> list[Path]:
-    """The C files a build of `isa` compiles: the entry point and the ISA's kernels."""
-    return [DRIVER, C_DIR / KERNEL_FILES[isa or best_isa()]]
+    """The C files a build of `isa` compiles: the entry point, the dequantizer and the ISA's kernels."""
+    return [DRIVER, DEQUANTIZE, C_DIR / KERNEL_FILES[isa or best_isa()]]
 
 
 def compiler(language: str = "c") -> str | None:

@@ -40,12 +40,27 @@ TYPE_IDS = {name: int(gguf.GGMLQuantizationType[name]) for name in KEPT}  # GGML
 SIZES = {name: tuple(gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[name]]) for name in KEPT}  # (weights, bytes)
 BLOCK_BYTES = {name: size[1] for name, size in SIZES.items()}
 GROUP = 8  # rows per group of the grouped layout (c/blocks.h LB_GROUP)
+GEMM_TILE = 256  # weight rows dequantized per float GEMM (matmul's gemm_from; block_op.cpp's too): 1-8 MiB
+# From how many rows of x a block layer dequantizes for a float32 GEMM (matmul's gemm_from), per CPU
+# kind (util/cpu.py); None: the kernel at every length. Read off `llamablock bench prefill_crossover`'s
+# blocks table (BENCHMARKS.md): on AVX2 MKL's float32 GEMM outruns the kernel's 16-bit integer
+# products from a few dozen rows on, every type and shape. Not measured on AVX-512 or AMX, whose
+# kernels were measured ahead of llama.cpp's prefill (`bench size`): they keep the kernel until a run
+# there says otherwise. Other CPUs (the portable build, with no vector code of its own) follow
+# GEMM_FROM_UNMEASURED, as quant.py's packed layers do on CPUs not measured.
+GEMM_FROM_BY_CPU = {"AVX2": 128, "AVX-512": None, "AMX": None}
+GEMM_FROM_UNMEASURED = 32
 ROWS, GROUPED = 0, 1  # lb_linear's `layout`: the file's order, groups of 8 rows (c/blocks.h LB_ROWS, LB_GROUPS)
 # the builds that are faster on groups of 8 rows than on the file's order, decode and prefill alike
 # (`llamablock bench file_blocks` times both layouts in each build); the portable build keeps the
 # file's order: it has no vector code of its own for either
 GROUPING_ISAS = ("avx512vnni", "avx512", "avx2")
 _why_not: list[str] = []
+
+
+def gemm_rows(kind: str) -> int | None:
+    """Rows of x from which a block layer runs the dequantized float32 GEMM on a CPU of `kind`; None: never."""
+    return GEMM_FROM_BY_CPU.get(kind, GEMM_FROM_UNMEASURED)
 
 
 def groups_rows() -> bool:
@@ -91,6 +106,8 @@ def _open(path: Path) -> ctypes.CDLL:
     try:
         lib.lb_linear_bits.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
                                        ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
+        lib.lb_dequantize.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
+                                      ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int]
         check_table(lib)
     except AttributeError as e:
         build.unload(lib)
@@ -123,16 +140,48 @@ def failed(status: int, type_name: str, n: int, k: int) -> Exception:
     return ValueError(f"{type_name} rows of {k} weights are not whole blocks, or {n} rows not whole groups of {GROUP}")
 
 
+def dequantize(type_name: str, blocks: torch.Tensor, k: int, rows: slice = slice(None), grouped: bool = False,
+               threads: int | None = None, lib: ctypes.CDLL | None = None, out: torch.Tensor | None = None
+               ) -> torch.Tensor:
+    """(rows, k) float32: the exact weights of `rows` (a step-1 slice) of the (n, k / block weights *
+    block bytes) uint8 `blocks` (c/dequant.c), into `out` (at least that many rows) where given."""
+    i0, i1, _ = rows.indices(blocks.shape[0])
+    out = torch.empty(i1 - i0, k) if out is None else out[:i1 - i0]
+    status = (lib or kernel()).lb_dequantize(TYPE_IDS[type_name], GROUPED if grouped else ROWS, blocks.data_ptr(),
+                                             blocks.shape[0], k, i0, i1, out.data_ptr(),
+                                             threads or torch.get_num_threads())
+    if status:
+        raise failed(status, type_name, blocks.shape[0], k)
+    return out
+
+
+def _float_gemm(type_name, blocks, x, threads, lib, grouped) -> torch.Tensor:
+    """matmul's y by GEMM_TILE weight rows at a time: dequantized (their float32 tile stays in cache),
+    then one float32 torch.mm; block_op.cpp's float_gemm does the same calls, so the two engines agree."""
+    y = torch.empty(x.shape[0], blocks.shape[0])
+    tile = torch.empty(min(GEMM_TILE, blocks.shape[0]), x.shape[1])
+    for i in range(0, blocks.shape[0], GEMM_TILE):
+        w = dequantize(type_name, blocks, x.shape[1], slice(i, i + GEMM_TILE), grouped, threads, lib, tile)
+        y[:, i:i + len(w)] = x @ w.T  # (m, tile rows)
+    return y
+
+
 def matmul(type_name: str, blocks: torch.Tensor, x: torch.Tensor, threads: int | None = None,
-           lib: ctypes.CDLL | None = None, grouped: bool = False, bits: int = 16) -> torch.Tensor:
+           lib: ctypes.CDLL | None = None, grouped: bool = False, bits: int = 16,
+           gemm_from: int | None = None) -> torch.Tensor:
     """y (m, n) float32 = x (m, k) W^T, W the (n, k / block weights * block bytes) uint8 `blocks` of
     `type_name` (in groups of 8 rows where `grouped`, a GROUPABLE type), x quantized per block of 32
     first to `bits`: 16, what every engine runs, or 8, llama.cpp's, faster where the products bound
     the call and less exact (`llamablock bench activations`; c/blocks.h says how); `lib` another
-    build than kernel()."""
+    build than kernel(). From `gemm_from` rows of x on (the plan's crossover, None: never), W is
+    dequantized a tile at a time for a float32 GEMM instead, x unquantized (`bits` unused): faster
+    for a long prompt where the CPU's float GEMM outruns the integer products (`llamablock bench
+    prefill_crossover`), and exact to float32's sums."""
     if bits not in (8, 16):
         raise ValueError(f"the block kernel takes its activations in 8 or 16 bits, not {bits}")
     x = x.contiguous().float()
+    if gemm_from and x.shape[0] >= gemm_from:
+        return _float_gemm(type_name, blocks, x, threads, lib, grouped)
     y = torch.empty(x.shape[0], blocks.shape[0])
     status = (lib or kernel()).lb_linear_bits(TYPE_IDS[type_name], GROUPED if grouped else ROWS, blocks.data_ptr(),
                                               blocks.shape[0], x.shape[1], x.data_ptr(), x.shape[0], y.data_ptr(),

@@ -49,13 +49,14 @@
    Only the types with a `chunks` trait have it (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K); lb_linear
    answers LB_UNKNOWN for the others (Q5_0) in LB_GROUPS.
 
-   Sources: this header; linear.c (the entry point, the same in every build); one kernel file per
-   ISA, defining lb_quantize, lb_rows and lb_groups: x86.c (AVX2, AVX-512, AVX-512 VNNI, by the
-   compiler's flags) or generic.c (portable C). fast/kernels/build.py compiles linear.c and the
-   ISA's file. A new block type is a row of LB_TYPES, its case in each kernel file, and its name in
-   fast/kernels/ggml_kernel.py KEPT (and GROUPABLE where it has the grouped layout); Python takes
-   the sizes from the gguf package and checks this table against them when it loads a library
-   (lb_block_bytes, lb_block_weights; lb_block_groups answers for GROUPABLE). */
+   Sources: this header; linear.c (the entry point, the same in every build); dequant.c (float32 rows
+   for prefill's GEMM, also in every build); one kernel file per ISA, defining lb_quantize, lb_rows and
+   lb_groups: x86.c (AVX2, AVX-512, AVX-512 VNNI, by the compiler's flags) or generic.c (portable C).
+   fast/kernels/build.py compiles linear.c, dequant.c and the ISA's file. A new block type is a row of
+   LB_TYPES, its case in each kernel file and in dequant.c, and its name in fast/kernels/ggml_kernel.py
+   KEPT (and GROUPABLE where it has the grouped layout); Python takes the sizes from the gguf package
+   and checks this table against them when it loads a library (lb_block_bytes, lb_block_weights;
+   lb_block_groups answers for GROUPABLE). */
 
 #ifndef LLAMABLOCK_BLOCKS_H
 #define LLAMABLOCK_BLOCKS_H
@@ -139,6 +140,10 @@ int lb_linear(int type, int layout, const uint8_t *w, int64_t n, int64_t k, cons
    bench activations` measures beside the speed. LB_UNKNOWN for other bits. */
 int lb_linear_bits(int type, int layout, const uint8_t *w, int64_t n, int64_t k, const float *x, int64_t m, float *y,
                    int threads, int bits);
+/* Rows i0..i1-1 of W (n, k) as float32 into out (i1 - i0, k): each weight's exact value (dequant.c), for a
+   float GEMM; `threads` split the rows. An LB_ result; out is written only on LB_OK. */
+int lb_dequantize(int type, int layout, const uint8_t *w, int64_t n, int64_t k, int64_t i0, int64_t i1, float *out,
+                  int threads);
 int lb_block_bytes(int type);   /* LB_TYPES' bytes per block, 0 for a type not computed here */
 int lb_block_weights(int type); /* LB_TYPES' weights per block, 0 likewise */
 int lb_block_groups(int type);  /* 1 where the type has the grouped layout (LB_GROUPS), else 0 */
