@@ -24,8 +24,8 @@ layers are handed what the plan says (tests/fast/test_plan.py states the rules a
   in quantize_model; a tied embedding stored quantized is the head's rows (one copy).
 - The compiled engine runs one format: the file's blocks where every layer matrix is a kept
   block type, else the one most layer matrices map to (it quantizes its fused q/k/v itself).
-- Blocks: the eager layers call the kernel through ctypes, compiled programs through the torch
-  operator; rows are held in groups of 8 where this CPU's build is faster so.
+- Blocks: eager layers call the kernel by ctypes, compiled programs the torch operator; rows in groups
+  of 8 where this CPU's build is faster so; a prompt from Machine.prefill's blocks rows: a float GEMM.
 - KV cache (`kv_dtype`, --kv-dtype): the CPU's 16-bit type (Machine.kv16) for a quantized model with float32
   activations (attended upcast to float32), else the activations' dtype."""
 

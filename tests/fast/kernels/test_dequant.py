@@ -7,7 +7,7 @@ References, independent of the code under test:
   * float64 products with those weights, which the float32 GEMM must meet within float32's bound
     for a sum of k products: (k + 1) 2^-24 sum |x| |w| (Higham, Accuracy and Stability of
     Numerical Algorithms, 3.1: gamma_n for a dot product of n terms; 1.01 for gamma's denominator).
-The blocks are random bytes with finite float16 scales of every size, as test_kquant_blocks.py's.
+The blocks are random bytes with finite float16 scales of every size (tests/random_blocks.py).
 """
 
 from __future__ import annotations
@@ -17,26 +17,17 @@ import numpy as np
 import pytest
 import torch
 from kernel_builds import RUNS  # the builds this CPU runs; conftest.py's `libs` builds each once
+from random_blocks import random_blocks
 
 from llamablock.fast.kernels import block_op, ggml_kernel
 from llamablock.fast.kernels.file_blocks import group_rows
 
-HALVES = {"Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q8_0": (0,), "Q4_K": (0, 2), "Q5_K": (0, 2),
-          "Q6_K": (208,)}  # byte offsets of each block's float16 fields (c/blocks.h)
 K = 512  # two super-blocks of 256 per row
 LAYOUTS = [pytest.param(False, id="file's rows"), pytest.param(True, id="groups of 8")]
 
 
 def _random_blocks(type_name: str, n: int, seed: int = 0) -> np.ndarray:
-    """(n, K / weights * bytes) random bytes, each float16 field finite: zeros, subnormals, up to 65504."""
-    rng = np.random.default_rng(seed)
-    weights, size = ggml_kernel.SIZES[type_name]
-    b = rng.integers(0, 256, size=(n, K // weights, size), dtype=np.uint8)
-    for at in HALVES[type_name]:
-        h = rng.normal(size=b.shape[:2]) * 10.0 ** rng.integers(-8, 5, size=b.shape[:2])
-        h[rng.random(b.shape[:2]) < 0.1] = 0
-        b[..., at:at + 2] = np.clip(h, -65504, 65504).astype(np.float16).view(np.uint8).reshape(*b.shape[:2], 2)
-    return b.reshape(n, -1)
+    return random_blocks(type_name, n, K, seed)
 
 
 def _exact(type_name: str, raw: np.ndarray) -> torch.Tensor:

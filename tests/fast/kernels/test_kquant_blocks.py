@@ -17,12 +17,12 @@ import numpy as np
 import pytest
 import torch
 from kernel_builds import RUNS  # the builds this CPU runs; conftest.py's `libs` builds each once
+from random_blocks import HALVES, random_blocks
 
 from llamablock.fast.kernels import block_op, ggml_kernel
 from llamablock.fast.kernels.file_blocks import BlockEmbedding, BlockLinear, dequantize_blocks, group_rows, ungroup_rows
 
 TYPES = ("Q5_0", "Q4_K", "Q5_K", "Q6_K")
-HALVES = {"Q5_0": (0,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}  # byte offsets of d (and dmin)
 K = 512  # two super-blocks of 256 per row, 16 blocks of 32
 LAYOUTS = [pytest.param(False, id="file's rows"), pytest.param(True, id="groups of 8")]
 
@@ -38,16 +38,7 @@ def _laid_out(type_name: str, raw, grouped: bool) -> torch.Tensor:
 
 
 def _random_blocks(type_name: str, n: int, k: int = K, seed: int = 0) -> np.ndarray:
-    """Random bytes in every block (ids, high bits, packed scales) with finite float16 d (and dmin)
-    of every size: subnormals, zeros, and up to float16's largest."""
-    rng = np.random.default_rng(seed)
-    weights, size = ggml_kernel.SIZES[type_name]
-    b = rng.integers(0, 256, size=(n, k // weights, size), dtype=np.uint8)
-    for at in HALVES[type_name]:
-        h = rng.normal(size=b.shape[:2]) * 10.0 ** rng.integers(-8, 5, size=b.shape[:2])
-        h[rng.random(b.shape[:2]) < 0.1] = 0
-        b[..., at:at + 2] = np.clip(h, -65504, 65504).astype(np.float16).view(np.uint8).reshape(*b.shape[:2], 2)
-    return b.reshape(n, -1)
+    return random_blocks(type_name, n, k, seed)
 
 
 def _extremes(type_name: str, k: int = K) -> np.ndarray:
