@@ -44,7 +44,8 @@ GEMM_TILE = 256  # weight rows dequantized per float GEMM (matmul's gemm_from; b
 # From how many rows of x a block layer dequantizes for a float32 GEMM (matmul's gemm_from), per CPU
 # kind (util/cpu.py); None: the kernel at every length. Read off `llamablock bench prefill_crossover`'s
 # blocks table (BENCHMARKS.md): on AVX2 MKL's float32 GEMM outruns the kernel's 16-bit integer
-# products from a few dozen rows on, every type and shape. Not measured on AVX-512 or AMX, whose
+# products, by 128 rows level with it on SmolLM2's small layers and ahead on the 1B shapes, further
+# ahead with every row after. Not measured on AVX-512 or AMX, whose
 # kernels were measured ahead of llama.cpp's prefill (`bench size`): they keep the kernel until a run
 # there says otherwise. Other CPUs (the portable build, with no vector code of its own) follow
 # GEMM_FROM_UNMEASURED, as quant.py's packed layers do on CPUs not measured.
