@@ -9,11 +9,13 @@ scales drop bits of the file's float16 ones. These layers hold the file's bytes 
 (out, in / block weights * block bytes) rows, and compute with them directly through the block kernel (c/)
 (fast/kernels/ggml_kernel.py), x quantized to 16 bits per block of 32: `llamablock perplexity --compare
 float32` measures what that costs against the exact weights in float32.
-Prefill runs the same kernel as decode, and a row's products are the same bits whichever rows
-are computed beside it, so a layer's output for a token does not depend on how the prompt was split
-into steps (attention around it, as in any model, may round differently). Dequantizing a layer and calling the float32 GEMM would be faster for long prompts
-only if the dequantization were cheap, and it costs more than the kernel's whole prefill at these
-sizes in torch (`llamablock bench file_blocks` times both).
+Prefill runs the same kernel as decode up to the plan's crossover, and there a row's products are
+the same bits whichever rows are computed beside it. From the crossover on (a CPU kind's row count,
+ggml_kernel.GEMM_FROM_BY_CPU, handed over with the binding), the layer's rows are dequantized a
+tile at a time in C (exactly: c/dequant.c) for one float32 GEMM each, x unrounded, where the CPU's
+float GEMM outruns the integer products (`llamablock bench prefill_crossover`): a long prompt's
+outputs are then nearer the exact model than the kernel's, and may differ from the same tokens fed
+in short steps in the last bits.
 `dequantized()` is the file's exact dequantization, equal bit for bit to the gguf package's
 (tests/fast/kernels/test_file_blocks.py, test_kquant_blocks.py): d * q + m, or the K types'
 d sc q - dmin m, in float32; every product of these scales and integers is exact in float32 (at
