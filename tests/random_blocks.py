@@ -1,7 +1,7 @@
 """Random GGUF weight blocks for the kernel tests: random bytes in every field (ids, high bits,
 packed scales), with each block's float16 fields (d, and m or dmin) finite and of every size:
 zeros, subnormals, and up to float16's largest. gguf cannot quantize the K types, so tests build
-their blocks this way (tests/fast/kernels/test_kquant_blocks.py, test_dequant.py)."""
+their blocks this way (tests/fast/kernels/test_kquant_blocks.py, test_dequant_and_layout.py)."""
 
 import numpy as np
 

@@ -42,8 +42,8 @@ from llamablock.util.cpu import CPU, this_cpu
 from llamablock.util.files import atomic_write, file_lock, is_disk_full
 
 C_DIR = Path(__file__).with_name("c")
-DRIVER = C_DIR / "linear.c"
-DEQUANTIZE = C_DIR / "dequant.c"  # float32 rows for prefill's GEMM, portable C in every build
+# in every build: the entry point, float32 rows for prefill's GEMM, the grouped layout's reordering at load
+COMMON = [C_DIR / "linear.c", C_DIR / "dequant.c", C_DIR / "layout.c"]
 _AVX512 = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx2", "-mfma", "-mf16c"]
 # each build's flags, widest first: every build runs where the one before it does
 ISAS = {"avx512vnni": [*_AVX512, "-mavx512vnni"], "avx512": _AVX512, "avx2": ["-mavx2", "-mfma", "-mf16c"],
@@ -87,8 +87,8 @@ def flags(isa: str | None = None, threads: bool = True) -> list[str]:
 
 
 def sources(isa: str | None = None) -> list[Path]:
-    """The C files a build of `isa` compiles: the entry point, the dequantizer and the ISA's kernels."""
-    return [DRIVER, DEQUANTIZE, C_DIR / KERNEL_FILES[isa or best_isa()]]
+    """The C files a build of `isa` compiles: the COMMON ones and the ISA's kernels."""
+    return [*COMMON, C_DIR / KERNEL_FILES[isa or best_isa()]]
 
 
 def compiler(language: str = "c") -> str | None:

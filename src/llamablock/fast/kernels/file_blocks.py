@@ -117,7 +117,7 @@ def group_rows(type_name: str, blocks: torch.Tensor, in_place: bool = False) -> 
     quarter of the elements a byte-wise transpose moves, which is most of a load's reordering time.
     `in_place` reorders `blocks` itself (contiguous, and the caller's own: a loader's read buffer), a
     few groups at a time through a copy of them, so a tensor is never held twice: the load's peak
-    (tests/fast/kernels/test_file_size.py). ValueError for a type without the grouped layout (not in
+    (tests/fast/kernels/test_file_size.py); in C (ggml_kernel.group_in_place) where the kernel built. ValueError for a type without the grouped layout (not in
     ggml_kernel.GROUPABLE)."""
     if type_name not in GROUPABLE:
         raise ValueError(f"{type_name} blocks have no grouped layout; the kernel groups {', '.join(GROUPABLE)}")
@@ -126,6 +126,8 @@ def group_rows(type_name: str, blocks: torch.Tensor, in_place: bool = False) -> 
     nb, groups, quants = row // size, n // GROUP, size - h
     if in_place and not blocks.is_contiguous():
         raise ValueError("group_rows in place needs contiguous rows")
+    if in_place and ggml_kernel.kernel() is not None:  # one pass in C: a 1B file's load (`bench startup`)
+        return ggml_kernel.group_in_place(type_name, blocks)
     out = blocks.view(groups, nb, GROUP * size) if in_place else torch.empty(groups, nb, GROUP * size, dtype=torch.uint8)
     step = max(1, (4 << 20) // (GROUP * row))  # groups at a time: a few MiB of temporaries, whatever the tensor
     for g in range(0, groups, step):

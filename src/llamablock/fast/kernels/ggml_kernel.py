@@ -109,6 +109,7 @@ def _open(path: Path) -> ctypes.CDLL:
                                        ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
         lib.lb_dequantize.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
                                       ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int]
+        lib.lb_group_rows.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int]
         check_table(lib)
     except AttributeError as e:
         build.unload(lib)
@@ -134,7 +135,7 @@ def why_not() -> str:
 def failed(status: int, type_name: str, n: int, k: int) -> Exception:
     """The exception for lb_linear's non-zero result (c/blocks.h LB_NO_MEMORY, LB_UNKNOWN, LB_BAD_SHAPE)."""
     if status == -1:
-        return MemoryError(f"no memory for the block kernel's copy of x ({k} values a row)")
+        return MemoryError(f"no memory for the block kernel's working copy (of x, or of 8 rows of {k} weights)")
     if status == -2:
         return ValueError(f"the block kernel's library does not compute {type_name} in that layout"
                           f" (groups of {GROUP} rows are {', '.join(GROUPABLE)} only)")
@@ -154,6 +155,20 @@ def dequantize(type_name: str, blocks: torch.Tensor, k: int, rows: slice = slice
     if status:
         raise failed(status, type_name, blocks.shape[0], k)
     return out
+
+
+def group_in_place(type_name: str, blocks: torch.Tensor, threads: int | None = None,
+                   lib: ctypes.CDLL | None = None) -> torch.Tensor:
+    """`blocks`, (n, k / block weights * block bytes) uint8 contiguous rows in the file's order,
+    reordered in place into groups of 8 rows (c/layout.c; file_blocks.group_rows' layout)."""
+    n, k = blocks.shape[0], blocks.shape[1] // BLOCK_BYTES[type_name] * SIZES[type_name][0]
+    if not blocks.is_contiguous() or blocks.shape[1] % BLOCK_BYTES[type_name]:
+        raise ValueError(f"grouping in place needs contiguous rows of whole {type_name} blocks")
+    status = (lib or kernel()).lb_group_rows(TYPE_IDS[type_name], blocks.data_ptr(), n, k,
+                                             threads or torch.get_num_threads())
+    if status:
+        raise failed(status, type_name, n, k)
+    return blocks
 
 
 def _float_gemm(type_name, blocks, x, threads, lib, grouped) -> torch.Tensor:

@@ -49,14 +49,14 @@
    Only the types with a `chunks` trait have it (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K); lb_linear
    answers LB_UNKNOWN for the others (Q5_0) in LB_GROUPS.
 
-   Sources: this header; linear.c (the entry point, the same in every build); dequant.c (float32 rows
-   for prefill's GEMM, also in every build); one kernel file per ISA, defining lb_quantize, lb_rows and
-   lb_groups: x86.c (AVX2, AVX-512, AVX-512 VNNI, by the compiler's flags) or generic.c (portable C).
-   fast/kernels/build.py compiles linear.c, dequant.c and the ISA's file. A new block type is a row of
-   LB_TYPES, its case in each kernel file and in dequant.c, and its name in fast/kernels/ggml_kernel.py
-   KEPT (and GROUPABLE where it has the grouped layout); Python takes the sizes from the gguf package
-   and checks this table against them when it loads a library (lb_block_bytes, lb_block_weights;
-   lb_block_groups answers for GROUPABLE). */
+   Sources: this header; linear.c (the entry point), dequant.c (float32 rows for prefill's GEMM) and
+   layout.c (the grouped layout, made at load), the same in every build; one kernel file per ISA,
+   defining lb_quantize, lb_rows and lb_groups: x86.c (AVX2, AVX-512, AVX-512 VNNI, by the compiler's
+   flags) or generic.c (portable C). fast/kernels/build.py compiles the three and the ISA's file. A new
+   block type is a row of LB_TYPES, its case in each kernel file and in dequant.c, and its name in
+   fast/kernels/ggml_kernel.py KEPT (and GROUPABLE where it has the grouped layout); Python takes the
+   sizes from the gguf package and checks this table against them when it loads a library
+   (lb_block_bytes, lb_block_weights; lb_block_groups answers for GROUPABLE). */
 
 #ifndef LLAMABLOCK_BLOCKS_H
 #define LLAMABLOCK_BLOCKS_H
@@ -144,6 +144,9 @@ int lb_linear_bits(int type, int layout, const uint8_t *w, int64_t n, int64_t k,
    float GEMM; `threads` split the rows. An LB_ result; out is written only on LB_OK. */
 int lb_dequantize(int type, int layout, const uint8_t *w, int64_t n, int64_t k, int64_t i0, int64_t i1, float *out,
                   int threads);
+/* W (n, k) in the file's order reordered in place into groups of 8 rows (LB_GROUPS; n a multiple of 8):
+   layout.c, what fast/kernels/file_blocks.py group_rows computes in torch. An LB_ result. */
+int lb_group_rows(int type, uint8_t *w, int64_t n, int64_t k, int threads);
 int lb_block_bytes(int type);   /* LB_TYPES' bytes per block, 0 for a type not computed here */
 int lb_block_weights(int type); /* LB_TYPES' weights per block, 0 likewise */
 int lb_block_groups(int type);  /* 1 where the type has the grouped layout (LB_GROUPS), else 0 */
@@ -196,6 +199,17 @@ static inline void lb_ungroup_block(const lb_traits *t, const uint8_t *g, int ro
     for (int c = 0; c < t->chunks; c++) memcpy(rotated + t->head + 4 * c, g + LB_GROUP * t->head + 32 * c + 4 * row, 4);
     memcpy(out + t->lead, rotated, t->bytes - t->lead);
     memcpy(out, rotated + t->bytes - t->lead, t->lead);
+}
+
+/* The inverse: the 8 file-order blocks `rows[r]` (t->bytes each) as a group's block g. */
+static inline void lb_group_block(const lb_traits *t, const uint8_t *const *rows, uint8_t *g) {
+    for (int row = 0; row < LB_GROUP; row++) {
+        uint8_t rotated[256];
+        memcpy(rotated, rows[row] + t->lead, t->bytes - t->lead);
+        memcpy(rotated + t->bytes - t->lead, rows[row], t->lead);
+        for (int f = 0; f < t->head / 2; f++) memcpy(g + 2 * LB_GROUP * f + 2 * row, rotated + 2 * f, 2);
+        for (int c = 0; c < t->chunks; c++) memcpy(g + LB_GROUP * t->head + 32 * c + 4 * row, rotated + t->head + 4 * c, 4);
+    }
 }
 
 /* A float16 as float32, exact: every float16 is a float32. */

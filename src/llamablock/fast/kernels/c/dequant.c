@@ -8,7 +8,7 @@
    float16's 11 bits times at most 8 bits of integer, or Q4_K's d sc, 17 bits, times a 5-bit q),
    so a weight takes at most one rounding (Q4_1's + m, the K types' - dmin m) whether or not the
    compiler fuses it into an FMA: the values equal the gguf package's dequantization bit for bit
-   (tests/fast/kernels/test_dequant.py). */
+   (tests/fast/kernels/test_dequant_and_layout.py). */
 
 #include "blocks.h"
 

@@ -1,9 +1,11 @@
-"""The dequantizer (c/dequant.c) and the float GEMM that prefill runs over its rows (ggml_kernel.matmul's
-gemm_from, block_op.cpp's float_gemm).
+"""The C every build shares beside the entry point: the dequantizer (c/dequant.c), with the float GEMM
+that prefill runs over its rows (ggml_kernel.matmul's gemm_from, block_op.cpp's float_gemm), and the
+grouped layout made in place at load (c/layout.c).
 
 References, independent of the code under test:
   * the `gguf` package's numpy dequantization (gguf.quants.dequantize), which every build's
     lb_dequantize must equal bit for bit, in both layouts;
+  * file_blocks.group_rows' torch reordering, which the C grouping must equal byte for byte;
   * float64 products with those weights, which the float32 GEMM must meet within float32's bound
     for a sum of k products: (k + 1) 2^-24 sum |x| |w| (Higham, Accuracy and Stability of
     Numerical Algorithms, 3.1: gamma_n for a dot product of n terms; 1.01 for gamma's denominator).
@@ -97,3 +99,16 @@ def test_what_it_cannot_dequantize_is_refused_by_name():
         ggml_kernel.dequantize("Q5_0", raw, K, grouped=True)
     with pytest.raises(ValueError, match="Q4_0 rows of 500 weights are not whole blocks"):
         ggml_kernel.dequantize("Q4_0", torch.zeros(8, 500 // 32 * 18, dtype=torch.uint8), 500)
+
+
+@pytest.mark.parametrize("type_name", ggml_kernel.GROUPABLE)
+@pytest.mark.parametrize("isa", RUNS)
+def test_grouping_in_place_in_c_is_the_torch_reference_byte_for_byte(type_name, isa, libs):
+    """The loader groups in C (c/layout.c); file_blocks.group_rows' torch path (a copy) is the reference."""
+    raw = torch.from_numpy(_random_blocks(type_name, 40, seed=6))
+    want = group_rows(type_name, raw)  # not in place: the torch reordering
+    for threads in (1, 2, 3):
+        got = ggml_kernel.group_in_place(type_name, raw.clone(), threads=threads, lib=libs[isa])
+        assert torch.equal(got, want), threads
+    with pytest.raises(ValueError, match="not whole groups of 8"):
+        ggml_kernel.group_in_place(type_name, raw[:12].clone(), lib=libs[isa])
