@@ -22,8 +22,8 @@ Each side runs as a fresh process, in turn, `ROUNDS` times (medians):
 Peak memory is each process's resident high-water mark (VmHWM, read while it runs), torch's
 interpreter included on our side (the row "python + torch" shows that floor). The bandwidth share is decode
 tok/s x the bytes a step reads (every tensor but an untied embedding) over a plain read's rate:
-a float32 matrix-vector product over a 1 GiB matrix on the same threads
-(benchmarks/decode_limits.py stream_rate). --quick: a tiny file, one round, eager only.
+the faster of a C read and a float32 matrix-vector product over 1 GiB on the same threads
+(benchmarks/read_ceiling.py). --quick: a tiny file, one round, eager only.
 """
 
 from __future__ import annotations
@@ -153,7 +153,7 @@ def _floor(env: dict) -> int:
 
 
 def run(quick: bool = False) -> list[Section]:
-    from benchmarks.decode_limits import stream_rate
+    from benchmarks.read_ceiling import read_rate
     from llamablock.diagnostics.kv_calculator import kv_cache_size
 
     threads, rounds = torch.get_num_threads(), 1 if quick else ROUNDS
@@ -164,12 +164,12 @@ def run(quick: bool = False) -> list[Section]:
 
         paths = {EMBEDDED: resolve_model(None), **paths}
     binary = None if quick else llama_cpp_tool("llama-bench")
-    rate = stream_rate(64 if quick else 1024)
+    rate, read_how = read_rate(64 if quick else 1024)
     long_prompt = _prompt(prompt_tokens)
     sec = Section(f"{'Tiny files' if quick else 'The embedded SmolLM2-135M file and Llama-3.2-1B-shaped files'} ({'x'.join(map(str, QUICK_SHAPE if quick else SHAPE))}: "
                   f"width x layers x heads x kv heads x ffn), {threads} thread(s), medians of {rounds} fresh process(es) "
                   f"per side{'' if COMPILE or quick else ', no `llamablock compile` in this run'}; a plain read streams "
-                  f"{rate / 1e9:.1f} GB/s on these threads",
+                  f"{rate / 1e9:.1f} GB/s on these threads ({read_how})",
                   ["file", "MiB", "side", "decode tok/s", f"prefill tok/s ({prompt_tokens})", "vs llama.cpp (decode / prefill)",
                    "bandwidth share", "peak MiB", "peak / (file + KV)", "peak less python + torch, / (file + KV)"])
     notes, step_bytes = [], {}
