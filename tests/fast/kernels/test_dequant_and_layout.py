@@ -62,6 +62,8 @@ def test_a_tile_is_written_into_the_buffer_given():
     got = ggml_kernel.dequantize("Q4_0", torch.from_numpy(raw), K, slice(4, 14), out=buffer)
     assert got.data_ptr() == buffer.data_ptr() and torch.equal(got, _exact("Q4_0", raw)[4:14])
     assert torch.isnan(buffer[10:]).all()  # rows past the slice untouched
+    with pytest.raises(ValueError, match="at least 10 rows of 512"):  # too short: C would write past its end
+        ggml_kernel.dequantize("Q4_0", torch.from_numpy(raw), K, slice(4, 14), out=buffer[:9])
 
 
 @pytest.mark.parametrize("type_name", ggml_kernel.KEPT)
@@ -112,3 +114,5 @@ def test_grouping_in_place_in_c_is_the_torch_reference_byte_for_byte(type_name, 
         assert torch.equal(got, want), threads
     with pytest.raises(ValueError, match="not whole groups of 8"):
         ggml_kernel.group_in_place(type_name, raw[:12].clone(), lib=libs[isa])
+    with pytest.raises(ValueError, match="contiguous rows of whole"):
+        ggml_kernel.group_in_place(type_name, raw.view(torch.int8), lib=libs[isa])

@@ -148,6 +148,9 @@ def dequantize(type_name: str, blocks: torch.Tensor, k: int, rows: slice = slice
     """(rows, k) float32: the exact weights of `rows` (a step-1 slice) of the (n, k / block weights *
     block bytes) uint8 `blocks` (c/dequant.c), into `out` (at least that many rows) where given."""
     i0, i1, _ = rows.indices(blocks.shape[0])
+    if out is not None and (out.dtype != torch.float32 or not out.is_contiguous() or out.shape[0] < i1 - i0
+                            or out.shape[1:] != (k,)):
+        raise ValueError(f"dequantize's out must be contiguous float32 of at least {i1 - i0} rows of {k}")
     out = torch.empty(i1 - i0, k) if out is None else out[:i1 - i0]
     status = (lib or kernel()).lb_dequantize(TYPE_IDS[type_name], GROUPED if grouped else ROWS, blocks.data_ptr(),
                                              blocks.shape[0], k, i0, i1, out.data_ptr(),
@@ -162,7 +165,7 @@ def group_in_place(type_name: str, blocks: torch.Tensor, threads: int | None = N
     """`blocks`, (n, k / block weights * block bytes) uint8 contiguous rows in the file's order,
     reordered in place into groups of 8 rows (c/layout.c; file_blocks.group_rows' layout)."""
     n, k = blocks.shape[0], blocks.shape[1] // BLOCK_BYTES[type_name] * SIZES[type_name][0]
-    if not blocks.is_contiguous() or blocks.shape[1] % BLOCK_BYTES[type_name]:
+    if blocks.dtype != torch.uint8 or not blocks.is_contiguous() or blocks.shape[1] % BLOCK_BYTES[type_name]:
         raise ValueError(f"grouping in place needs contiguous rows of whole {type_name} blocks")
     status = (lib or kernel()).lb_group_rows(TYPE_IDS[type_name], blocks.data_ptr(), n, k,
                                              threads or torch.get_num_threads())
