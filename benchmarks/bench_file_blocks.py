@@ -4,8 +4,9 @@ packed kernels (fast/kernels/quant.py), on SmolLM2-135M's Q4_1 GGUF.
 Four tables, one thread:
   * a layer's matmul at 1, 64 and 256 rows of x: the block kernel on rows in groups of 8 and in the
     file's order (ggml_kernel.GROUPING_ISAS chooses per build from this table), the packed int4
-    kernel (its bfloat16 activations), and dequantizing the blocks in torch then the float32 GEMM (the path
-    file_blocks.py does not take; its docstring says why);
+    kernel (its bfloat16 activations), and the path a prompt takes past the plan's crossover: the
+    blocks dequantized a tile at a time in C, then the float32 GEMM (ggml_kernel.matmul's gemm_from;
+    `bench prefill_crossover` finds the crossover per type and shape);
   * an eager decode step of the whole model (EagerEngine.step at a fixed position, interleaved), the
     blocks in both layouts, with the weight bytes each model reads per step and the ceiling the
     copy bandwidth allows (benchmarks/decode.py copy_bandwidth: bytes read and written by a large copy);
@@ -70,7 +71,7 @@ def _layer_table(repeats: int) -> Section:
                 return lambda: [call(*layer) for layer in some]
 
             calls = {"packed": over(lambda b, gb, p, xb=xb: p(xb)),
-                     "gemm": over(lambda b, gb, p, x=x: x @ dequantize_blocks("Q4_1", b).T)}
+                     "gemm": over(lambda b, gb, p, x=x: ggml_kernel.matmul("Q4_1", gb, x, grouped=True, gemm_from=1))}
             for name, lib in kernels:
                 calls[f"{name} groups"] = over(lambda b, gb, p, x=x, lib=lib: ggml_kernel.matmul("Q4_1", gb, x, lib=lib,
                                                                                                 grouped=True))

@@ -1,12 +1,12 @@
 """The read bandwidth a decode step is held to: the fastest plain read of a buffer larger than the
 last-level cache, on the benchmark's threads.
 
-A float32 matrix-vector product (MKL's sgemv, decode_limits.stream_rate) was the first ceiling,
-and the block kernel read its Q8_0 weights faster than it (`bench size`'s share passed 100%): an
-sgemv does arithmetic per byte and is no plain read. This adds a plain read in C, compiled here
-on first use with the kernel's compiler and flags (an XOR over 64-bit words, which the compiler
-vectorizes; OpenMP threads, each a contiguous share, as the kernel splits its rows), and takes
-the faster of the two. Where no C compiler works, the sgemv alone, and `read_rate` says so.
+A float32 matrix-vector product (MKL's sgemv, decode_limits.stream_rate) does arithmetic per byte
+and is no plain read: the block kernel can stream its weights faster. So this also times a plain
+read in C, compiled here on first use with the kernel's compiler and flags (an XOR over 64-bit
+words, which the compiler vectorizes; OpenMP threads, each a contiguous share, as the kernel
+splits its rows), and takes the faster of the two. Where no C compiler works, the sgemv alone,
+and `read_rate` says so.
 """
 
 from __future__ import annotations
@@ -40,13 +40,14 @@ def _library() -> ctypes.CDLL | None:
     cc = build.compiler("c")
     if cc is None:
         return None
-    work = Path(tempfile.mkdtemp(prefix="llamablock-read-"))
-    (work / "read.c").write_text(SOURCE)
-    try:
-        build.run([cc, *build.flags(), str(work / "read.c"), "-o", str(work / "read.so")])
-    except RuntimeError:
-        return None
-    lib = ctypes.CDLL(str(work / "read.so"))
+    with tempfile.TemporaryDirectory(prefix="llamablock-read-") as folder:  # loaded, the library outlives its file
+        work = Path(folder)
+        (work / "read.c").write_text(SOURCE)
+        try:
+            build.run([cc, *build.flags(), str(work / "read.c"), "-o", str(work / "read.so")])
+        except RuntimeError:
+            return None
+        lib = ctypes.CDLL(str(work / "read.so"))
     lib.read_all.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     lib.read_all.restype = ctypes.c_uint64
     return lib

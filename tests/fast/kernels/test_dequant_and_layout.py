@@ -64,6 +64,8 @@ def test_a_tile_is_written_into_the_buffer_given():
     assert torch.isnan(buffer[10:]).all()  # rows past the slice untouched
     with pytest.raises(ValueError, match="at least 10 rows of 512"):  # too short: C would write past its end
         ggml_kernel.dequantize("Q4_0", torch.from_numpy(raw), K, slice(4, 14), out=buffer[:9])
+    with pytest.raises(ValueError, match="not step 2"):  # rows apart: C reads a run of rows
+        ggml_kernel.dequantize("Q4_0", torch.from_numpy(raw), K, slice(0, 8, 2))
 
 
 @pytest.mark.parametrize("type_name", ggml_kernel.KEPT)

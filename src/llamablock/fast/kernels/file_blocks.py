@@ -117,8 +117,8 @@ def group_rows(type_name: str, blocks: torch.Tensor, in_place: bool = False) -> 
     quarter of the elements a byte-wise transpose moves, which is most of a load's reordering time.
     `in_place` reorders `blocks` itself (contiguous, and the caller's own: a loader's read buffer), a
     few groups at a time through a copy of them, so a tensor is never held twice: the load's peak
-    (tests/fast/kernels/test_file_size.py); in C (ggml_kernel.group_in_place) where the kernel built. ValueError for a type without the grouped layout (not in
-    ggml_kernel.GROUPABLE)."""
+    (tests/fast/kernels/test_file_size.py); in C (ggml_kernel.group_in_place) where the kernel built.
+    ValueError for a type without the grouped layout (not in ggml_kernel.GROUPABLE)."""
     if type_name not in GROUPABLE:
         raise ValueError(f"{type_name} blocks have no grouped layout; the kernel groups {', '.join(GROUPABLE)}")
     n, row = blocks.shape

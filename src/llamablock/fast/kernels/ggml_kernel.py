@@ -147,7 +147,9 @@ def dequantize(type_name: str, blocks: torch.Tensor, k: int, rows: slice = slice
                ) -> torch.Tensor:
     """(rows, k) float32: the exact weights of `rows` (a step-1 slice) of the (n, k / block weights *
     block bytes) uint8 `blocks` (c/dequant.c), into `out` (at least that many rows) where given."""
-    i0, i1, _ = rows.indices(blocks.shape[0])
+    i0, i1, step = rows.indices(blocks.shape[0])
+    if step != 1:
+        raise ValueError(f"dequantize takes a run of rows (a slice of step 1), not step {step}")
     if out is not None and (out.dtype != torch.float32 or not out.is_contiguous() or out.shape[0] < i1 - i0
                             or out.shape[1:] != (k,)):
         raise ValueError(f"dequantize's out must be contiguous float32 of at least {i1 - i0} rows of {k}")

@@ -62,8 +62,8 @@ static LB_INLINE void block_weights(const lb_traits *t, const uint8_t *blk, floa
 
 /* Row `row`'s 32 weights of a 32-weight type (Q4_0, Q4_1, Q8_0) straight from its group's block g:
    field f of its head at 2 (8 f + row), its quant bytes 4 c .. 4 c + 3 at 32 c + 4 row past the
-   head (blocks.h's grouped layout). lb_ungroup_block then block_weights computes the same in about
-   twice the time (one AVX2 thread, timed by hand: the commit gives the figures). */
+   head (blocks.h's grouped layout). lb_ungroup_block then block_weights computes the same, more
+   slowly (timed by hand on one AVX2 thread: the commit gives the figures). */
 static LB_INLINE void group_weights32(const lb_traits *t, const uint8_t *g, int row, float *out) {
     const float d = lb_half(g + 2 * row);
     const uint8_t *qs = g + LB_GROUP * t->head + 4 * row;
