@@ -110,6 +110,8 @@ class KVCache:
 
     def _ring_update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         start, t, w = self.length, k.shape[2], self.ring
+        # rounded to the cache's dtype first, as `update` returns them (a 16-bit cache): index_copy_ takes no other
+        k, v = k.to(self.keys[layer].dtype), v.to(self.values[layer].dtype)
         held = min(start, w)  # before the ring wraps, slots 0..start-1 hold tokens 0..start-1 in order
         keys = torch.cat((self.keys[layer][:, :, :held], k), dim=2)  # (b, n_kv, held + t, hd)
         values = torch.cat((self.values[layer][:, :, :held], v), dim=2)

@@ -11,8 +11,10 @@ from kv16_bound import assert_rounded_once, assert_within_bound, logits_along
 
 import llamablock
 from llamablock import cli
+from llamablock.config import ModelConfig
 from llamablock.diagnostics.kv_calculator import kv_cache_size
 from llamablock.fast.compiled.static_decode import StaticDecoder
+from llamablock.model import Decoder
 from llamablock.runtime.engine import EagerEngine
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -37,6 +39,21 @@ def test_a_16_bit_cache_keeps_the_logits_within_its_bound(tiny, kv):
     assert_within_bound(got, want, kv)
     assert_rounded_once([engine.cache.keys[0], engine.cache.values[0]],
                         [reference.cache.keys[0], reference.cache.values[0]], kv)
+
+
+@pytest.mark.parametrize("kv", [torch.bfloat16, torch.float16])
+def test_a_16_bit_ring_of_a_sliding_window_keeps_the_bound(kv):
+    """A window shorter than the cache keeps a ring per layer (KVCache._ring_update), which stores the new
+    keys with index_copy_: in a 16-bit cache they are rounded first (a float32 key raised there)."""
+    cfg = ModelConfig(vocab_size=256, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, max_seq_len=128,
+                      sliding_window=24)
+    torch.manual_seed(0)
+    model = Decoder(cfg).eval()
+    ids = torch.randint(0, model.cfg.vocab_size, (1, 96), generator=torch.Generator().manual_seed(0))
+    reference, engine = EagerEngine(model), EagerEngine(model, kv_dtype=kv)
+    want, got = logits_along(reference, ids, 48), logits_along(engine, ids, 48)
+    assert engine.cache.ring == 24 and {t.dtype for t in engine.cache.keys} == {kv}
+    assert_within_bound(got, want, kv)
 
 
 @pytest.mark.parametrize("dtype", sorted(DTYPES))
