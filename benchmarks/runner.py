@@ -35,6 +35,7 @@ BENCHMARKS = {
     "long_loss": "benchmarks.bench_long_loss",
     "prefill_crossover": "benchmarks.bench_prefill_crossover",
     "file_blocks": "benchmarks.bench_file_blocks",
+    "cache_attention": "benchmarks.bench_cache_attention",
     "activations": "benchmarks.bench_activations",
     "kquants": "benchmarks.bench_kquants",
     "compile_cache": "benchmarks.bench_compile_cache",

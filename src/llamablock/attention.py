@@ -10,7 +10,8 @@ to the query heads:
     (b, n_kv, hd, s): a grouped matmul that reads each cached key once per step (`llamablock
     bench attention` times it against SDPA's GQA path). A decode step may read more keys than it
     has, the rest masked: the cache pads them to a bucket where a CPU kernel library needs it
-    (KVCache.bucketed, kv_cache.py).
+    (KVCache.bucketed, kv_cache.py). A 16-bit cache is read upcast, except by a layer the plan gave
+    a `cache_reader` (the eager engine's: fast/kernels/cache_attention.py reads it in place).
 The forward reads as project -> position -> cache -> attend. What every layer shares in one
 forward pass (RoPE's cos/sin, the mask) is built once by the decoder (`attention_inputs`):
 RoPE rotates q and k here; ALiBi is an additive bias in the mask; learned and sinusoidal
@@ -143,6 +144,9 @@ class Attention(nn.Module):
             self.k_norm = make_norm(cfg.norm, self.hd, cfg.norm_eps, cfg.norm_offset)
         else:
             self.q_norm = self.k_norm = None
+        # A decode step's attention read in place from a 16-bit cache, where the plan gives one
+        # (fast/kernels/cache_attention.py, the eager engine's): else the cache is read upcast below.
+        self.cache_reader = None
 
     def forward(self, x: torch.Tensor, inputs: AttentionInputs, cache: Cache | None = None) -> torch.Tensor:
         """x (b, t, D) -> (b, t, D)."""
@@ -159,6 +163,9 @@ class Attention(nn.Module):
         keys = None
         if cache is not None:
             k, v = cache.update(self.layer, k, v)  # (b, n_kv, s, hd)
+            if self.cache_reader is not None and self.cache_reader.covers(self, q, k, inputs):
+                out = self.cache_reader(q, k, v, self.scale)  # (b, h, 1, hd)
+                return self.wo(out.transpose(1, 2).reshape(b, t, self.h * self.hd))
             k, v = k.to(q.dtype), v.to(q.dtype)  # a 16-bit cache read upcast, to attend in q's dtype
             if t == 1 and inputs.key_rope is None:  # a decode step: keys padded to a bucket, maybe
                 k, v, keys = cache.bucketed(self.layer, k, v)  # (b, n_kv, S >= s, hd)

@@ -147,6 +147,16 @@ TABLE = [
      dict(engine="compiled", kv="bfloat16")),
     ("KV cache: the compiled engine in float32", dict(stored=F32_ONLY, engine="compiled", cpu="AMX"),
      dict(engine="compiled", fmt="float32", kv="float32")),
+    # Eager decode steps read a 16-bit cache in place (cache_reader) where the kernel built and q is float32.
+    ("cache reader: blocks with a float16 cache", dict(stored=Q4_K_M, cpu="AVX2"), dict(kv="float16", cache_reader=True)),
+    ("cache reader: --kv-dtype bfloat16 on a float32 model", dict(stored=F32_ONLY, kv="bfloat16"),
+     dict(cache_reader=True)),
+    ("cache reader: none for a float32 cache", dict(stored=Q4_1_TIED, kv="float32"), dict(cache_reader=False)),
+    ("cache reader: none without the kernel", dict(stored=Q4_1_TIED, kernel=False, kv="float16"),
+     dict(activations="bfloat16", cache_reader=False)),
+    ("cache reader: none under bfloat16 activations", dict(stored=Q4_1_TIED, fmt="q8", cpu="AVX2"),
+     dict(kv="bfloat16", cache_reader=False)),
+    ("cache reader: none for the compiled engine", dict(stored=Q4_1_TIED, built=512), dict(cache_reader=False)),
 ]
 
 
@@ -191,6 +201,7 @@ def test_describe_says_every_choice(monkeypatch):
                  "q8 dequantizes from 64 rows", "blocks never dequantizes", "batch engine", "llamablock compile", "kind AVX-512", "header: ",
                  "KV cache bfloat16", "16-bit KV cache: float16"):
         assert part in text, (part, text)
+    assert "read in place" in _plan(Q4_K_M, monkeypatch=monkeypatch).describe()  # float32 activations, float16 cache
 
 
 def test_a_build_is_found_under_its_kv_dtype(monkeypatch):

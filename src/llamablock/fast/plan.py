@@ -1,8 +1,6 @@
 """How a command runs its model, decided whole before any weight is read (`decide`), and the engine
-built by obeying it (`build`).
-
-Every command that runs a model begins the same way (gpt-fast's main(): resolve once, load once,
-compile in one `if`):
+built by obeying it (`build`). Every command that runs a model begins the same way (gpt-fast's main():
+resolve once, load once, compile in one `if`):
 
     source = open_source(args.model)                          # io/source.py: read once
     plan = decide(source, args.dtype, args.engine, device)    # every choice, and why
@@ -27,7 +25,8 @@ layers are handed what the plan says (tests/fast/test_plan.py states the rules a
 - Blocks: eager layers call the kernel by ctypes, compiled programs the torch operator; rows in groups
   of 8 where this CPU's build is faster so; a prompt from Machine.prefill's blocks rows: a float GEMM.
 - KV cache (`kv_dtype`, --kv-dtype): the CPU's 16-bit type (Machine.kv16) for a quantized model with float32
-  activations (attended upcast to float32), else the activations' dtype."""
+  activations, else the activations' dtype; a 16-bit one read upcast to float32, but in place by eager decode
+  steps where the kernel built (`cache_reader`: fast/kernels/cache_attention.py)."""
 
 from __future__ import annotations
 
@@ -43,6 +42,7 @@ from torch import nn
 from llamablock.fast import machine as machines
 from llamablock.fast.compiled import builds
 from llamablock.fast.formats import CHOICES, FORMATS, GGUF_TYPES, PACKED, dir_format, load_dtype
+from llamablock.fast.kernels import cache_attention
 from llamablock.fast.kernels.ggml_kernel import BLOCK_BYTES, GROUPABLE
 from llamablock.fast.kernels.native import native_decoder
 from llamablock.fast.kernels.quant import apply_dtype
@@ -80,11 +80,11 @@ class Plan:
     reader: str = ""  # which GGUF header reader read the file, and why (io/gguf_fast_reader.py)
     kv: str = "float32"  # the KV cache's dtype (kv_dtype)
     scaled: str = ""  # the flags' context and RoPE scaling where they rescaled it (builds.scaled_name), else ""
+    cache_reader: bool = False  # eager decode steps read the 16-bit KV cache in place (the module docstring)
 
     @property
     def serving(self) -> str:
-        """How a server decodes its rows: "compiled batch" (the compiled step, one row bucket per
-        count of rows, --parallel 1 included) or "batch" (the eager batch engine)."""
+        """How a server decodes: "compiled batch" (the compiled step, a row bucket per row count) or "batch" (eager)."""
         return "compiled batch" if self.engine == "compiled" else "batch"
 
     def weights(self) -> str:
@@ -100,15 +100,13 @@ class Plan:
         built = f", built for {self.built} tokens" if self.built else ""
         lines = [f"plan: {self.engine} engine on {self.device}{built}, batch {self.batch}; a server decodes with the "
                  f"{self.serving} engine", f"  weights: {self.weights()}",
-                 f"  context: {self.context} tokens, RoPE scaling {self.scaling}; KV cache {self.kv}"]
+                 f"  context: {self.context} tokens, RoPE scaling {self.scaling}; KV cache {self.kv}"
+                 f"{', read in place by decode steps' if self.cache_reader else ''}"]
         if used := [f for f in self.prefill if f in (*self.formats.values(), self.head)]:  # for a GEMM
             lines.append("  prefill: " + ", ".join(f"{f} dequantizes from {self.prefill[f]} rows" if self.prefill[f]
                                                    is not None else f"{f} never dequantizes" for f in used))
         lines += [f"  {why}" for why in self.reasons] + ([f"  {self.note}"] if self.note else [])
-        if self.machine:
-            lines.append(f"  machine: {self.machine}")
-        if self.reader:
-            lines.append(f"  header: {self.reader}")
+        lines += [f"  {label}: {text}" for label, text in (("machine", self.machine), ("header", self.reader)) if text]
         return "\n".join(lines)
 
 
@@ -234,7 +232,9 @@ def decide(source: ModelSource, fmt: str = "auto", engine: str = "auto", device:
                 else _not_built(source, batch))
         fields = (_own_precision(source, machine, "ctypes") if fmt == "auto" and source.kind == "gguf" else
                   _in_format(source, dir_format(source.stored["*"], source.where) if fmt == "auto" else fmt, machine))
-        return Plan("eager", fmt, device, note=note, kv=kv_dtype(kv, fields, machine.kv16), **fields, **common)
+        kv = kv_dtype(kv, fields, machine.kv16)
+        in_place = machine.kernel and kv != "float32" and fields["activations"] == "float32"
+        return Plan("eager", fmt, device, note=note, kv=kv, cache_reader=in_place, **fields, **common)
     return Plan("compiled", compiled_fmt, device, built=built, autotune=builds.autotuned(source.path, name),
                 **fields, **common)
 
@@ -254,9 +254,8 @@ class Built:
 
 
 def _binding(plan: Plan, notify=None):
-    """The function block layers call: the ctypes kernel, or the torch operator compiled programs trace
-    (built on first use; where it cannot be, the ctypes kernel with one line: those programs run eagerly),
-    with the machine's rows from which a prefill dequantizes for a float GEMM (ggml_kernel.matmul's gemm_from)."""
+    """The function block layers call: the ctypes kernel, or the torch operator compiled programs trace (where it
+    cannot be built, the ctypes kernel with one line), with Machine.prefill's blocks rows (matmul's gemm_from)."""
     from llamablock.fast.kernels import block_op, ggml_kernel
 
     operator = plan.binding == "operator" and block_op.load()
@@ -291,6 +290,8 @@ def build(source: ModelSource, plan: Plan, notify=None) -> Built:
     here (`prepare` does it, loading or compiling its programs); `notify` gets its build lines."""
     model, what = load_model(source, plan, notify)
     if plan.engine == "eager":
+        if plan.cache_reader:
+            cache_attention.attach(model)
         return Built(model, EagerEngine(model, what, kv_dtype=getattr(torch, plan.kv)))
     from llamablock.fast.compiled.aoti_engine import AOTIEngine
 
@@ -301,10 +302,9 @@ def build(source: ModelSource, plan: Plan, notify=None) -> Built:
 
 def eager_beside(built: Built, plan: Plan) -> nn.Module:
     """An eager model beside a compiled engine, from the weights already read (a server runs the
-    requests its engine does not cover on it): the engine's float model itself, or a quantized copy
-    of it for q8/q4. That is the dequantize-then-quantize path, whose logits equal the native
-    load's for a file of one format (tests/fast/kernels/test_native.py); a file mixing formats runs every
-    weight in the engine's one format here, where the native load keeps each tensor's own."""
+    requests its engine does not cover on it): the engine's float model itself, or a quantized copy of it for
+    q8/q4: the dequantize-then-quantize path, whose logits equal the native load's for a file of one format
+    (tests/fast/kernels/test_native.py); a file mixing formats runs in the engine's one format here."""
     fmt = built.engine.fmt
     return apply_dtype(copy.deepcopy(built.model), fmt, plan.prefill) if fmt in PACKED else built.model
 
@@ -316,9 +316,8 @@ def load_in_format(source: ModelSource, fmt: str = "auto", device: str = "cpu",
 
 
 def load_gguf_native(path, rope_layout: str = "half", engine: str = "eager") -> tuple[nn.Module, dict]:
-    """(model, {format: tensors}) of a GGUF file by path in its own precision, its q/k rows in `rope_layout`,
-    as the `engine` ("eager", or "compiled": block layers bound to the operator programs call)
-    would load it: the one-call form for tests and benchmarks."""
+    """(model, {format: tensors}) of a GGUF file by path in its own precision, its q/k rows in `rope_layout`, as the
+    `engine` ("eager", or "compiled": block layers bound to the operator programs call) would load it: for tests."""
     from llamablock.io.source import open_source
 
     source = open_source(path, tokenizer=False)

@@ -110,6 +110,11 @@ def _open(path: Path) -> ctypes.CDLL:
         lib.lb_dequantize.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
                                       ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int]
         lib.lb_group_rows.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int]
+        sizes = [ctypes.c_int64] * 5  # n_kv, g, hd, head_stride, n: fast/kernels/cache_attention.py
+        lib.lb_cache_scores.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, *sizes, ctypes.c_float,
+                                        ctypes.c_void_p, ctypes.c_int]
+        lib.lb_cache_values.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, *sizes, ctypes.c_void_p,
+                                        ctypes.c_int]
         check_table(lib)
     except AttributeError as e:
         build.unload(lib)
