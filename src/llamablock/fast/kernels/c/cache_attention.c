@@ -3,7 +3,7 @@
    (fast/kernels/cache_attention.py). torch's float32 attention needs a 16-bit cache upcast first: a
    float32 copy of every filled slot, in every layer, at every step, written and read again, which
    at a few thousand tokens costs more than the attention's own reads (`llamablock bench
-   cache_attention`). Here each key and value is converted as it is read, into a row's buffer that
+   cache_attention`). Here each key and value is converted as it is read, into a tile's buffer that
    stays in L1; the conversion is exact (every float16 and bfloat16 is a float32), and the maths is
    float32 as torch's: scores = (q . k) scale, torch's softmax between the two calls, then
    out = sum_j p_j v_j. The sums run in another order than MKL's, so the output agrees with the
@@ -13,11 +13,11 @@
    Layout (grouped-query attention, g = h / n_kv query heads per key-value head): q and out are
    (n_kv g, hd) float32, query head kv g + i reading key-value head kv; k and v are one sequence's
    layer buffer, head kv's slot j at element kv head_stride + j hd (a cache of any length L, its
-   first n slots read); scores and p are (n_kv g, n) float32. Threads split (head, 64 keys) tiles for
-   the scores and (head, 16 columns) tiles for the values: every query of a group meets a key or
-   value row while it is in cache, and no two threads write one output. The x86 builds (AVX2, FMA,
-   F16C) compute 8 keys' scores, or 16 columns of 4 queries' outputs, in registers at a time; the
-   portable build the same sums one at a time. */
+   first n slots read); scores and p are (n_kv g, n) float32. Threads split (head, 64 slots) tiles,
+   which read their rows front to back, and every query of a group meets a row while it is in
+   cache; the values' tiles sum apart and are then added in order (lb_cache_values). The x86 builds
+   (AVX2, FMA, F16C) compute 8 keys' scores, or 16 columns of 4 queries' outputs, in registers at a
+   time; the portable build the same sums one at a time. */
 
 #include <stdlib.h>
 
