@@ -54,6 +54,10 @@ def test_a_program_over_another_cache_dtype_is_another_package(tiny):
     keys = {kv: package_key(StaticDecoder(tiny, 256, kv_dtype=kv), "float32", {}, "step", example, "w")
             for kv in (torch.float32, torch.bfloat16, torch.float16)}
     assert len(set(keys.values())) == 3
+    # a program that reads its cache by the kernel's operators (over blocks: StaticEngine.in_place) is another too
+    in_place = package_key(StaticDecoder(tiny, 256, kv_dtype=torch.float16, in_place=True), "float32", {}, "step",
+                           example, "w")
+    assert in_place != keys[torch.float16]
 
 
 def test_a_build_is_recorded_under_its_kv_dtype(tiny, tmp_path, monkeypatch):

@@ -146,3 +146,45 @@ def test_attach_gives_every_attention_layer_one_reader():
     assert cache_attention.attach(model)
     readers = {id(m.cache_reader) for m in model.modules() if isinstance(m, Attention)}
     assert len(readers) == 1 and None not in readers
+
+
+def test_the_operators_compute_what_the_ctypes_reader_does():
+    """torch.ops.llamablock.cache_scores and cache_values (block_op.cpp, what compiled steps call) against
+    read_cache row by row, bit for bit: the same C. Each row of the batch reads the first n of L slots."""
+    from llamablock.fast.kernels import block_op
+
+    assert block_op.load(), block_op.why_not()
+    gen = torch.Generator().manual_seed(4)
+    q = torch.randn(2, 8, 64, generator=gen)
+    k, v = (torch.randn(2, 2, 90, 64, generator=gen).half() for _ in range(2))
+    scores = torch.ops.llamablock.cache_scores(q, k, 70, 0.125)
+    out = torch.ops.llamablock.cache_values(torch.softmax(scores, -1), v)
+    assert scores.shape == (2, 8, 70) and out.shape == (2, 8, 64)
+    for r in range(2):
+        want = read_cache(q[r, :, None][None], k[r:r + 1, :, :70], v[r:r + 1, :, :70], 0.125)
+        assert torch.equal(out[r], want[0, :, 0]), r
+    torch.library.opcheck(torch.ops.llamablock.cache_scores, (q, k, 70, 0.125))  # the schema and the shapes
+    torch.library.opcheck(torch.ops.llamablock.cache_values, (torch.softmax(scores, -1), v))  # tracing sees
+
+
+def test_the_static_layout_reads_the_cache_as_the_eager_engine_does(tmp_path):
+    """Over a file's blocks with a float16 cache, the static layout (what the compiled engine compiles, run
+    eagerly here) reads the cache through the operators and the eager engine through ctypes: the same C,
+    so the same logits, bit for bit, along a prompt and its steps."""
+    from gguf_tiny import write_tiny_gguf
+    from hf_reference import tiny_hf_model
+
+    from llamablock.fast.compiled.static_engine import StaticEngine
+    from llamablock.fast.plan import load_gguf_native
+
+    f = tmp_path / "tiny.gguf"
+    write_tiny_gguf(f, tiny_hf_model("llama", n_heads=4, n_kv=2, hidden_size=64, intermediate_size=128, head_dim=16),
+                    qtype="Q4_1")
+    model = load_gguf_native(f, engine="compiled")[0].eval()
+    ids = torch.randint(0, model.cfg.vocab_size, (1, 40), generator=torch.Generator().manual_seed(5))
+    eager = EagerEngine(model, kv_dtype=torch.float16)
+    assert cache_attention.attach(model)
+    static = StaticEngine(model, "blocks", kv_dtype=torch.float16)
+    assert static.in_place
+    with torch.no_grad():
+        assert torch.equal(logits_along(static, ids, 20), logits_along(eager, ids, 20))

@@ -97,15 +97,15 @@ def weights_name(static, weights_id: str | None = None) -> str:
 
 def package_key(static, fmt: str, options: dict, method: str, example: tuple, digest: str | None = None,
                 lengths: tuple[int, int] | None = None) -> str:
-    """A hash of everything a compiled program depends on: its weights (constants in it), the
-    config, format, cache length and dtype, the function, its input shapes and length range, inductor
-    options, torch, llamablock's source."""
+    """A hash of everything a compiled program depends on: its weights (constants in it), the config, format,
+    cache length and dtype (another dtype, another program) and whether the operators read it (`in_place`),
+    the function, its input shapes and length range, inductor options, torch, llamablock's source."""
     h = hashlib.blake2b(digest_size=16)
     cfg = json.dumps(dataclasses.asdict(static.cfg), sort_keys=True, default=str)
     opts = json.dumps(options, sort_keys=True, default=str)
     shapes = [tuple(t.shape) for t in example]
     symbolic = "" if lengths is None else f"|lengths {lengths}"
-    symbolic += f"|kv {static.cache.keys[0].dtype}"  # the cache tensors it takes: another dtype, another program
+    symbolic += f"|kv {static.cache.keys[0].dtype}" + ("|in place" if static.in_place else "")
     h.update(f"{torch.__version__}|{fmt}|{static.length}|{static.batch}|{method}|{shapes}{symbolic}|{opts}|{cfg}".encode())
     h.update((digest or weights_digest(static)).encode())
     h.update(source_digest().encode())

@@ -191,15 +191,23 @@ class _Layer(nn.Module):
         return x + self.ffn(self.norm2(x))
 
     def step(self, x: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-             allowed: torch.Tensor, cache: StaticKVCache) -> torch.Tensor:
+             allowed: torch.Tensor, cache: StaticKVCache, in_place: bool = False) -> torch.Tensor:
         """x (b, 1, D) at position pos, (1,) shared or (b,) one per row; allowed (1 or b, 1, 1, n)
-        bool: which of the first n slots (the filled ones) each row's token may see."""
+        bool: which of the first n slots (the filled ones) each row's token may see. `in_place`: the
+        cache read by the kernel's operators (StaticDecoder's `in_place`), else by products and sums."""
         b = x.shape[0]
         q, k, v = self._qkv(self.norm1(x), cos, sin)
         keys, values = cache.write(self.index, pos, k, v)  # (b, n_kv, L, hd) each, written in place
         n = allowed.shape[-1]  # the filled slots read: n <= L (StaticDecoder.step)
-        keys, values = keys[:, :, :n], values[:, :, :n]  # (b, n_kv, n, hd) each, views
         g = self.h // self.n_kv
+        if in_place:  # fast/kernels/block_op.cpp: each row's first n slots, converted as they are read
+            scores = torch.ops.llamablock.cache_scores(q.reshape(b, self.h, self.hd).contiguous(), keys, n,
+                                                       self.hd**-0.5).view(b, self.n_kv, g, n)
+            probs = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)  # (b, n_kv, g, n) float32
+            out = torch.ops.llamablock.cache_values(probs.view(b, self.h, n), values)  # (b, h, hd)
+            x = x + self.wo(out.to(q.dtype).reshape(b, 1, self.h * self.hd))
+            return x + self.ffn(self.norm2(x))
+        keys, values = keys[:, :, :n], values[:, :, :n]  # (b, n_kv, n, hd) each, views
         qg = q.reshape(b, self.n_kv, g, self.hd)  # a group's query heads stacked, as llamablock.attention
         # Scores and output as products and sums, not matmuls: inductor's GEMM templates (the
         # bfloat16, q8 and q4 steps) copy and repack all L keys and values into their own layout at
@@ -220,12 +228,14 @@ class StaticDecoder(nn.Module):
     The fused matrices are new tensors (over a file's blocks, the model's q/k/v and gate/up then view
     their rows: share_rows); the norms, output projections, embedding and head are shared with
     `model` (no copy); `layers` reuses another StaticDecoder's fused layers; the cache is kept in `kv_dtype` (default the model's dtype) and
-    read upcast to float32. `step` is the function to compile (llamablock.fast.compiled.static_engine);
+    read upcast to float32, or with `in_place` by the kernel's operators (fast/kernels/block_op.py, loaded first),
+    which convert each key and value as they read it, as the eager engine's reader does (cache_attention.py).
+    `step` is the function to compile (llamablock.fast.compiled.static_engine);
     the cache is a plain attribute, not module state, so a compiled program can take it as input.
     """
 
     def __init__(self, model, length: int, batch: int = 1, kv_dtype: torch.dtype | None = None,
-                 layers: nn.ModuleList | None = None):
+                 layers: nn.ModuleList | None = None, in_place: bool = False):
         super().__init__()
         cfg = model.cfg
         reason = unsupported_reason(cfg)
@@ -235,6 +245,7 @@ class StaticDecoder(nn.Module):
             raise ValueError(f"cache length must be in 1..{cfg.max_seq_len}, got {length}")
         dtype = model.embed.weight.dtype
         self.cfg, self.length, self.batch = cfg, length, batch
+        self.in_place = in_place  # steps read the cache through the kernel's operators (block_op.load() first)
         self.embed, self.final_norm, self.head = model.embed, model.final_norm, model.head
         # `layers`: another length's fused layers (they do not depend on the length), reused so that
         # a longer cache does not fuse, and hold, the weights again
@@ -284,5 +295,5 @@ class StaticDecoder(nn.Module):
         n = filled(pos, self.length)
         allowed = allowed_slots(pos, self.slots[:n], self.cfg.sliding_window)[:, None, None]  # (1 or b, 1, 1, n)
         for layer in self.layers:
-            x = layer.step(x, pos, cos, sin, allowed, self.cache)
+            x = layer.step(x, pos, cos, sin, allowed, self.cache, self.in_place)
         return self._logits(x)

@@ -21,7 +21,7 @@ request longer than the cache rebuilds the static layout at the next power-of-tw
 the block kernel's types (Q4_0 ... Q8_0, the K types): its BlockLinear layers are fused as rows of blocks, never quantized again,
 and keep the binding the plan gave them (the torch operator, for programs to call). `kv_dtype` is
 the static cache's dtype (the plan's kv_dtype; default the model's), which the step reads upcast
-to float32.
+to float32, and over blocks in place, through the kernel's operators (`in_place`; block_op.cpp).
 """
 
 
@@ -37,6 +37,7 @@ from llamablock.fast.compiled.static_decode import (
     unsupported_reason,
 )
 from llamablock.fast.formats import FORMATS, PACKED, load_dtype
+from llamablock.fast.kernels import block_op
 from llamablock.fast.kernels.quant import PREFILL_ROWS, quantize_model
 
 # The compiled prefill takes prompts of PREFILL_MIN to L - 1 tokens (L the cache length; a longer
@@ -73,6 +74,8 @@ class StaticEngine:
         if batch <= 0:
             raise ValueError(f"batch must be a positive integer, got {batch!r}")
         self.model, self.cfg, self.fmt, self.batch = model, model.cfg, fmt, batch
+        # over a file's blocks the kernel's operators are there (block_op.load()): steps read the 16-bit cache in place
+        self.in_place = fmt == "blocks" and block_op.load()
         self.kv_dtype = kv_dtype or dtype
         self.crossovers = prefill  # the packed layers' prefill crossovers (the plan's), for quantize_model
         self.static: StaticDecoder | None = None
@@ -101,7 +104,8 @@ class StaticEngine:
         length = cache_length(total_tokens, self.cfg.max_seq_len)
         with torch.no_grad():
             reuse = self.static.layers if self.static is not None and self.fmt not in PACKED else None
-            static = StaticDecoder(self.model, length, batch=self.batch, kv_dtype=self.kv_dtype, layers=reuse)
+            static = StaticDecoder(self.model, length, batch=self.batch, kv_dtype=self.kv_dtype, layers=reuse,
+                                   in_place=self.in_place)
             if self.fmt in PACKED:
                 quantize_model(static, self.fmt, prefill=self.crossovers)
         self.static, self._buckets = static, {}

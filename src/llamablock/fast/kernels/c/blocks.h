@@ -147,6 +147,13 @@ int lb_dequantize(int type, int layout, const uint8_t *w, int64_t n, int64_t k, 
 /* W (n, k) in the file's order reordered in place into groups of 8 rows (LB_GROUPS; n a multiple of 8):
    layout.c, what fast/kernels/file_blocks.py group_rows computes in torch. An LB_ result. */
 int lb_group_rows(int type, uint8_t *w, int64_t n, int64_t k, int threads);
+/* A decode step's attention over one sequence's KV cache buffer (dtype 0 float32, 1 float16, 2
+   bfloat16; head kv's slot j at kv head_stride + j hd), its first n slots: scores (n_kv g, n) =
+   (q . k) scale, then out (n_kv g, hd) = sum_j p_j v_j (cache_attention.c). LB_ results. */
+int lb_cache_scores(int dtype, const float *q, const void *k, int64_t n_kv, int64_t g, int64_t hd,
+                    int64_t head_stride, int64_t n, float scale, float *scores, int threads);
+int lb_cache_values(int dtype, const float *p, const void *v, int64_t n_kv, int64_t g, int64_t hd,
+                    int64_t head_stride, int64_t n, float *out, int threads);
 int lb_block_bytes(int type);   /* LB_TYPES' bytes per block, 0 for a type not computed here */
 int lb_block_weights(int type); /* LB_TYPES' weights per block, 0 likewise */
 int lb_block_groups(int type);  /* 1 where the type has the grouped layout (LB_GROUPS), else 0 */
