@@ -97,8 +97,27 @@ static void scores_tile(int dtype, const float *q, const char *k, int64_t kv, in
     }
 }
 
+#if defined(__AVX2__) && defined(__FMA__)
+/* Q queries' (1 to 4: a constant at each call, so their 2 Q sums stay in registers) 16 columns from c0,
+   over `count` rows of the tile from slot j0: out (Q rows of hd) += sum_j p_j v_j. */
+static LB_INLINE void values_queries(const int Q, const float *pi, int64_t n, const float *rows, int64_t hd,
+                                     int64_t count, int64_t j0, int64_t c0, float *out) {
+    __m256 acc[4][2];
+    for (int i = 0; i < Q; i++) acc[i][0] = _mm256_loadu_ps(out + i * hd), acc[i][1] = _mm256_loadu_ps(out + i * hd + 8);
+    for (int64_t j = 0; j < count; j++) {
+        const __m256 v0 = _mm256_loadu_ps(rows + j * hd + c0), v1 = _mm256_loadu_ps(rows + j * hd + c0 + 8);
+        for (int i = 0; i < Q; i++) {
+            const __m256 w = _mm256_broadcast_ss(pi + i * n + j0 + j);
+            acc[i][0] = _mm256_fmadd_ps(w, v0, acc[i][0]);
+            acc[i][1] = _mm256_fmadd_ps(w, v1, acc[i][1]);
+        }
+    }
+    for (int i = 0; i < Q; i++) _mm256_storeu_ps(out + i * hd, acc[i][0]), _mm256_storeu_ps(out + i * hd + 8, acc[i][1]);
+}
+#endif
+
 /* Slots j0..j1-1 of head kv (at most KEYS) against its g queries' weights: part (g, hd) = sum_j p_j v_j.
-   The slots are converted once into `rows`; then 16 columns of 4 queries at a time sum in registers. */
+   The slots are converted once into `rows`; then 16 columns of up to 4 queries at a time sum in registers. */
 static void values_tile(int dtype, const float *p, const char *v, int64_t kv, int64_t g, int64_t hd, int64_t n,
                         int64_t j0, int64_t j1, float *part, int64_t size) {
     float rows[KEYS * MAX_HD / 4];
@@ -108,45 +127,25 @@ static void values_tile(int dtype, const float *p, const char *v, int64_t kv, in
         const int64_t b = a + fit < j1 ? a + fit : j1;
         for (int64_t j = a; j < b; j++) to_float(dtype, v + j * hd * size, rows + (j - a) * hd, hd);
         for (int64_t c0 = 0; c0 < hd; c0 += SLICE) {
-            int64_t i0 = 0;
 #if defined(__AVX2__) && defined(__FMA__)
-            for (; i0 + 4 <= g; i0 += 4) { /* 4 queries' 16 columns in 8 registers */
-                __m256 acc[4][2];
-                for (int i = 0; i < 4; i++) {
-                    acc[i][0] = _mm256_loadu_ps(part + (i0 + i) * hd + c0);
-                    acc[i][1] = _mm256_loadu_ps(part + (i0 + i) * hd + c0 + 8);
-                }
+            for (int64_t i0 = 0; i0 < g; i0 += 4) { /* 4 queries at a time, the rest (3, 2 or 1) together */
                 const float *pi = p + (kv * g + i0) * n;
-                for (int64_t j = a; j < b; j++) {
-                    const __m256 v0 = _mm256_loadu_ps(rows + (j - a) * hd + c0), v1 = _mm256_loadu_ps(rows + (j - a) * hd + c0 + 8);
-                    for (int i = 0; i < 4; i++) {
-                        const __m256 w = _mm256_broadcast_ss(pi + i * n + j);
-                        acc[i][0] = _mm256_fmadd_ps(w, v0, acc[i][0]);
-                        acc[i][1] = _mm256_fmadd_ps(w, v1, acc[i][1]);
-                    }
-                }
-                for (int i = 0; i < 4; i++) {
-                    _mm256_storeu_ps(part + (i0 + i) * hd + c0, acc[i][0]);
-                    _mm256_storeu_ps(part + (i0 + i) * hd + c0 + 8, acc[i][1]);
+                float *out = part + i0 * hd + c0;
+                switch (g - i0 < 4 ? g - i0 : 4) {
+                    case 4: values_queries(4, pi, n, rows, hd, b - a, a, c0, out); break;
+                    case 3: values_queries(3, pi, n, rows, hd, b - a, a, c0, out); break;
+                    case 2: values_queries(2, pi, n, rows, hd, b - a, a, c0, out); break;
+                    default: values_queries(1, pi, n, rows, hd, b - a, a, c0, out);
                 }
             }
-#endif
-            for (int64_t i = i0; i < g; i++) { /* the rest one query at a time (a group of 3, 5, 6 ...) */
+#else
+            for (int64_t i = 0; i < g; i++) {
                 const float *pi = p + (kv * g + i) * n;
                 float *acc = part + i * hd + c0;
-#if defined(__AVX2__) && defined(__FMA__)
-                __m256 a0 = _mm256_loadu_ps(acc), a1 = _mm256_loadu_ps(acc + 8);
-                for (int64_t j = a; j < b; j++) {
-                    const __m256 w = _mm256_broadcast_ss(pi + j);
-                    a0 = _mm256_fmadd_ps(w, _mm256_loadu_ps(rows + (j - a) * hd + c0), a0);
-                    a1 = _mm256_fmadd_ps(w, _mm256_loadu_ps(rows + (j - a) * hd + c0 + 8), a1);
-                }
-                _mm256_storeu_ps(acc, a0), _mm256_storeu_ps(acc + 8, a1);
-#else
                 for (int64_t j = a; j < b; j++)
                     for (int d = 0; d < SLICE; d++) acc[d] += pi[j] * rows[(j - a) * hd + c0 + d];
-#endif
             }
+#endif
         }
     }
 }
