@@ -8,8 +8,10 @@ position P it prefills P random tokens, then the two readings alternate (llamabl
 a block of STEPS greedy steps from P (the cache's length set back to P before each block, so both
 decode the same slots). The logits of one step are compared (float32 rounding apart, not bit for bit:
 the sums run in another order). Models: the embedded SmolLM2-135M (Q4_1) and, full runs only, the
-1B Q4_0 file `bench size` writes (Llama-3.2-1B's shape; written once into the user's cache).
---quick: SmolLM2 at two short positions.
+1B Q4_0 file `bench size` writes (Llama-3.2-1B's shape; written once into the user's cache). Full runs
+also time SmolLM2's compiled step (two AOTInductor builds, minutes each): its cache read by products
+and sums over keys.float() against in place, through the operators (fast/kernels/block_op.cpp).
+--quick: SmolLM2's eager step at two short positions.
 """
 
 from __future__ import annotations
@@ -69,6 +71,41 @@ def _rows(label: str, path, positions: list[int], repeats: int) -> list[list[str
     return rows
 
 
+def _compiled_rows(label: str, path, positions: list[int], repeats: int) -> list[list[str]]:
+    """The compiled step (AOTInductor over the file's blocks, no autotuning) with its cache read by
+    products and sums over keys.float() against the operators (StaticEngine.in_place): two programs."""
+    from llamablock.fast.compiled.aoti_engine import AOTIEngine
+    from llamablock.fast.plan import decide, load_gguf_native
+    from llamablock.io.source import open_source
+    from llamablock.util.denormals import flushed_denormals
+    from llamablock.util.timing import time_calls
+
+    kv = getattr(torch, decide(open_source(path, tokenizer=False), "auto", "compiled").kv)
+    model = load_gguf_native(path, engine="compiled")[0].eval()
+    engines = {}
+    for in_place in (False, True):
+        engine = AOTIEngine(model, "blocks", autotune=False, kv_dtype=kv)
+        engine.in_place = in_place  # before its programs are built: another package each
+        engine.prepare(max(positions) + STEPS + 1)
+        engines["in place" if in_place else "sums"] = engine
+    ids = torch.randint(0, model.cfg.vocab_size, (1, max(positions) + STEPS),
+                        generator=torch.Generator().manual_seed(0))
+    rows = []
+    with torch.inference_mode(), flushed_denormals():
+        for pos in positions:
+            for engine in engines.values():
+                engine.prefill(ids[:, :pos])
+            block = {name: (lambda e=e, pos=pos: [e.step(ids[:, p:p + 1], p) for p in range(pos, pos + STEPS)][-1])
+                     for name, e in engines.items()}
+            got, want = block["in place"](), block["sums"]()
+            diff = (got - want).abs().max().item() / want.abs().max().item()
+            t = time_calls(block, repeats=repeats, warmup=1)
+            a, b = t["in place"]["median"] / STEPS, t["sums"]["median"] / STEPS
+            rows.append([label, str(pos), str(kv).removeprefix("torch."), f"{b * 1e3:.1f}", f"{a * 1e3:.1f}",
+                         f"{b / a:.2f}x", f"{diff:.1e}"])
+    return rows
+
+
 def run(quick: bool = False) -> list[Section]:
     from llamablock.io.resolve import resolve_model
 
@@ -81,8 +118,19 @@ def run(quick: bool = False) -> list[Section]:
         from benchmarks.bench_size import SHAPE, files
 
         sec.rows += _rows("1B Q4_0 (bench size's file)", files(["Q4_0"], SHAPE)["Q4_0"], [64, 1024, 4096], repeats)
+    sections = [sec]
+    if not quick:  # two AOTInductor builds of SmolLM2 (minutes each)
+        comp = Section(f"Compiled decode step (AOTInductor over the file's blocks, no autotuning) at position P, ms "
+                       f"(medians of {repeats} interleaved blocks of {STEPS} steps)",
+                       ["model", "P", "KV cache", "products and sums", "in place", "speed-up",
+                        "largest logit difference, relative"])
+        comp.rows += _compiled_rows("SmolLM2-135M Q4_1", resolve_model(None), [64, 1024, 4096], repeats)
+        comp.notes.append("Products and sums over keys.float() are what inductor compiles from torch ops; in place, "
+                          "the step calls llamablock::cache_scores and cache_values (block_op.cpp), the eager "
+                          "reader's C, so the two engines' attention is the same.")
+        sections.append(comp)
     sec.notes.append("The upcast reading copies each layer's filled keys and values to float32 before two batched "
                      "matmuls; in place, each key and value is converted as it is read. The logits differ by "
                      "float32 rounding (the two sum in other orders), grown through the layers, whose block kernel "
                      "rounds each layer's input to 16 bits.")
-    return [sec]
+    return sections
