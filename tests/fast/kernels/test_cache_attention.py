@@ -148,23 +148,24 @@ def test_attach_gives_every_attention_layer_one_reader():
     assert len(readers) == 1 and None not in readers
 
 
-def test_the_operators_compute_what_the_ctypes_reader_does():
-    """torch.ops.llamablock.cache_scores and cache_values (block_op.cpp, what compiled steps call) against
-    read_cache row by row, bit for bit: the same C. Each row of the batch reads the first n of L slots."""
+def test_the_operator_computes_what_the_ctypes_reader_does():
+    """torch.ops.llamablock.cache_attention (block_op.cpp, what compiled steps call) reads the first n of L
+    slots: row 0 all of them, equal to read_cache bit for bit (the same C and softmax); row 1 masked
+    after its own slot 49, as a batch's shorter row is, within the bound of float64 attention over its
+    50 slots (the softmax then sums 70 terms, 20 of them 0, in another grouping than over 50)."""
     from llamablock.fast.kernels import block_op
 
     assert block_op.load(), block_op.why_not()
     gen = torch.Generator().manual_seed(4)
     q = torch.randn(2, 8, 64, generator=gen)
     k, v = (torch.randn(2, 2, 90, 64, generator=gen).half() for _ in range(2))
-    scores = torch.ops.llamablock.cache_scores(q, k, 70, 0.125)
-    out = torch.ops.llamablock.cache_values(torch.softmax(scores, -1), v)
-    assert scores.shape == (2, 8, 70) and out.shape == (2, 8, 64)
-    for r in range(2):
-        want = read_cache(q[r, :, None][None], k[r:r + 1, :, :70], v[r:r + 1, :, :70], 0.125)
-        assert torch.equal(out[r], want[0, :, 0]), r
-    torch.library.opcheck(torch.ops.llamablock.cache_scores, (q, k, 70, 0.125))  # the schema and the shapes
-    torch.library.opcheck(torch.ops.llamablock.cache_values, (torch.softmax(scores, -1), v))  # tracing sees
+    allowed = torch.arange(70)[None, None, None, :] <= torch.tensor([69, 49])[:, None, None, None]  # (2, 1, 1, 70)
+    out = torch.ops.llamablock.cache_attention(q, k, v, allowed, 0.125)
+    assert out.shape == (2, 8, 64) and out.dtype == torch.float32
+    assert torch.equal(out[0], read_cache(q[:1, :, None], k[:1, :, :70], v[:1, :, :70], 0.125)[0, :, 0])
+    exact, bound = _exact_and_bound(q[1:, :, None], k[1:, :, :50], v[1:, :, :50], 0.125)
+    assert (out[1].double() - exact[0, :, 0]).abs().max().item() <= bound
+    torch.library.opcheck(torch.ops.llamablock.cache_attention, (q, k, v, allowed, 0.125))  # schema, fake kernel
 
 
 def test_the_static_layout_reads_the_cache_as_the_eager_engine_does(tmp_path):

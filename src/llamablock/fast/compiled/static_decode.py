@@ -201,10 +201,8 @@ class _Layer(nn.Module):
         n = allowed.shape[-1]  # the filled slots read: n <= L (StaticDecoder.step)
         g = self.h // self.n_kv
         if in_place:  # fast/kernels/block_op.cpp: each row's first n slots, converted as they are read
-            scores = torch.ops.llamablock.cache_scores(q.reshape(b, self.h, self.hd).contiguous(), keys, n,
-                                                       self.hd**-0.5).view(b, self.n_kv, g, n)
-            probs = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)  # (b, n_kv, g, n) float32
-            out = torch.ops.llamablock.cache_values(probs.view(b, self.h, n), values)  # (b, h, hd)
+            out = torch.ops.llamablock.cache_attention(q.reshape(b, self.h, self.hd).contiguous(), keys, values,
+                                                       allowed, self.hd**-0.5)  # (b, h, hd) float32
             x = x + self.wo(out.to(q.dtype).reshape(b, 1, self.h * self.hd))
             return x + self.ffn(self.norm2(x))
         keys, values = keys[:, :, :n], values[:, :, :n]  # (b, n_kv, n, hd) each, views

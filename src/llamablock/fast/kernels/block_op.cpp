@@ -8,6 +8,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cmath>
 
 #include "c/blocks.h"
 
@@ -55,12 +56,13 @@ static at::Tensor block_linear(const at::Tensor &x, const at::Tensor &blocks, in
     return y.reshape(shape);
 }
 
-// The decode step's attention over a KV cache in float32, float16 or bfloat16 (c/cache_attention.c, which
+// A decode step's attention over a KV cache in float32, float16 or bfloat16 (c/cache_attention.c, which
 // fast/kernels/cache_attention.py calls by ctypes for the eager engine): the compiled step reads its
-// static cache in place through these, the cache's first n slots of each row, where products and
-// sums over `keys.float()` read a long cache at a fraction of the memory's rate (`llamablock bench
-// cache_attention`). q (b, h, hd) float32 and a cache buffer (b, n_kv, L, hd) -> scores (b, h, n)
-// float32, (q . k) scale; weights p (b, h, n) float32 and the buffer -> (b, h, hd) float32.
+// static cache in place through this, where products and sums over `keys.float()` read a long cache at
+// a fraction of the memory's rate (`llamablock bench cache_attention`). One call a layer: q (b, h, hd)
+// float32 against a cache buffer (b, n_kv, L, hd), its first n slots, n the last size of `allowed`
+// (1 or b, 1, 1, n) bool, the slots each row may see -> (b, h, hd) float32. Scores (q . k) scale in C,
+// the masked ones -inf, ATen's softmax (the one torch.softmax calls: the eager reader's), values in C.
 static int cache_dtype(const at::Tensor &t) {
     switch (t.scalar_type()) {
         case at::kFloat: return 0;
@@ -71,55 +73,43 @@ static int cache_dtype(const at::Tensor &t) {
     return -1;
 }
 
-static void check_cache(const at::Tensor &rows, const at::Tensor &cache, int64_t n, const char *what) {
-    TORCH_CHECK(rows.scalar_type() == at::kFloat && rows.dim() == 3 && rows.is_contiguous() && cache.dim() == 4 &&
-                    cache.is_contiguous() && cache.size(0) == rows.size(0) && rows.size(1) % cache.size(1) == 0 &&
-                    n >= 1 && n <= cache.size(2),
-                "cache attention: ", what, " (b, h, ...) float32 contiguous against a contiguous cache (b, n_kv, L, hd), "
-                "h a multiple of n_kv, 1 <= n <= L");
-}
-
-static at::Tensor cache_scores(const at::Tensor &q, const at::Tensor &k, int64_t n, double scale) {
-    check_cache(q, k, n, "q");
-    TORCH_CHECK(q.size(2) == k.size(3), "cache attention: q and the keys differ in width");
-    const int64_t b = q.size(0), h = q.size(1), hd = q.size(2), n_kv = k.size(1), L = k.size(2);
+static at::Tensor cache_attention(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
+                                  const at::Tensor &allowed, double scale) {
+    const int64_t n = allowed.size(-1);
+    TORCH_CHECK(q.scalar_type() == at::kFloat && q.dim() == 3 && q.is_contiguous() && k.dim() == 4 &&
+                    k.is_contiguous() && v.sizes() == k.sizes() && v.is_contiguous() &&
+                    v.scalar_type() == k.scalar_type() && k.size(0) == q.size(0) && q.size(1) % k.size(1) == 0 &&
+                    q.size(2) == k.size(3) && allowed.dim() == 4 && n >= 1 && n <= k.size(2),
+                "cache attention: q (b, h, hd) float32 contiguous against contiguous caches (b, n_kv, L, hd) of one "
+                "dtype, h a multiple of n_kv, and `allowed` (1 or b, 1, 1, n), 1 <= n <= L");
+    const int64_t b = q.size(0), h = q.size(1), hd = q.size(2), n_kv = k.size(1), L = k.size(2), g = h / n_kv;
+    const int dtype = cache_dtype(k);
+    const int64_t row = n_kv * L * hd * k.element_size();  // bytes of one row's cache
     at::Tensor scores = at::empty({b, h, n}, q.options());
     for (int64_t r = 0; r < b; r++) {
-        int status = lb_cache_scores(cache_dtype(k), q.data_ptr<float>() + r * h * hd,
-                                     static_cast<const char *>(k.data_ptr()) + r * n_kv * L * hd * k.element_size(),
-                                     n_kv, h / n_kv, hd, L * hd, n, static_cast<float>(scale),
+        int status = lb_cache_scores(dtype, q.data_ptr<float>() + r * h * hd, static_cast<const char *>(k.data_ptr()) + r * row,
+                                     n_kv, g, hd, L * hd, n, static_cast<float>(scale),
                                      scores.data_ptr<float>() + r * h * n, at::get_num_threads());
         TORCH_CHECK(status == LB_OK, "cache attention: heads of a multiple of 16 features up to 512, at most 64 "
                     "queries a group");
     }
-    return scores;
-}
-
-static at::Tensor cache_values(const at::Tensor &p, const at::Tensor &v) {
-    const int64_t n = p.size(2);
-    check_cache(p, v, n, "p");
-    const int64_t b = p.size(0), h = p.size(1), n_kv = v.size(1), L = v.size(2), hd = v.size(3);
-    at::Tensor out = at::empty({b, h, hd}, p.options());
+    at::Tensor probs = at::softmax(scores.view({b, n_kv, g, n}).masked_fill(allowed.logical_not(), -INFINITY), -1);
+    at::Tensor out = at::empty({b, h, hd}, q.options());
     for (int64_t r = 0; r < b; r++) {
-        int status = lb_cache_values(cache_dtype(v), p.data_ptr<float>() + r * h * n,
-                                     static_cast<const char *>(v.data_ptr()) + r * n_kv * L * hd * v.element_size(),
-                                     n_kv, h / n_kv, hd, L * hd, n, out.data_ptr<float>() + r * h * hd,
-                                     at::get_num_threads());
-        TORCH_CHECK(status != LB_NO_MEMORY, "cache attention: no memory for the values' tiles");
-        TORCH_CHECK(status == LB_OK, "cache attention: heads of a multiple of 16 features up to 512, at most 64 "
-                    "queries a group");
+        int status = lb_cache_values(dtype, probs.data_ptr<float>() + r * h * n,
+                                     static_cast<const char *>(v.data_ptr()) + r * row, n_kv, g, hd, L * hd, n,
+                                     out.data_ptr<float>() + r * h * hd, at::get_num_threads());
+        TORCH_CHECK(status == LB_OK, "cache attention: no memory for the values' tiles");
     }
     return out;
 }
 
 TORCH_LIBRARY(llamablock, m) {
     m.def("block_linear(Tensor x, Tensor blocks, int type, int layout=0, int gemm_from=0) -> Tensor");
-    m.def("cache_scores(Tensor q, Tensor k, SymInt n, float scale) -> Tensor");
-    m.def("cache_values(Tensor p, Tensor v) -> Tensor");
+    m.def("cache_attention(Tensor q, Tensor k, Tensor v, Tensor allowed, float scale) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(llamablock, CPU, m) {
     m.impl("block_linear", &block_linear);
-    m.impl("cache_scores", &cache_scores);
-    m.impl("cache_values", &cache_values);
+    m.impl("cache_attention", &cache_attention);
 }

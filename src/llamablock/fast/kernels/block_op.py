@@ -81,13 +81,9 @@ def _register() -> bool:
     def _(x, blocks, type, layout=ROWS, gemm_from=0):  # shapes for tracing: (..., k) -> (..., n) float32
         return x.new_empty((*x.shape[:-1], blocks.shape[0]), dtype=torch.float32)
 
-    @torch.library.register_fake("llamablock::cache_scores")
-    def _(q, k, n, scale):  # (b, h, hd) against a cache (b, n_kv, L, hd) -> (b, h, n) float32
-        return q.new_empty((q.shape[0], q.shape[1], n), dtype=torch.float32)
-
-    @torch.library.register_fake("llamablock::cache_values")
-    def _(p, v):  # (b, h, n) against a cache (b, n_kv, L, hd) -> (b, h, hd) float32
-        return p.new_empty((p.shape[0], p.shape[1], v.shape[3]), dtype=torch.float32)
+    @torch.library.register_fake("llamablock::cache_attention")
+    def _(q, k, v, allowed, scale):  # (b, h, hd) against caches (b, n_kv, L, hd) -> (b, h, hd) float32
+        return q.new_empty(q.shape, dtype=torch.float32)
 
     return True
 
