@@ -93,7 +93,17 @@ static at::Tensor cache_attention(const at::Tensor &q, const at::Tensor &k, cons
         TORCH_CHECK(status == LB_OK, "cache attention: heads of a multiple of 16 features up to 512, at most 64 "
                     "queries a group");
     }
-    at::Tensor probs = at::softmax(scores.view({b, n_kv, g, n}).masked_fill(allowed.logical_not(), -INFINITY), -1);
+    // the slots a row may not see to -inf, in place: allowed (1 or b, 1, 1, n) bool over scores (b, h, n)
+    const at::Tensor mask = allowed.to(at::kBool).contiguous();
+    const bool *seen = mask.data_ptr<bool>();
+    float *score = scores.data_ptr<float>();
+    for (int64_t r = 0; r < b; r++) {
+        const bool *row_seen = seen + (mask.size(0) == 1 ? 0 : r * n);
+        for (int64_t i = 0; i < h; i++)
+            for (int64_t j = 0; j < n; j++)
+                if (!row_seen[j]) score[(r * h + i) * n + j] = -INFINITY;
+    }
+    at::Tensor probs = at::softmax(scores, -1);
     at::Tensor out = at::empty({b, h, hd}, q.options());
     for (int64_t r = 0; r < b; r++) {
         int status = lb_cache_values(dtype, probs.data_ptr<float>() + r * h * n,
