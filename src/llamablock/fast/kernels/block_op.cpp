@@ -79,7 +79,8 @@ static at::Tensor cache_attention(const at::Tensor &q, const at::Tensor &k, cons
     TORCH_CHECK(q.scalar_type() == at::kFloat && q.dim() == 3 && q.is_contiguous() && k.dim() == 4 &&
                     k.is_contiguous() && v.sizes() == k.sizes() && v.is_contiguous() &&
                     v.scalar_type() == k.scalar_type() && k.size(0) == q.size(0) && q.size(1) % k.size(1) == 0 &&
-                    q.size(2) == k.size(3) && allowed.dim() == 4 && n >= 1 && n <= k.size(2),
+                    q.size(2) == k.size(3) && allowed.dim() == 4 && n >= 1 && n <= k.size(2) &&
+                    (allowed.size(0) == 1 || allowed.size(0) == q.size(0)) && allowed.size(1) == 1 && allowed.size(2) == 1,
                 "cache attention: q (b, h, hd) float32 contiguous against contiguous caches (b, n_kv, L, hd) of one "
                 "dtype, h a multiple of n_kv, and `allowed` (1 or b, 1, 1, n), 1 <= n <= L");
     const int64_t b = q.size(0), h = q.size(1), hd = q.size(2), n_kv = k.size(1), L = k.size(2), g = h / n_kv;

@@ -8,7 +8,9 @@ C, torch's softmax (the one the layer's own path calls), then the weighted value
 gives an eager model's attention layers this reader for the steps it covers (`covers`: one new token
 of one sequence, a 16-bit cache, nothing masked, keys cached after rotation, no soft-capping); every
 other call runs the layer's own code. Equal to the upcast path to float32 rounding (the sums run in
-another order), within the bound tests/fast/kernels/test_cache_attention.py states.
+another order), within the bound tests/fast/kernels/test_cache_attention.py states. The compiled step
+over a file's blocks calls the same C and softmax through an operator (block_op.cpp cache_attention),
+so the two engines' attention gives the same bits.
 """
 
 from __future__ import annotations
