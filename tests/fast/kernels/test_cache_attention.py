@@ -189,3 +189,24 @@ def test_the_static_layout_reads_the_cache_as_the_eager_engine_does(tmp_path):
     assert static.in_place
     with torch.no_grad():
         assert torch.equal(logits_along(static, ids, 20), logits_along(eager, ids, 20))
+
+
+def test_heads_the_c_does_not_take_keep_the_static_layout_s_own_reading(tmp_path):
+    """Heads of 8 features (not a multiple of 16): the static layout reads its cache by products and sums,
+    and its steps run (the operator would refuse them); the eager reader does not cover them either."""
+    from gguf_tiny import write_tiny_gguf
+    from hf_reference import tiny_hf_model
+
+    from llamablock.fast.compiled.static_engine import StaticEngine
+    from llamablock.fast.plan import load_gguf_native
+
+    f = tmp_path / "hd8.gguf"
+    write_tiny_gguf(f, tiny_hf_model("llama", n_heads=4, n_kv=2, hidden_size=64, intermediate_size=128, head_dim=8),
+                    qtype="Q4_1")
+    model = load_gguf_native(f, engine="compiled")[0].eval()
+    assert not cache_attention.takes(8, 2) and cache_attention.takes(16, 2)
+    static = StaticEngine(model, "blocks", kv_dtype=torch.float16)
+    assert not static.in_place
+    ids = torch.randint(0, model.cfg.vocab_size, (1, 12), generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        assert torch.isfinite(logits_along(static, ids, 6)).all()

@@ -37,7 +37,7 @@ from llamablock.fast.compiled.static_decode import (
     unsupported_reason,
 )
 from llamablock.fast.formats import FORMATS, PACKED, load_dtype
-from llamablock.fast.kernels import block_op
+from llamablock.fast.kernels import block_op, cache_attention
 from llamablock.fast.kernels.quant import PREFILL_ROWS, quantize_model
 
 # The compiled prefill takes prompts of PREFILL_MIN to L - 1 tokens (L the cache length; a longer
@@ -74,8 +74,11 @@ class StaticEngine:
         if batch <= 0:
             raise ValueError(f"batch must be a positive integer, got {batch!r}")
         self.model, self.cfg, self.fmt, self.batch = model, model.cfg, fmt, batch
-        # over a file's blocks the kernel's operators are there (block_op.load()): steps read the 16-bit cache in place
-        self.in_place = fmt == "blocks" and block_op.load()
+        # over a file's blocks the kernel's operators are there (block_op.load()): steps read the 16-bit cache in
+        # place, for heads the C takes
+        cfg = self.cfg
+        self.in_place = fmt == "blocks" and cache_attention.takes(cfg.head_dim, cfg.n_heads // cfg.n_kv_heads) \
+            and block_op.load()
         self.kv_dtype = kv_dtype or dtype
         self.crossovers = prefill  # the packed layers' prefill crossovers (the plan's), for quantize_model
         self.static: StaticDecoder | None = None

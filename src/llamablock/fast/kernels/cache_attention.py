@@ -9,8 +9,9 @@ gives an eager model's attention layers this reader for the steps it covers (`co
 of one sequence, a 16-bit cache, nothing masked, keys cached after rotation, no soft-capping); every
 other call runs the layer's own code. Equal to the upcast path to float32 rounding (the sums run in
 another order), within the bound tests/fast/kernels/test_cache_attention.py states. The compiled step
-over a file's blocks calls the same C and softmax through an operator (block_op.cpp cache_attention),
-so the two engines' attention gives the same bits.
+over a file's blocks calls the same C and softmax through an operator (block_op.cpp cache_attention):
+given the same q, k and v the two give the same bits, and the static layout run eagerly gives the
+eager engine's logits bit for bit (tests/fast/kernels/test_cache_attention.py).
 """
 
 from __future__ import annotations
@@ -56,6 +57,12 @@ def read_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, 
     return out
 
 
+def takes(hd: int, group: int) -> bool:
+    """Whether the C takes heads of `hd` features with `group` queries to a key-value head (its check():
+    a multiple of 16 features up to 512, at most 64 queries): the reader's and the compiled step's test."""
+    return hd % 16 == 0 and 16 <= hd <= 512 and 1 <= group <= 64
+
+
 def _failed(status: int, h: int, n_kv: int, hd: int) -> ValueError:
     return ValueError(f"the kernel's cache attention does not take {h} query heads over {n_kv} of {hd} features "
                       f"(status {status}: heads of a multiple of 16 features up to 512, at most 64 queries a group)")
@@ -67,7 +74,7 @@ class CacheReader:
     def covers(self, layer: nn.Module, q: torch.Tensor, k: torch.Tensor, inputs) -> bool:
         return (q.shape[0] == 1 and q.shape[2] == 1 and q.dtype == torch.float32 and k.dtype in COVERED
                 and inputs.bias is None and inputs.pad_bias is None and inputs.key_rope is None and not inputs.causal
-                and layer.softcap is None and layer.hd % 16 == 0 and layer.hd <= 512 and layer.h // layer.n_kv <= 64)
+                and layer.softcap is None and takes(layer.hd, layer.h // layer.n_kv))
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
         return read_cache(q, k, v, scale)
