@@ -126,8 +126,8 @@ def run(quick: bool = False) -> list[Section]:
                         "largest logit difference, relative"])
         comp.rows += _compiled_rows("SmolLM2-135M Q4_1", resolve_model(None), [64, 1024, 4096], repeats)
         comp.notes.append("Products and sums over keys.float() are what inductor compiles from torch ops; in place, "
-                          "the step calls llamablock::cache_scores and cache_values (block_op.cpp), the eager "
-                          "reader's C, so the two engines' attention is the same.")
+                          "the step calls llamablock::cache_attention (block_op.cpp), the eager reader's C and "
+                          "softmax, one call a layer.")
         sections.append(comp)
     sec.notes.append("The upcast reading copies each layer's filled keys and values to float32 before two batched "
                      "matmuls; in place, each key and value is converted as it is read. The logits differ by "
