@@ -3,7 +3,9 @@
 The eager engine keeps a quantized model's KV cache in the CPU's 16-bit type (fast/plan.py kv_dtype).
 llamablock.attention reads it upcast to float32, a copy of every filled slot of every layer at every
 step; fast/kernels/cache_attention.py reads it in place (c/cache_attention.c), what the plan gives the
-eager engine where the kernel built. One engine per model, as `llamablock generate` plans it; at each
+eager engine's torch step where the kernel built (over a GGUF's blocks the plan's steps run in C instead,
+fast/decode_step.py, reading the cache with the same C; `bench size` times them). The model as
+`llamablock generate` plans it, its torch step (EagerEngine); at each
 position P it prefills P random tokens, then the two readings alternate (llamablock.util.timing), each
 a block of STEPS greedy steps from P (the cache's length set back to P before each block, so both
 decode the same slots). The logits of one step are compared (float32 rounding apart, not bit for bit:
@@ -29,10 +31,12 @@ STEPS = 4
 def _engine(path):
     from llamablock.fast.plan import build, decide
     from llamablock.io.source import open_source
+    from llamablock.runtime.engine import EagerEngine
 
     source = open_source(path, tokenizer=False)
     plan = decide(source, "auto", "eager")
-    return build(source, plan).engine, plan
+    built = build(source, plan)  # its engine steps in C over these files' blocks: the torch step's reader is timed
+    return EagerEngine(built.model, kv_dtype=built.engine.kv_dtype), plan
 
 
 def _rows(label: str, path, positions: list[int], repeats: int) -> list[list[str]]:

@@ -14,7 +14,8 @@ Each side runs as a fresh process, in turn, `ROUNDS` times (medians):
     llamablock   `python -m llamablock generate --model F --greedy --threads T`: a 4-token prompt and
                  64 new tokens (decode), and a 512-token prompt with one new token (prefill), the
                  rates from its summary line; with fresh caches (XDG_CACHE_HOME and inductor's), so without a
-                 build the plain command runs eagerly, and, full runs only, again after one
+                 build the plain command runs eagerly (over these files' blocks, its decode steps in C:
+                 fast/decode_step.py), and, full runs only, again after one
                  `llamablock compile --model F`.
     llama.cpp    `llama-bench -m F -p 512 -n 64 -t T -r 1 -o json` (pp512 and tg64), where a
                  llama-bench built by hand is found ($LLAMA_CPP_BIN, else the PATH; the project

@@ -7,7 +7,9 @@ llamablock.util.denormals) in this process on the given threads and times, with
 binding: the weights' reads and their integer sums), the attention core (`Attention.attend`: the
 scores over the cache, softmax, the weighted values) and the whole step; the rest is the step less
 both (norms, RoPE, the cache's writes, the embedding, Python per layer). Wrapping adds two clock
-reads per call, a few microseconds of the step, which the rest absorbs.
+reads per call, a few microseconds of the step, which the rest absorbs. Where the plan runs decode
+steps in C (fast/decode_step.py), the C clocks the same two parts inside the step
+(DecodeStep.clock: its products, and scores, softmax and values over the cache), the head beside it.
 """
 
 from __future__ import annotations
@@ -82,13 +84,19 @@ def profile(path, prompt_tokens: int, steps: int) -> dict[str, dict[str, float]]
         engine.prefill(ids)
         total = time.perf_counter() - t0
         out["prefill"] = {"step": total, "kernel": kernel.seconds, "attention": attention.seconds}
-        rows = []
+        rows, c_step, inside = [], getattr(engine, "c_step", None), torch.zeros(2, dtype=torch.float64)
         for i in range(steps):
             kernel.seconds = attention.seconds = 0.0
             kernel.calls = attention.calls = 0
+            if c_step is not None:
+                c_step.clock(inside.zero_())
             t0 = time.perf_counter()
             engine.step(ids[:, i % prompt_tokens:i % prompt_tokens + 1], prompt_tokens + i)
-            rows.append((time.perf_counter() - t0, kernel.seconds, attention.seconds))
+            step = time.perf_counter() - t0
+            rows.append((step, kernel.seconds + inside[0].item(), attention.seconds + inside[1].item()))  # C: the
+            # layers' parts; torch's clocks: the head (a BlockLinear) beside them, or every part of an eager step
+        if c_step is not None:
+            c_step.clock(None)
         pick = sorted(rows)[len(rows) // 2]  # the median step, with its own parts
         out["decode"] = {"step": pick[0], "kernel": pick[1], "attention": pick[2], "block layers": kernel.layers,
                          "kernel calls": kernel.calls, "attention calls": attention.calls}  # those of one step

@@ -157,6 +157,14 @@ TABLE = [
     ("cache reader: none under bfloat16 activations", dict(stored=Q4_1_TIED, fmt="q8", cpu="AVX2"),
      dict(kv="bfloat16", cache_reader=False)),
     ("cache reader: none for the compiled engine", dict(stored=Q4_1_TIED, built=512), dict(cache_reader=False)),
+    # Eager decode steps run in C where every layer matrix is blocks and activations are float32.
+    ("C step: Q4_K_M as stored", dict(stored=Q4_K_M, cpu="AVX2"), dict(engine="eager", c_step=True)),
+    ("C step: a float32 cache too", dict(stored=Q4_1_TIED, tied=True, kv="float32"), dict(c_step=True)),
+    ("C step: none without the kernel", dict(stored=Q4_1_TIED, kernel=False), dict(c_step=False)),
+    ("C step: none when a layer matrix is re-quantized", dict(stored=Q5_MAJORITY), dict(c_step=False)),
+    ("C step: none for --dtype q8", dict(stored=Q4_1_TIED, fmt="q8"), dict(c_step=False)),
+    ("C step: none for an all-F32 file (no blocks)", dict(stored=F32_ONLY), dict(c_step=False)),
+    ("C step: none for the compiled engine", dict(stored=Q4_1_TIED, built=512), dict(c_step=False)),
 ]
 
 

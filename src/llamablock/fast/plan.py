@@ -26,7 +26,9 @@ layers are handed what the plan says (tests/fast/test_plan.py states the rules a
   of 8 where this CPU's build is faster so; a prompt from Machine.prefill's blocks rows: a float GEMM.
 - KV cache (`kv_dtype`, --kv-dtype): the CPU's 16-bit type (Machine.kv16) for a quantized model with float32
   activations, else the activations' dtype; a 16-bit one read upcast to float32, but in place by eager decode
-  steps where the kernel built (`cache_reader`: fast/kernels/cache_attention.py)."""
+  steps where the kernel built (`cache_reader`: fast/kernels/cache_attention.py).
+- Decode steps in C (`c_step`): an eager engine over a GGUF whose layer matrices are all blocks, activations float32,
+  steps through every layer in one C call (fast/decode_step.py; the LLaMA block: config_reason)."""
 
 from __future__ import annotations
 
@@ -39,6 +41,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from llamablock.fast import decode_step
 from llamablock.fast import machine as machines
 from llamablock.fast.compiled import builds
 from llamablock.fast.formats import CHOICES, FORMATS, GGUF_TYPES, PACKED, dir_format, load_dtype
@@ -81,6 +84,7 @@ class Plan:
     kv: str = "float32"  # the KV cache's dtype (kv_dtype)
     scaled: str = ""  # the flags' context and RoPE scaling where they rescaled it (builds.scaled_name), else ""
     cache_reader: bool = False  # eager decode steps read the 16-bit KV cache in place (the module docstring)
+    c_step: bool = False  # eager decode steps run through every layer in one C call (the module docstring)
 
     @property
     def serving(self) -> str:
@@ -98,8 +102,9 @@ class Plan:
     def describe(self) -> str:
         """What the run will do, before it loads: what `--verbose` prints."""
         built = f", built for {self.built} tokens" if self.built else ""
-        lines = [f"plan: {self.engine} engine on {self.device}{built}, batch {self.batch}; a server decodes with the "
-                 f"{self.serving} engine", f"  weights: {self.weights()}",
+        engine = f"{self.engine} engine on {self.device}{built}{', its decode steps in C' * self.c_step}"
+        lines = [f"plan: {engine}, batch {self.batch}; a server decodes with the {self.serving} engine",
+                 f"  weights: {self.weights()}",
                  f"  context: {self.context} tokens, RoPE scaling {self.scaling}; KV cache {self.kv}"
                  f"{', read in place by decode steps' if self.cache_reader else ''}"]
         if used := [f for f in self.prefill if f in (*self.formats.values(), self.head)]:  # for a GEMM
@@ -229,22 +234,17 @@ def decide(source: ModelSource, fmt: str = "auto", engine: str = "auto", device:
         note = (None if engine == "eager" else "eager engine: a compiled step cannot follow a length-dependent "
                 "RoPE scaling" if eager_only else "eager engine: no compiled build for the context and RoPE "
                 "scaling these flags set; `llamablock compile` with the same flags builds one" if rescaled
-                else _not_built(source, batch))
+                else builds.not_built_note(source, batch))
         fields = (_own_precision(source, machine, "ctypes") if fmt == "auto" and source.kind == "gguf" else
                   _in_format(source, dir_format(source.stored["*"], source.where) if fmt == "auto" else fmt, machine))
         kv = kv_dtype(kv, fields, machine.kv16)
-        in_place = machine.kernel and kv != "float32" and fields["activations"] == "float32"
-        return Plan("eager", fmt, device, note=note, kv=kv, cache_reader=in_place, **fields, **common)
+        kernel32 = machine.kernel and fields["activations"] == "float32"  # the cache reader's and C step's ground
+        c_step = kernel32 and source.kind == "gguf" and decode_step.config_reason(cfg) is None and all(
+            fields["formats"][t] == "blocks" for t in layer_matrices(source))
+        return Plan("eager", fmt, device, note=note, kv=kv, cache_reader=kernel32 and kv != "float32", c_step=c_step,
+                    **fields, **common)
     return Plan("compiled", compiled_fmt, device, built=built, autotune=builds.autotuned(source.path, name),
                 **fields, **common)
-
-
-def _not_built(source: ModelSource, batch: int) -> str:
-    flags = (f" --model {source.given}" if source.given else "") + (f" --batch {batch}" if batch > 1 else "")
-    command, user = f"`llamablock compile{flags}`", "generate" if batch == 1 else "serve"
-    if builds.stale_build(source.path):
-        return f"eager engine: the compiled one was built by another llamablock or torch; {command} builds it again"
-    return f"eager engine: {command} builds the compiled one once, then {user} uses it"
 
 
 @dataclass
@@ -292,7 +292,8 @@ def build(source: ModelSource, plan: Plan, notify=None) -> Built:
     if plan.engine == "eager":
         if plan.cache_reader:
             cache_attention.attach(model)
-        return Built(model, EagerEngine(model, what, kv_dtype=getattr(torch, plan.kv)))
+        engine = decode_step.DecodeStepEngine if plan.c_step else EagerEngine
+        return Built(model, engine(model, what, kv_dtype=getattr(torch, plan.kv)))
     from llamablock.fast.compiled.aoti_engine import AOTIEngine
 
     return Built(model, AOTIEngine(model, plan.fmt, autotune=plan.autotune, notify=notify, batch=plan.batch,
@@ -301,10 +302,10 @@ def build(source: ModelSource, plan: Plan, notify=None) -> Built:
 
 
 def eager_beside(built: Built, plan: Plan) -> nn.Module:
-    """An eager model beside a compiled engine, from the weights already read (a server runs the
-    requests its engine does not cover on it): the engine's float model itself, or a quantized copy of it for
-    q8/q4: the dequantize-then-quantize path, whose logits equal the native load's for a file of one format
-    (tests/fast/kernels/test_native.py); a file mixing formats runs in the engine's one format here."""
+    """An eager model beside a compiled engine, from the weights already read (a server runs the requests its engine
+    does not cover on it): the engine's float model itself, or for q8/q4 a quantized copy (the dequantize-then-quantize
+    path, whose logits equal the native load's for a file of one format: tests/fast/kernels/test_native.py); a file
+    mixing formats runs in the engine's one format here."""
     fmt = built.engine.fmt
     return apply_dtype(copy.deepcopy(built.model), fmt, plan.prefill) if fmt in PACKED else built.model
 
@@ -329,9 +330,8 @@ def load_gguf_native(path, rope_layout: str = "half", engine: str = "eager") -> 
 
 
 def prepare(engine, source: ModelSource, total_tokens: int, scaled: str = "") -> float:
-    """Make `engine` ready for `total_tokens` (loading or compiling a compiled engine's programs) and
-    record a compiled build (fast/compiled/builds.py; `scaled`: the plan's), so that later commands
-    choose it; seconds compiling."""
+    """Make `engine` ready for `total_tokens` (loading or compiling a compiled engine's programs) and record a
+    compiled build (fast/compiled/builds.py; `scaled`: the plan's), so that later commands choose it; seconds compiling."""
     seconds = engine.prepare(total_tokens) or 0.0
     running = getattr(engine, "running", None)
     if running is not None and running.get("step") != "eager":  # a step run eagerly is no build to choose

@@ -34,8 +34,12 @@ import json
 import re
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from llamablock.util.files import atomic_write, file_lock
+
+if TYPE_CHECKING:
+    from llamablock.io.source import ModelSource
 
 _said: set[str] = set()  # the index's problems already said by this process
 
@@ -240,3 +244,12 @@ def last_build_seconds(path: Path, fmt: str) -> float | None:
     index = _read()
     same = [v for k, v in index.items() if _same_file_and_format(k, path, fmt)]
     return index.get(_key(path, fmt), same[0] if same else {}).get("seconds")
+
+
+def not_built_note(source: ModelSource, batch: int) -> str:
+    """The plan's note where no compiled build serves `source` (fast/plan.py): the command that builds one."""
+    flags = (f" --model {source.given}" if source.given else "") + (f" --batch {batch}" if batch > 1 else "")
+    command, user = f"`llamablock compile{flags}`", "generate" if batch == 1 else "serve"
+    if stale_build(source.path):
+        return f"eager engine: the compiled one was built by another llamablock or torch; {command} builds it again"
+    return f"eager engine: {command} builds the compiled one once, then {user} uses it"

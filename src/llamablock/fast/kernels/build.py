@@ -43,8 +43,10 @@ from llamablock.util.files import atomic_write, file_lock, is_disk_full
 
 C_DIR = Path(__file__).with_name("c")
 # in every build: the entry point, float32 rows for prefill's GEMM, the grouped layout's reordering at load,
-# a decode step's attention over a 16-bit KV cache (fast/kernels/cache_attention.py)
-COMMON = [C_DIR / "linear.c", C_DIR / "dequant.c", C_DIR / "layout.c", C_DIR / "cache_attention.c"]
+# a decode step's attention over a 16-bit KV cache (fast/kernels/cache_attention.py), a whole decode step
+# (fast/decode_step.py)
+COMMON = [C_DIR / "linear.c", C_DIR / "dequant.c", C_DIR / "layout.c", C_DIR / "cache_attention.c",
+          C_DIR / "decode_step.c"]
 _AVX512 = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx2", "-mfma", "-mf16c"]
 # each build's flags, widest first: every build runs where the one before it does
 ISAS = {"avx512vnni": [*_AVX512, "-mavx512vnni"], "avx512": _AVX512, "avx2": ["-mavx2", "-mfma", "-mf16c"],

@@ -78,6 +78,7 @@ enum { LB_QK = 32 };                            /* activations per block of x's 
 /* lb_linear's results: done; no memory for x's copy; a type or layout this library does not
    compute; k not whole blocks, or n not whole groups */
 enum { LB_OK = 0, LB_NO_MEMORY = -1, LB_UNKNOWN = -2, LB_BAD_SHAPE = -3 };
+enum { LB_F32 = 0, LB_F16 = 1, LB_BF16 = 2 }; /* a KV cache's element type (lb_cache_scores' dtype) */
 
 typedef struct {
     int type;    /* GGML's type id */
@@ -154,6 +155,35 @@ int lb_cache_scores(int dtype, const float *q, const void *k, int64_t n_kv, int6
                     int64_t head_stride, int64_t n, float scale, float *scores, int threads);
 int lb_cache_values(int dtype, const float *p, const void *v, int64_t n_kv, int64_t g, int64_t hd,
                     int64_t head_stride, int64_t n, float *out, int threads);
+/* A decode step of one sequence through every layer of a LLaMA block (decode_step.c): the model as
+   the eager one holds it, each matrix its file's blocks (lb_linear's type, layout, rows; bias or 0),
+   each layer's norms' scales (D,) and its KV cache buffers (n_kv, L, hd) of kv_dtype (as
+   lb_cache_scores' dtype). fast/decode_step.py fills these once per cache. */
+typedef struct {
+    int type, layout;
+    const uint8_t *w;
+    int64_t n;         /* output rows; the input is the matrix's place in the layer (D, h hd or ffn) */
+    const float *bias; /* (n,) float32, or 0 */
+} lb_matrix;
+typedef struct {
+    lb_matrix q, k, v, o, gate, up, down;
+    const float *norm1, *norm2; /* (D,) float32: RMSNorm's scale (Gemma's 1 + w already added) */
+    void *keys, *values;        /* (n_kv, L, hd) */
+} lb_layer;
+typedef struct {
+    int64_t dim, heads, kv_heads, head_dim, rotary, ffn, length; /* rotary: features rotated (<= hd); length: L */
+    float eps, scale;                                            /* RMSNorm's eps; the scores' scale */
+    int interleaved, act, kv_dtype, n_layers;                    /* RoPE pairs (x0, x1) or (x_i, x_i+r/2); act 0
+                                                                    SiLU (SwiGLU), 1 GELU tanh (GeGLU) */
+    const lb_layer *layers;
+    double *seconds; /* 0, or 2 sums a call adds to: seconds in the block kernel's products, in attention */
+} lb_decoder;
+/* x (D,) float32, the residual stream of the token at `pos`, through every layer in place: its keys
+   and values written to slot pos, attention over slots 0..pos; cos, sin (rotary / 2,) its angles (with
+   any attention factor in them); `work` lb_decode_work(m) floats. An LB_ result. */
+int lb_decode_layers(const lb_decoder *m, float *x, int64_t pos, const float *cos, const float *sin, float *work,
+                     int threads);
+int64_t lb_decode_work(const lb_decoder *m);
 int lb_block_bytes(int type);   /* LB_TYPES' bytes per block, 0 for a type not computed here */
 int lb_block_weights(int type); /* LB_TYPES' weights per block, 0 likewise */
 int lb_block_groups(int type);  /* 1 where the type has the grouped layout (LB_GROUPS), else 0 */

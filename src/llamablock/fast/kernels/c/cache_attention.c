@@ -27,7 +27,6 @@
 #include <immintrin.h>
 #endif
 
-enum { LB_F32 = 0, LB_F16 = 1, LB_BF16 = 2 };   /* the cache's element type */
 enum { KEYS = 64, SLICE = 16, MAX_HD = 512, MAX_G = 64 }; /* tile sizes; the widest head and group taken */
 
 /* n (a multiple of 8) elements of a cache row at src as float32 into dst, exactly */

@@ -1,0 +1,206 @@
+/* lb_decode_layers: a decode step of one sequence through every layer of the LLaMA block in one
+   call, for the eager engine's steps (fast/decode_step.py). The eager model pays a Python
+   call and a dispatch for each of about a hundred ops a layer (`llamablock bench size` profiles the
+   step: at 1B they cost about a third of the block kernel's time, on SmolLM2 more than the kernel);
+   here the same layer is a few C calls: RMSNorm, the block kernel (lb_linear) for each matrix, RoPE,
+   the key and value written to the cache, the attention read in place (lb_cache_scores, a softmax,
+   lb_cache_values), the gated feed-forward and the two residual adds.
+
+   The maths is the eager layer's (llamablock.model.Block, attention.py, norm.py, ffn.py), in float32
+   as it computes: RMSNorm's x / sqrt(mean(x^2) + eps) times its scale; RoPE on the first `rotary`
+   features of each head in the model's pair layout (rope.py apply_rope); the cache rounds k and v
+   to its dtype as torch's .to() does (nearest even); softmax(q k^T scale) over slots 0..pos times
+   the reciprocal of its sum, as ATen's softmax; SiLU g / (1 + e^-g) or GELU's tanh form; each
+   matrix's bias added after its product. The sums run in other orders than torch's kernels (the
+   norm's sum of squares in double, exp by a polynomial), so logits agree with the eager step to
+   float32 rounding grown through the layers, within the bound tests/fast/kernels/test_decode_step.py
+   states; the block kernel's products are the eager layers' own call. */
+
+#include <stdlib.h>
+#include <time.h>
+
+#include "blocks.h"
+
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
+
+/* e^x, branch-free so that loops over it vectorize: Cephes' expf (its Cody-Waite split of ln 2 and
+   its degree-5 polynomial on [-ln2/2, ln2/2], relative error about 1e-7), x clamped to [-87, 88]
+   (so e^x of a very negative x is about 1.6e-38, not 0: nothing a softmax's sum of at least 1 or
+   SiLU's quotient can tell apart). n is rounded by adding and taking off 1.5 2^23. */
+static inline float exp_poly(float x) {
+    x = x < -87.0f ? -87.0f : x > 88.0f ? 88.0f : x;
+    const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+    const float r = x - n * 0.693359375f - n * -2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    const int32_t bits = ((int32_t)n + 127) * (1 << 23);
+    float scale;
+    memcpy(&scale, &bits, 4);
+    return p * scale;
+}
+
+/* out (d,) = w * (x / sqrt(mean(x^2) + eps)), in norm.py's order of roundings */
+static void rms_norm(const float *x, const float *w, int64_t d, float eps, float *out) {
+    double squares = 0.0;
+#pragma omp simd reduction(+ : squares)
+    for (int64_t i = 0; i < d; i++) squares += (double)x[i] * x[i];
+    const float inv = 1.0f / sqrtf((float)(squares / (double)d) + eps);
+    for (int64_t i = 0; i < d; i++) out[i] = w[i] * (x[i] * inv);
+}
+
+/* heads rows of hd features rotated in place: pairs (x_i, x_i+r/2) ("half") or (x_2i, x_2i+1) */
+static void rope(float *x, int64_t heads, int64_t hd, int64_t r, int interleaved, const float *cos, const float *sin) {
+    for (int64_t h = 0; h < heads; h++) {
+        float *v = x + h * hd;
+        for (int64_t i = 0; i < r / 2; i++) {
+            const int64_t a = interleaved ? 2 * i : i, b = interleaved ? 2 * i + 1 : i + r / 2;
+            const float x1 = v[a], x2 = v[b];
+            v[a] = x1 * cos[i] - x2 * sin[i];
+            v[b] = x2 * cos[i] + x1 * sin[i];
+        }
+    }
+}
+
+/* float32 to float16 or bfloat16, to nearest even (as torch's .to()); NaN stays NaN */
+static uint16_t to_half(float f) {
+#if defined(__F16C__)
+    return (uint16_t)_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT);
+#else
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    const uint32_t sign = (x >> 16) & 0x8000u, a = x & 0x7fffffffu;
+    if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00u);
+    if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u);    /* 65520 and up round to infinity */
+    if (a < 0x38800000u) return (uint16_t)(sign | (uint32_t)nearbyintf(fabsf(f) * 0x1p24f)); /* subnormal */
+    return (uint16_t)(sign | ((a + 0xc8000fffu + ((a >> 13) & 1)) >> 13)); /* rebias 127 -> 15, round */
+#endif
+}
+
+static uint16_t to_bf16(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x40u);
+    return (uint16_t)((x + 0x7fffu + ((x >> 16) & 1)) >> 16);
+}
+
+/* n values of src into a cache row of `dtype` at dst */
+static void store(int dtype, const float *src, void *dst, int64_t n) {
+    if (dtype == LB_F32) {
+        memcpy(dst, src, (size_t)n * 4);
+        return;
+    }
+    uint16_t *h = dst;
+    for (int64_t i = 0; i < n; i++) h[i] = dtype == LB_F16 ? to_half(src[i]) : to_bf16(src[i]);
+}
+
+/* rows of n scores each as softmax probabilities, in place: e^(s - max), times 1 / their sum */
+static void softmax_rows(float *s, int64_t rows, int64_t n, int threads) {
+#pragma omp parallel for num_threads(threads) if (threads > 1 && rows * n >= 16384) schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        float *row = s + r * n, top = row[0], sum = 0.0f;
+        for (int64_t j = 1; j < n; j++) top = row[j] > top ? row[j] : top;
+#pragma omp simd reduction(+ : sum)
+        for (int64_t j = 0; j < n; j++) {
+            row[j] = exp_poly(row[j] - top);
+            sum += row[j];
+        }
+        const float inv = 1.0f / sum;
+        for (int64_t j = 0; j < n; j++) row[j] *= inv;
+    }
+}
+
+/* gate (n,) = act(gate) * up: SiLU, or GELU's tanh form 0.5 g (1 + tanh(sqrt(2 / pi) (g + 0.044715 g^3))) */
+static void gated(float *gate, const float *up, int64_t n, int act) {
+    if (act == 0) {
+#pragma omp simd
+        for (int64_t i = 0; i < n; i++) gate[i] = gate[i] / (1.0f + exp_poly(-gate[i])) * up[i];
+        return;
+    }
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) {
+        const float g = gate[i], y = 0.7978845608028654f * (g + 0.044715f * g * g * g);
+        gate[i] = 0.5f * g * (1.0f + (1.0f - 2.0f / (exp_poly(2.0f * y) + 1.0f))) * up[i]; /* tanh y */
+    }
+}
+
+/* Seconds on a monotonic clock, for lb_decoder's `seconds` (`llamablock bench size` profiles the step by them) */
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* y (mat->n,) = W x (+ bias), W's input k wide */
+static int product(const lb_matrix *mat, const float *x, int64_t k, float *y, int threads) {
+    const int status = lb_linear(mat->type, mat->layout, mat->w, mat->n, k, x, 1, y, threads);
+    if (status == LB_OK && mat->bias)
+        for (int64_t i = 0; i < mat->n; i++) y[i] += mat->bias[i];
+    return status;
+}
+
+int64_t lb_decode_work(const lb_decoder *m) {
+    return 2 * m->dim + (2 * m->heads + 2 * m->kv_heads) * m->head_dim + 2 * m->ffn + m->heads * m->length;
+}
+
+int lb_decode_layers(const lb_decoder *m, float *x, int64_t pos, const float *cos, const float *sin, float *work,
+                     int threads) {
+    const int64_t d = m->dim, h = m->heads, n_kv = m->kv_heads, hd = m->head_dim, n = pos + 1;
+    if (pos < 0 || pos >= m->length || h % n_kv || m->rotary > hd || m->rotary % 2 || (m->act != 0 && m->act != 1))
+        return LB_BAD_SHAPE;
+    if (m->kv_dtype != LB_F32 && m->kv_dtype != LB_F16 && m->kv_dtype != LB_BF16) return LB_UNKNOWN;
+    float *xn = work, *q = xn + d, *k = q + h * hd, *v = k + n_kv * hd, *att = v + n_kv * hd, *out = att + h * hd;
+    float *gate = out + d, *up = gate + m->ffn, *scores = up + m->ffn; /* scores: (h, n) of (h, L) */
+    const int64_t size = m->kv_dtype == LB_F32 ? 4 : 2;
+    int status = LB_OK;
+    double *clock = m->seconds, t = 0.0;
+#define START do { if (clock) t = now(); } while (0)
+#define STOP(part) do { if (clock) clock[part] += now() - t; } while (0)
+    for (int layer = 0; layer < m->n_layers && status == LB_OK; layer++) {
+        const lb_layer *l = m->layers + layer;
+        rms_norm(x, l->norm1, d, m->eps, xn);
+        START;
+        if ((status = product(&l->q, xn, d, q, threads)) || (status = product(&l->k, xn, d, k, threads)) ||
+            (status = product(&l->v, xn, d, v, threads)))
+            break;
+        STOP(0);
+        rope(q, h, hd, m->rotary, m->interleaved, cos, sin);
+        rope(k, n_kv, hd, m->rotary, m->interleaved, cos, sin);
+        for (int64_t j = 0; j < n_kv; j++) { /* slot pos of each key-value head */
+            store(m->kv_dtype, k + j * hd, (char *)l->keys + (j * m->length + pos) * hd * size, hd);
+            store(m->kv_dtype, v + j * hd, (char *)l->values + (j * m->length + pos) * hd * size, hd);
+        }
+        const int64_t stride = m->length * hd;
+        START;
+        if ((status = lb_cache_scores(m->kv_dtype, q, l->keys, n_kv, h / n_kv, hd, stride, n, m->scale, scores,
+                                      threads)))
+            break;
+        softmax_rows(scores, h, n, threads);
+        if ((status = lb_cache_values(m->kv_dtype, scores, l->values, n_kv, h / n_kv, hd, stride, n, att, threads)))
+            break;
+        STOP(1);
+        START;
+        if ((status = product(&l->o, att, h * hd, out, threads))) break;
+        STOP(0);
+        for (int64_t i = 0; i < d; i++) x[i] += out[i];
+        rms_norm(x, l->norm2, d, m->eps, xn);
+        START;
+        if ((status = product(&l->gate, xn, d, gate, threads)) || (status = product(&l->up, xn, d, up, threads)))
+            break;
+        STOP(0);
+        gated(gate, up, m->ffn, m->act);
+        START;
+        if ((status = product(&l->down, gate, m->ffn, out, threads))) break;
+        STOP(0);
+        for (int64_t i = 0; i < d; i++) x[i] += out[i];
+    }
+#undef START
+#undef STOP
+    return status;
+}

@@ -1,0 +1,133 @@
+"""The eager engine's decode step in one C call (c/decode_step.c through fast/decode_step.py).
+
+Reference: the eager engine itself (the Decoder's torch layers, the same block kernel for each
+matrix; the Decoder is checked against transformers elsewhere), on files of each mix llama-quantize
+writes (benchmarks/scaled_gguf.py MIXES: Q4_0 with a Q6_K output, Q4_K_M's Q4_K and Q6_K, Q8_0),
+along a prompt and the steps after it, for every build this CPU runs and every KV cache dtype.
+
+The bound: both compute the same float32 maths with the sums in other orders, so each value differs
+by a few float32 units; what makes the difference larger is a rounding that such a difference can
+flip: a 16-bit cache rounds each key and value (unit u = 2^-11 float16, 2^-8 bfloat16), and the
+block kernel rounds each activation to 16 bits (a step of 2^-15 of its block's largest value). A
+flipped rounding moves one value by one such step; grown through the layers and the residual stream
+as tests/kv16_bound.py argues for the cache's own rounding, the logits then differ by at most
+4 max(u, 2^-15) of their scale. Measured (-s prints it) 50 to 1000 times below it. A step that rotates
+q and k in the other pair layout (tried by hand) fails it for every mix at the float32 and float16
+bounds, the Q4_K_M and Q8_0 files by factors of hundreds and the Q4_0 file's (its random weights make
+the rotation matter less) by 1.7 to 28; bfloat16's looser bound lets that one through.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from kernel_builds import RUNS
+from kv16_bound import UNIT, logits_along
+
+from benchmarks.scaled_gguf import MIXES, write_scaled
+from llamablock.config import ModelConfig
+from llamablock.fast import decode_step
+from llamablock.fast.decode_step import DecodeStep, DecodeStepEngine
+from llamablock.fast.machine import this_machine
+from llamablock.fast.plan import load_gguf_native
+from llamablock.io.resolve import resolve_model
+from llamablock.runtime.engine import EagerEngine
+
+ACTIVATION_STEP = 2.0**-15  # the block kernel's 16-bit activations: a step of 2^-15 of the block's largest value
+KV = [torch.float16, torch.bfloat16, torch.float32]
+
+pytestmark = pytest.mark.skipif(not this_machine().kernel, reason="the block kernel does not build here")
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """A small file of each mix: width 256, 2 layers, 4 heads over 2 key-value heads of 64, ffn 512."""
+    where = tmp_path_factory.mktemp("mixes")
+    return {mix: write_scaled(resolve_model(None), where / f"{mix}.gguf", 256, 2, 4, 2, 512, mix=mix) for mix in MIXES}
+
+
+def _bound(kv: torch.dtype) -> float:
+    return 4 * max(UNIT.get(kv, 0.0), ACTIVATION_STEP)
+
+
+def _ids(model, n: int, seed: int = 0) -> torch.Tensor:
+    return torch.randint(0, model.cfg.vocab_size, (1, n), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("isa", RUNS)
+@pytest.mark.parametrize("kv", KV, ids=str)
+@pytest.mark.parametrize("mix", MIXES)
+def test_every_build_steps_as_the_eager_engine_within_the_bound(mix, kv, isa, files, libs):
+    model = load_gguf_native(files[mix])[0]
+    ids = _ids(model, 60)
+    with torch.no_grad():
+        want = logits_along(EagerEngine(model, kv_dtype=kv), ids, 12)
+        got = logits_along(DecodeStepEngine(model, kv_dtype=kv, lib=libs[isa]), ids, 12)
+    err, scale = (got - want).abs().max().item(), want.abs().max().item()
+    print(f"{mix} {kv} {isa}: max |difference| {err:.3g} = {err / scale:.2e} of the logits' scale")
+    assert torch.equal(got[0], want[0])  # the prefill is the eager model's own
+    assert err <= _bound(kv) * scale, (err / scale, _bound(kv))
+
+
+def test_the_interleaved_pair_layout_and_a_cache_that_grows(files):
+    """Meta's pair layout (the file's own q/k rows), past EagerEngine.FIRST slots: the cache grows to new
+    buffers mid-generation, and the step follows them."""
+    model = load_gguf_native(files["Q4_0"], rope_layout="interleaved")[0]
+    ids = _ids(model, EagerEngine.FIRST + 40, seed=1)
+    engine = DecodeStepEngine(model, kv_dtype=torch.float16)
+    with torch.no_grad():
+        want = logits_along(EagerEngine(model, kv_dtype=torch.float16), ids, 8)
+        got = logits_along(engine, ids, 8)
+    assert engine.cache.max_len > EagerEngine.FIRST
+    assert (got - want).abs().max().item() <= _bound(torch.float16) * want.abs().max().item()
+
+
+def test_the_same_bits_whatever_the_threads(files):
+    """Threads split each matrix's rows and the attention's tiles, never a sum: one thread and two agree."""
+    model = load_gguf_native(files["Q4_K_M"])[0]
+    ids = _ids(model, 30, seed=2)
+    runs = []
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            with torch.no_grad():
+                runs.append(logits_along(DecodeStepEngine(model, kv_dtype=torch.float16), ids, 6))
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(*runs)
+
+
+@pytest.mark.parametrize("change, reason", [
+    (dict(sliding_window=64), "a sliding window"),
+    (dict(norm="layernorm"), "a norm other than RMSNorm"),
+    (dict(ffn="gelu"), "feed-forward 'gelu'"),
+    (dict(n_heads=16, n_kv_heads=2), "heads of 8 features"),
+    (dict(qk_norm=True), "q/k norms"),
+])
+def test_what_it_does_not_take_is_named(change, reason):
+    cfg = ModelConfig(**{**dict(vocab_size=256, d_model=128, n_layers=2, n_heads=4, n_kv_heads=2), **change})
+    assert reason in (decode_step.config_reason(cfg) or "")
+
+
+def test_a_model_not_over_blocks_is_refused_with_the_reason(files):
+    from llamablock.fast.kernels.quant import apply_dtype
+    from llamablock.io.loading import load_decoder
+    from llamablock.io.source import open_source
+
+    q8 = apply_dtype(load_decoder(open_source(files["Q8_0"], tokenizer=False), torch.bfloat16), "q8", {})
+    with pytest.raises(ValueError, match="does not take layer matrices other than the file's blocks"):
+        DecodeStep(q8)
+    with pytest.raises(ValueError, match="a torch.float64 KV cache"):
+        DecodeStep(load_gguf_native(files["Q8_0"])[0], torch.float64)
+
+
+def test_the_plan_s_engine_steps_in_c_and_says_so(files):
+    from llamablock.fast.plan import build, decide
+    from llamablock.io.source import open_source
+
+    source = open_source(files["Q4_K_M"], tokenizer=False)
+    plan = decide(source)
+    assert plan.c_step and "its decode steps in C" in plan.describe()
+    engine = build(source, plan).engine
+    assert isinstance(engine, DecodeStepEngine) and engine.describe().endswith("decode steps in C")
