@@ -119,8 +119,8 @@ class DecodeStep:
     def bind(self, cache) -> None:
         """Read and write `cache`'s buffers (a KVCache of batch 1, no ring), with cos/sin for each of its slots."""
         for i, (k, v) in enumerate(zip(cache.keys, cache.values, strict=True)):
-            if k.shape[0] != 1 or not k.is_contiguous() or not v.is_contiguous():
-                raise ValueError("the C decode step takes one sequence's contiguous KV cache buffers")
+            if k.shape[0] != 1 or not k.is_contiguous() or not v.is_contiguous() or k.shape[2] != cache.max_len:
+                raise ValueError("the C decode step takes one sequence's contiguous KV cache buffers, no ring")
             self.layers[i].keys, self.layers[i].values = k.data_ptr(), v.data_ptr()
         self.decoder.length, self.decoder.kv_dtype = cache.max_len, cache_attention.DTYPES[cache.keys[0].dtype]
         cos, sin = self.model.rotary.cos_sin(torch.arange(cache.max_len)[None], torch.float32,
@@ -131,12 +131,14 @@ class DecodeStep:
 
     def __call__(self, x: torch.Tensor, pos: int, threads: int | None = None) -> torch.Tensor:
         """x (D,) float32 contiguous at position `pos` (slots 0..pos - 1 filled) through every layer, in place."""
+        if not 0 <= pos < self.decoder.length:
+            raise ValueError(f"position {pos} is outside the bound KV cache's {self.decoder.length} slots")
         half = self.cos.shape[1]
         status = self.lib.lb_decode_layers(ctypes.byref(self.decoder), x.data_ptr(), pos,
                                            self.cos.data_ptr() + 4 * pos * half, self.sin.data_ptr() + 4 * pos * half,
                                            self.work.data_ptr(), threads or torch.get_num_threads())
-        if status:
-            raise ggml_kernel.failed(status, "a layer's", self.decoder.dim, self.decoder.dim)
+        if status:  # c/blocks.h's LB_ results: a shape or type the library refuses, or no memory
+            raise (MemoryError if status == -1 else ValueError)(f"the C decode step failed (status {status})")
         return x
 
 

@@ -131,3 +131,15 @@ def test_the_plan_s_engine_steps_in_c_and_says_so(files):
     assert plan.c_step and "its decode steps in C" in plan.describe()
     engine = build(source, plan).engine
     assert isinstance(engine, DecodeStepEngine) and engine.describe().endswith("decode steps in C")
+
+
+def test_a_position_past_the_bound_cache_is_refused(files):
+    from llamablock.kv_cache import KVCache
+
+    model = load_gguf_native(files["Q4_0"])[0]
+    step = DecodeStep(model)
+    step.bind(KVCache(model.cfg, 1, 16, dtype=torch.float16))
+    x = torch.zeros(model.cfg.d_model)
+    with pytest.raises(ValueError, match="position 16 is outside the bound KV cache's 16 slots"):
+        step(x, 16)
+    assert torch.isfinite(step(x, 0)).all()
