@@ -65,9 +65,9 @@ static at::Tensor block_linear(const at::Tensor &x, const at::Tensor &blocks, in
 // the masked ones -inf, ATen's softmax (the one torch.softmax calls: the eager reader's), values in C.
 static int cache_dtype(const at::Tensor &t) {
     switch (t.scalar_type()) {
-        case at::kFloat: return 0;
-        case at::kHalf: return 1;
-        case at::kBFloat16: return 2;
+        case at::kFloat: return LB_F32;
+        case at::kHalf: return LB_F16;
+        case at::kBFloat16: return LB_BF16;
         default: TORCH_CHECK(false, "cache attention: a cache of float32, float16 or bfloat16, not ", t.scalar_type());
     }
     return -1;
