@@ -1,8 +1,8 @@
 """The eager engine's decode step in one C call (c/decode_step.c) over a GGUF's own blocks.
 
 The eager Decoder runs a decode step as about a hundred torch ops a layer, each a Python call and
-a dispatch: on SmolLM2-135M those cost more than the block kernel's products, and at 1B about a
-third of them (`llamablock bench size` profiles the step). A compiled engine removes them after a
+a dispatch, whose cost beside the block kernel's products `llamablock bench size` profiles (the
+more so the smaller the model). A compiled engine removes them after a
 build of minutes (`llamablock compile`); `DecodeStepEngine` removes them with none: prefill is the
 eager model's (its prompt is a few large products), and each step after it is the embedding, one
 call of `lb_decode_layers` through every layer (the block kernel's products, RMSNorm, RoPE, the
@@ -159,7 +159,7 @@ class DecodeStepEngine(EagerEngine):
         if step.cache is not cache or step.bound != (cache.max_len, cache.keys[0].data_ptr()):
             step.bind(cache)  # a new or grown cache: other buffers
         position = torch.tensor([[cache.length]])
-        x = self.model.embed_tokens(ids, position).reshape(-1).float().contiguous()  # (D,)
+        x = self.model.embed_tokens(ids, position).reshape(-1).contiguous()  # (D,) float32 (`unsupported` checked)
         step(x, cache.length)
         cache.advance(1)
         return self.model.logits(x.view(1, 1, -1))[:, -1]  # (1, V)

@@ -1,8 +1,7 @@
 /* lb_decode_layers: a decode step of one sequence through every layer of the LLaMA block in one
    call, for the eager engine's steps (fast/decode_step.py). The eager model pays a Python
    call and a dispatch for each of about a hundred ops a layer (`llamablock bench size` profiles the
-   step: at 1B they cost about a third of the block kernel's time, on SmolLM2 more than the kernel);
-   here the same layer is a few C calls: RMSNorm, the block kernel (lb_linear) for each matrix, RoPE,
+   step, and what they cost beside the block kernel's products); here the same layer is a few C calls: RMSNorm, the block kernel (lb_linear) for each matrix, RoPE,
    the key and value written to the cache, the attention read in place (lb_cache_scores, a softmax,
    lb_cache_values), the gated feed-forward and the two residual adds.
 
@@ -100,7 +99,9 @@ static void store(int dtype, const float *src, void *dst, int64_t n) {
     for (int64_t i = 0; i < n; i++) h[i] = dtype == LB_F16 ? to_half(src[i]) : to_bf16(src[i]);
 }
 
-/* rows of n scores each as softmax probabilities, in place: e^(s - max), times 1 / their sum */
+/* rows of n scores each as softmax probabilities, in place: e^(s - max), times 1 / their sum. Threads
+   split the rows only from 16,384 scores on (a few heads over a thousand slots), a guess, not a
+   measurement: below it a parallel region's start would cost about what the rows' work does. */
 static void softmax_rows(float *s, int64_t rows, int64_t n, int threads) {
 #pragma omp parallel for num_threads(threads) if (threads > 1 && rows * n >= 16384) schedule(static)
     for (int64_t r = 0; r < rows; r++) {
