@@ -11,10 +11,12 @@ flip: a 16-bit cache rounds each key and value (unit u = 2^-11 float16, 2^-8 bfl
 block kernel rounds each activation to 16 bits (a step of 2^-15 of its block's largest value). A
 flipped rounding moves one value by one such step; grown through the layers and the residual stream
 as tests/kv16_bound.py argues for the cache's own rounding, the logits then differ by at most
-4 max(u, 2^-15) of their scale. Measured (-s prints it) 50 to 1000 times below it. A step that rotates
-q and k in the other pair layout (tried by hand) fails it for every mix at the float32 and float16
-bounds, the Q4_K_M and Q8_0 files by factors of hundreds and the Q4_0 file's (its random weights make
-the rotation matter less) by 1.7 to 28; bfloat16's looser bound lets that one through.
+4 max(u, 2^-15) of their scale. Measured far below it (-s prints it). A step that rotates q and k in
+the other pair layout (tried by hand) fails it for every mix at the float32 and float16 bounds, the
+Q4_0 file's narrowly at float16's (its random weights make the rotation matter less), and
+bfloat16's looser bound lets that one through. What the cache holds is checked exactly instead: the
+keys and values a step writes to a 16-bit cache are those it computes for a float32 cache, rounded
+once to nearest even as torch's .to() rounds them (layer 0's, whose input is the embedding alone).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from __future__ import annotations
 import pytest
 import torch
 from kernel_builds import RUNS
-from kv16_bound import UNIT, logits_along
+from kv16_bound import UNIT, assert_rounded_once, logits_along
 
 from benchmarks.scaled_gguf import MIXES, write_scaled
 from llamablock.config import ModelConfig
@@ -67,6 +69,49 @@ def test_every_build_steps_as_the_eager_engine_within_the_bound(mix, kv, isa, fi
     print(f"{mix} {kv} {isa}: max |difference| {err:.3g} = {err / scale:.2e} of the logits' scale")
     assert torch.equal(got[0], want[0])  # the prefill is the eager model's own
     assert err <= _bound(kv) * scale, (err / scale, _bound(kv))
+
+
+@pytest.mark.parametrize("isa", RUNS)
+@pytest.mark.parametrize("kv", [torch.float16, torch.bfloat16], ids=str)
+def test_every_build_writes_the_cache_rounded_once_as_torch_rounds(kv, isa, files, libs):
+    """Layer 0's keys and values depend on the token alone: a step writing a 16-bit cache (F16C in the
+    vector builds, the portable build's own rounding) stores what it computes for a float32 cache,
+    rounded to `kv` by torch, bit for bit (the prompt's slots are the eager prefill's, the same rule)."""
+    model = load_gguf_native(files["Q8_0"])[0]
+    ids = _ids(model, 40, seed=3)
+    caches = []
+    with torch.no_grad():
+        for dtype in (kv, torch.float32):
+            engine = DecodeStepEngine(model, kv_dtype=dtype, lib=libs[isa])
+            logits_along(engine, ids, 4)
+            caches.append(engine.cache.keys + engine.cache.values)
+    assert_rounded_once(caches[0][::2], caches[1][::2], kv)  # layer 0's keys, then layer 0's values
+
+
+@pytest.mark.parametrize("family", ["qwen2", "gemma"])
+def test_biases_and_gemma_s_norms_embedding_scale_and_geglu(family, tmp_path):
+    """Qwen2's q/k/v biases (added after each product), Gemma's (1 + w) norms, scaled embedding and GeGLU:
+    the C step's logits stay within the float32 cache's bound of the eager engine's."""
+    from gguf_families_tiny import write_family_gguf
+    from gguf_tiny import write_tiny_gguf
+    from hf_reference import tiny_hf_model
+
+    f = tmp_path / f"{family}.gguf"
+    if family == "qwen2":
+        write_tiny_gguf(f, tiny_hf_model("qwen2", n_heads=4, n_kv=2, hidden_size=64, intermediate_size=128,
+                                         head_dim=16), arch="qwen2", qtype="Q8_0")
+    else:
+        write_family_gguf(f, tiny_hf_model("gemma", n_heads=4, n_kv=1, tied=True, hidden_size=64,
+                                           intermediate_size=128, head_dim=16), "gemma", qtype="Q8_0")
+    model = load_gguf_native(f)[0]
+    cfg, layer = model.cfg, model.layers[0]
+    assert (layer.attn.wq.bias is not None) if family == "qwen2" else (cfg.norm_offset and cfg.embed_scale
+                                                                        and layer.ffn.act == "geglu")
+    ids = _ids(model, 50, seed=4)
+    with torch.no_grad():
+        want = logits_along(EagerEngine(model, kv_dtype=torch.float32), ids, 10)
+        got = logits_along(DecodeStepEngine(model, kv_dtype=torch.float32), ids, 10)
+    assert (got - want).abs().max().item() <= _bound(torch.float32) * want.abs().max().item()
 
 
 def test_the_interleaved_pair_layout_and_a_cache_that_grows(files):
