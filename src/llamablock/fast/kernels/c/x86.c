@@ -20,9 +20,12 @@
    alone left a thread's stream short of a plain read: each block's bytes are asked for PREFETCH
    bytes ahead (prefetches never fault, so past the end is harmless). The distance was chosen by hand
    on one AVX2 thread against 1, 2 and 8 KiB (the commit that added it has the timings); no benchmark
-   repeats that comparison, nor has it been timed on an AVX-512 CPU, whose builds run this code too. */
+   repeats that comparison, nor has it been timed on an AVX-512 CPU, whose builds run this code too.
+   Always inlined: GCC finds a function of prefetches alone "looping const" (no effect it must keep)
+   and deletes the calls it has not inlined by then: the K types' kernels lost theirs, and their
+   super-blocks streamed well short of a plain read (the commit that made it inline has timings). */
 enum { PREFETCH = 4096 };
-static inline void prefetch_ahead(const uint8_t *p, int64_t bytes) {
+static LB_INLINE void prefetch_ahead(const uint8_t *p, int64_t bytes) {
     for (int64_t at = 0; at < bytes; at += 64) _mm_prefetch((const char *)(p + PREFETCH + at), _MM_HINT_T0);
 }
 
