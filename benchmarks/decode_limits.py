@@ -25,7 +25,7 @@ from llamablock.fast.compiled.huge_pages import collapse, tensor_ranges
 from llamablock.fast.kernels.quant import Int8Linear
 from llamablock.util.timing import time_calls
 
-STREAM_MIB = 1024  # larger than this machine's L3 (480 MiB): the rate of memory, not of a cache
+STREAM_MIB = 1024  # past any last-level cache these benchmarks ran on (the largest seen: 480 MiB): memory's rate
 
 
 def stream_rate(mib: int = STREAM_MIB, repeats: int = 7) -> float:
