@@ -108,7 +108,7 @@ class DecodeStep:
         self.decoder = _Decoder(cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.rotary_dim,
                                 cfg.d_ff, 0, cfg.norm_eps, model.layers[0].attn.scale,
                                 int(model.rotary.layout == "interleaved"), act, 0, cfg.n_layers, self.layers, 0)
-        self.cache = None
+        self.cache = self.bound = None
 
     def clock(self, seconds: torch.Tensor | None) -> None:
         """Add each step's seconds in the block kernel's products and in attention to `seconds` ((2,) float64),
@@ -128,6 +128,13 @@ class DecodeStep:
         self.cos, self.sin = cos[0].contiguous(), sin[0].contiguous()  # (L, r/2)
         self.work = torch.empty(self.lib.lb_decode_work(ctypes.byref(self.decoder)))
         self.cache, self.bound = cache, (cache.max_len, cache.keys[0].data_ptr())
+
+    def release(self) -> None:
+        """Let go of the bound cache (an idle server holds none); the next call needs `bind` again."""
+        self.cache = self.bound = self.cos = self.sin = self.work = None
+        for layer in self.layers:
+            layer.keys = layer.values = 0
+        self.decoder.length = 0
 
     def __call__(self, x: torch.Tensor, pos: int, threads: int | None = None) -> torch.Tensor:
         """x (D,) float32 contiguous at position `pos` (slots 0..pos - 1 filled) through every layer, in place."""

@@ -129,11 +129,16 @@ class EagerBatchEngine:
     FIRST = 256  # cache slots allocated before the first growth, as EagerEngine
 
     def __init__(self, model, rows: int = 4, chunk: int = 256,
-                 place: Callable[[Row, BatchKVCache, int, int], bool] | None = None, kv_dtype: torch.dtype | None = None):
+                 place: Callable[[Row, BatchKVCache, int, int], bool] | None = None, kv_dtype: torch.dtype | None = None,
+                 c_step=None):
         if rows <= 0 or chunk <= 0:
             raise ValueError(f"rows and chunk must be positive integers, got {rows!r}, {chunk!r}")
         self.model, self.cfg, self.chunk, self.start_rows = model, model.cfg, chunk, rows
         self.place = place
+        # fast.decode_step.DecodeStep over `model` (the plan's c_step), or None: a row decoding alone
+        # steps through every layer in one C call, as `generate` does; rows together take torch's
+        # batched step (the C step is one sequence's, with no padding mask)
+        self.c_step = c_step
         self.kv_dtype = kv_dtype or model.embed.weight.dtype  # the caches' dtype (the plan's)
         rotary = model.rotary
         # Length-dependent RoPE would turn every row at the longest row's frequencies: one at a time.
@@ -223,6 +228,8 @@ class EagerBatchEngine:
         if tokens.shape != (len(self.rows),):
             raise ValueError(f"step takes one token per row: {len(self.rows)}, got shape {tuple(tokens.shape)}")
         self._room()
+        if self.c_step is not None and len(self.rows) == 1:
+            return self._step_alone(tokens)
         front = self.cache.length
         lens = torch.tensor([r.length for r in self.rows], device=self.device)  # (b,)
         pad = None
@@ -232,6 +239,20 @@ class EagerBatchEngine:
         for r in self.rows:
             r.length += 1
         return logits  # (b, V)
+
+    def _step_alone(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The one row's step in C over its row of the cache (slots 0..length - 1: any padding a longer
+        row left is dropped first, once), as DecodeStepEngine.step over its own cache. -> logits (1, V)."""
+        if self._waste():
+            self._relayout(-self._waste(), self.cache.max_len, self.cache.capacity)
+        cache, step, row = self.cache, self.c_step, self.rows[0]
+        if step.cache is not cache or step.bound != (cache.max_len, cache.keys[0].data_ptr()):
+            step.bind(cache)  # rows 0..0 of the batch's buffers: one sequence's contiguous cache
+        x = self.model.embed_tokens(tokens[:, None], torch.tensor([[row.length]])).reshape(-1).contiguous()  # (D,)
+        step(x, cache.length)
+        cache.advance(1)
+        row.length += 1
+        return self.model.logits(x.view(1, 1, -1))[:, -1]  # (1, V)
 
     def remove(self, row: Row) -> None:
         """The row leaves (finished or cancelled): its slots are free for the next step."""
@@ -249,7 +270,9 @@ class EagerBatchEngine:
         row.index = None
         self.cache.use(len(self.rows))
         if not self.rows:
-            self.cache = None  # idle: hold no cache
+            self.cache = None  # idle: hold no cache (nor may the C step)
+            if self.c_step is not None:
+                self.c_step.release()
             return
         waste = self._waste()
         if waste >= max(64, self.cache.length // 2):  # a long row left: stop reading its padding
