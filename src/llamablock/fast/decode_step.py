@@ -136,6 +136,16 @@ class DecodeStep:
             layer.keys = layer.values = 0
         self.decoder.length = 0
 
+    def step(self, ids: torch.Tensor, cache) -> torch.Tensor:
+        """The logits (1, V) after ids (1, 1) at slot cache.length of `cache` (one sequence's buffers, bound
+        here when new or grown), the cache advanced by one: the embedding, the layers in C, the head."""
+        if self.cache is not cache or self.bound != (cache.max_len, cache.keys[0].data_ptr()):
+            self.bind(cache)  # a new or grown cache: other buffers
+        x = self.model.embed_tokens(ids, torch.tensor([[cache.length]])).reshape(-1).contiguous()  # (D,) float32
+        self(x, cache.length)
+        cache.advance(1)
+        return self.model.logits(x.view(1, 1, -1))[:, -1]
+
     def __call__(self, x: torch.Tensor, pos: int, threads: int | None = None) -> torch.Tensor:
         """x (D,) float32 contiguous at position `pos` (slots 0..pos - 1 filled) through every layer, in place."""
         if not 0 <= pos < self.decoder.length:
@@ -162,11 +172,4 @@ class DecodeStepEngine(EagerEngine):
 
     def step(self, ids: torch.Tensor, pos: int) -> torch.Tensor:
         self._room(pos + 1)
-        cache, step = self.cache, self.c_step
-        if step.cache is not cache or step.bound != (cache.max_len, cache.keys[0].data_ptr()):
-            step.bind(cache)  # a new or grown cache: other buffers
-        position = torch.tensor([[cache.length]])
-        x = self.model.embed_tokens(ids, position).reshape(-1).contiguous()  # (D,) float32 (`unsupported` checked)
-        step(x, cache.length)
-        cache.advance(1)
-        return self.model.logits(x.view(1, 1, -1))[:, -1]  # (1, V)
+        return self.c_step.step(ids, self.cache)  # (1, V)

@@ -245,14 +245,9 @@ class EagerBatchEngine:
         row left is dropped first, once), as DecodeStepEngine.step over its own cache. -> logits (1, V)."""
         if self._waste():
             self._relayout(-self._waste(), self.cache.max_len, self.cache.capacity)
-        cache, step, row = self.cache, self.c_step, self.rows[0]
-        if step.cache is not cache or step.bound != (cache.max_len, cache.keys[0].data_ptr()):
-            step.bind(cache)  # rows 0..0 of the batch's buffers: one sequence's contiguous cache
-        x = self.model.embed_tokens(tokens[:, None], torch.tensor([[row.length]])).reshape(-1).contiguous()  # (D,)
-        step(x, cache.length)
-        cache.advance(1)
-        row.length += 1
-        return self.model.logits(x.view(1, 1, -1))[:, -1]  # (1, V)
+        logits = self.c_step.step(tokens[:, None], self.cache)  # row 0 of the buffers: one sequence's cache
+        self.rows[0].length += 1
+        return logits
 
     def remove(self, row: Row) -> None:
         """The row leaves (finished or cancelled): its slots are free for the next step."""
