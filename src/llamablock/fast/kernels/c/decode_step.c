@@ -1,9 +1,10 @@
 /* lb_decode_layers: a decode step of one sequence through every layer of the LLaMA block in one
-   call, for the eager engine's steps (fast/decode_step.py). The eager model pays a Python
-   call and a dispatch for each of about a hundred ops a layer (`llamablock bench size` profiles the
-   step, and what they cost beside the block kernel's products); here the same layer is a few C calls: RMSNorm, the block kernel (lb_linear) for each matrix, RoPE,
-   the key and value written to the cache, the attention read in place (lb_cache_scores, a softmax,
-   lb_cache_values), the gated feed-forward and the two residual adds.
+   call, for the eager engine's steps (fast/decode_step.py). The eager model pays a Python call and
+   a dispatch for each of about a hundred ops a layer (`llamablock bench size` profiles the step, and
+   what they cost beside the block kernel's products); here the same layer is a few C calls:
+   RMSNorm, the block kernel (lb_linear) for each matrix, RoPE, the key and value written to the
+   cache, the attention read in place (lb_cache_scores, a softmax, lb_cache_values), the gated
+   feed-forward and the two residual adds.
 
    The maths is the eager layer's (llamablock.model.Block, attention.py, norm.py, ffn.py), in float32
    as it computes: RMSNorm's x / sqrt(mean(x^2) + eps) times its scale; RoPE on the first `rotary`
