@@ -89,7 +89,7 @@ def _matrix(layer: BlockLinear) -> _Matrix:
 
 class DecodeStep:
     """`model`'s layers as c/blocks.h's lb_decoder, over a KV cache's buffers (`bind`): calling it runs a
-    step's layers on the residual stream x (D,) float32 in place."""
+    step's layers on the residual streams x (b, D) float32 in place, one row per sequence."""
 
     def __init__(self, model, kv_dtype: torch.dtype = torch.float16, lib: ctypes.CDLL | None = None):
         reason = unsupported(model, kv_dtype)
@@ -117,17 +117,20 @@ class DecodeStep:
         self.decoder.seconds = 0 if seconds is None else seconds.data_ptr()
 
     def bind(self, cache) -> None:
-        """Read and write `cache`'s buffers (a KVCache of batch 1, no ring), with cos/sin for each of its slots."""
-        for i, (k, v) in enumerate(zip(cache.keys, cache.values, strict=True)):
-            if k.shape[0] != 1 or not k.is_contiguous() or not v.is_contiguous() or k.shape[2] != cache.max_len:
-                raise ValueError("the C decode step takes one sequence's contiguous KV cache buffers, no ring")
+        """Read and write `cache`'s buffers, with cos/sin for each of its slots: a KVCache of batch 1 (no
+        ring), or a server's BatchKVCache (runtime/batch.py), whose every row it may step."""
+        buffers = getattr(cache, "all_keys", cache.keys), getattr(cache, "all_values", cache.values)
+        for i, (k, v) in enumerate(zip(*buffers, strict=True)):  # (P, n_kv, L, hd) each
+            if not k.is_contiguous() or not v.is_contiguous() or k.shape[2] != cache.max_len:
+                raise ValueError("the C decode step takes contiguous KV cache buffers, no ring")
             self.layers[i].keys, self.layers[i].values = k.data_ptr(), v.data_ptr()
-        self.decoder.length, self.decoder.kv_dtype = cache.max_len, cache_attention.DTYPES[cache.keys[0].dtype]
+        self.decoder.length, self.decoder.kv_dtype = cache.max_len, cache_attention.DTYPES[buffers[0][0].dtype]
         cos, sin = self.model.rotary.cos_sin(torch.arange(cache.max_len)[None], torch.float32,
                                              seq_len=cache.max_len)  # (1, L, r/2)
         self.cos, self.sin = cos[0].contiguous(), sin[0].contiguous()  # (L, r/2)
-        self.work = torch.empty(self.lib.lb_decode_work(ctypes.byref(self.decoder)))
-        self.cache, self.bound = cache, (cache.max_len, cache.keys[0].data_ptr())
+        rows = buffers[0][0].shape[0]
+        self.work = torch.empty(self.lib.lb_decode_work(ctypes.byref(self.decoder), rows))
+        self.cache, self.bound = cache, (cache.max_len, rows, buffers[0][0].data_ptr())
 
     def release(self) -> None:
         """Let go of the bound cache (an idle server holds none); the next call needs `bind` again."""
@@ -136,24 +139,35 @@ class DecodeStep:
             layer.keys = layer.values = 0
         self.decoder.length = 0
 
-    def step(self, ids: torch.Tensor, cache) -> torch.Tensor:
-        """The logits (1, V) after ids (1, 1) at slot cache.length of `cache` (one sequence's buffers, bound
-        here when new or grown), the cache advanced by one: the embedding, the layers in C, the head."""
-        if self.cache is not cache or self.bound != (cache.max_len, cache.keys[0].data_ptr()):
+    def step(self, ids: torch.Tensor, cache, lengths: torch.Tensor | None = None) -> torch.Tensor:
+        """The logits (b, V) after ids (b, 1) at slot cache.length of `cache` (bound here when new or grown),
+        the cache advanced by one: the embedding, the layers in C, the head. One sequence's cache, or the
+        first b rows of a BatchKVCache whose rows hold lengths (b,) tokens each, left-padded."""
+        buffer = getattr(cache, "all_keys", cache.keys)[0]
+        if self.cache is not cache or self.bound != (cache.max_len, buffer.shape[0], buffer.data_ptr()):
             self.bind(cache)  # a new or grown cache: other buffers
-        x = self.model.embed_tokens(ids, torch.tensor([[cache.length]])).reshape(-1).contiguous()  # (D,) float32
-        self(x, cache.length)
+        if lengths is None:
+            lengths = torch.full((ids.shape[0],), cache.length)
+        x = self.model.embed_tokens(ids, lengths[:, None]).reshape(ids.shape[0], -1).contiguous()  # (b, D) float32
+        self(x, cache.length, lengths)
         cache.advance(1)
-        return self.model.logits(x.view(1, 1, -1))[:, -1]
+        return self.model.logits(x[:, None])[:, -1]
 
-    def __call__(self, x: torch.Tensor, pos: int, threads: int | None = None) -> torch.Tensor:
-        """x (D,) float32 contiguous at position `pos` (slots 0..pos - 1 filled) through every layer, in place."""
-        if not 0 <= pos < self.decoder.length:
-            raise ValueError(f"position {pos} is outside the bound KV cache's {self.decoder.length} slots")
-        half = self.cos.shape[1]
-        status = self.lib.lb_decode_layers(ctypes.byref(self.decoder), x.data_ptr(), pos,
-                                           self.cos.data_ptr() + 4 * pos * half, self.sin.data_ptr() + 4 * pos * half,
-                                           self.work.data_ptr(), threads or torch.get_num_threads())
+    def __call__(self, x: torch.Tensor, front: int, lengths: torch.Tensor | None = None,
+                 threads: int | None = None) -> torch.Tensor:
+        """x (b, D) or (D,) float32 contiguous, one token per cache row, through every layer in place: each
+        written to slot `front`, row r attending to slots front - lengths[r] .. front (its own; default
+        lengths: front, one sequence filling slots 0..front - 1)."""
+        if not 0 <= front < self.decoder.length:
+            raise ValueError(f"position {front} is outside the bound KV cache's {self.decoder.length} slots")
+        rows = 1 if x.dim() == 1 else x.shape[0]
+        pos = torch.full((rows,), front) if lengths is None else lengths.to(torch.int64).contiguous()
+        if rows > self.bound[1] or pos.shape != (rows,) or not bool(((pos >= 0) & (pos <= front)).all()):
+            raise ValueError(f"{rows} rows of lengths {pos.tolist()} do not fit the bound cache ({self.bound[1]} "
+                             f"rows, frontier {front})")
+        status = self.lib.lb_decode_layers(ctypes.byref(self.decoder), x.data_ptr(), rows, front, pos.data_ptr(),
+                                           self.cos.data_ptr(), self.sin.data_ptr(), self.work.data_ptr(),
+                                           threads or torch.get_num_threads())
         if status:  # c/blocks.h's LB_ results: a shape or type the library refuses, or no memory
             raise (MemoryError if status == -1 else ValueError)(f"the C decode step failed (status {status})")
         return x

@@ -103,8 +103,8 @@ class Plan:
         """What the run will do, before it loads: what `--verbose` prints."""
         built = f", built for {self.built} tokens" if self.built else ""
         engine = f"{self.engine} engine on {self.device}{built}{', its decode steps in C' * self.c_step}"
-        alone = " (a request alone: its steps in C)" * self.c_step  # c_step: an eager plan, served by the batch
-        lines = [f"plan: {engine}, batch {self.batch}; a server decodes with the {self.serving} engine{alone}",
+        in_c = " (its steps in C)" * self.c_step  # c_step: an eager plan, served by the batch engine
+        lines = [f"plan: {engine}, batch {self.batch}; a server decodes with the {self.serving} engine{in_c}",
                  f"  weights: {self.weights()}",
                  f"  context: {self.context} tokens, RoPE scaling {self.scaling}; KV cache {self.kv}"
                  f"{', read in place by decode steps' if self.cache_reader else ''}"]

@@ -34,7 +34,8 @@ released, so an idle server holds no cache.
 Exactness: a row computes what it would alone, up to the order of float sums (padding keys get a
 softmax weight of exactly 0; tests/runtime/test_batch.py compares with EagerEngine in float32).
 The q8/q4 layers of llamablock.fast.kernels.quant multiply row by row below PREFILL_ROWS rows, so a decode
-batch smaller than that gives each row its alone result bit for bit; a prompt prefilled in chunks
+batch smaller than that gives each row its alone result bit for bit, as do the steps in C (`c_step`:
+tests/fast/kernels/test_decode_step_batch.py); a prompt prefilled in chunks
 runs each chunk through the kernel its size picks, which may differ from the kernel of the whole
 prompt at once, and so may change a quantized model's text. Not for
 RoPE whose frequencies follow the sequence's length (dynamic NTK, LongRoPE: `Rotary.follows_length`),
@@ -135,9 +136,9 @@ class EagerBatchEngine:
             raise ValueError(f"rows and chunk must be positive integers, got {rows!r}, {chunk!r}")
         self.model, self.cfg, self.chunk, self.start_rows = model, model.cfg, chunk, rows
         self.place = place
-        # fast.decode_step.DecodeStep over `model` (the plan's c_step), or None: a row decoding alone
-        # steps through every layer in one C call, as `generate` does; rows together take torch's
-        # batched step (the C step is one sequence's, with no padding mask)
+        # fast.decode_step.DecodeStep over `model` (the plan's c_step), or None: the rows' steps go
+        # through every layer in one C call, as `generate`'s do, each matrix read once for all rows
+        # and each row attending to its own slots (no padding read); else torch's batched step
         self.c_step = c_step
         self.kv_dtype = kv_dtype or model.embed.weight.dtype  # the caches' dtype (the plan's)
         rotary = model.rotary
@@ -228,26 +229,18 @@ class EagerBatchEngine:
         if tokens.shape != (len(self.rows),):
             raise ValueError(f"step takes one token per row: {len(self.rows)}, got shape {tuple(tokens.shape)}")
         self._room()
-        if self.c_step is not None and len(self.rows) == 1:
-            return self._step_alone(tokens)
         front = self.cache.length
         lens = torch.tensor([r.length for r in self.rows], device=self.device)  # (b,)
-        pad = None
-        if bool((lens != front).any()):  # some row is shorter than the frontier: hide its padding
-            pad = torch.arange(front + 1, device=self.device)[None, :] >= (front - lens)[:, None]  # (b, front + 1)
-        logits = self.model(tokens[:, None], position_ids=lens[:, None], cache=self.cache, pad_mask=pad)[:, -1]
+        if self.c_step is not None:
+            logits = self.c_step.step(tokens[:, None], self.cache, lens)  # rows 0..b-1 of the batch's buffers
+        else:
+            pad = None
+            if bool((lens != front).any()):  # some row is shorter than the frontier: hide its padding
+                pad = torch.arange(front + 1, device=self.device)[None, :] >= (front - lens)[:, None]  # (b, front + 1)
+            logits = self.model(tokens[:, None], position_ids=lens[:, None], cache=self.cache, pad_mask=pad)[:, -1]
         for r in self.rows:
             r.length += 1
         return logits  # (b, V)
-
-    def _step_alone(self, tokens: torch.Tensor) -> torch.Tensor:
-        """The one row's step in C over its row of the cache (slots 0..length - 1: any padding a longer
-        row left is dropped first, once), as DecodeStepEngine.step over its own cache. -> logits (1, V)."""
-        if self._waste():
-            self._relayout(-self._waste(), self.cache.max_len, self.cache.capacity)
-        logits = self.c_step.step(tokens[:, None], self.cache)  # row 0 of the buffers: one sequence's cache
-        self.rows[0].length += 1
-        return logits
 
     def remove(self, row: Row) -> None:
         """The row leaves (finished or cancelled): its slots are free for the next step."""

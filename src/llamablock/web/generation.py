@@ -69,7 +69,7 @@ def load_served(model: str | None = None, max_queue: int = 8, compile_tokens: in
         m = built.model
     arg = model or source.name
     # the eager rows keep the plan's cache dtype (a 16-bit cache for a quantized file), as generate's
-    # and a request decoding alone steps in C where the plan runs generate's steps there (plan.c_step)
+    # and the rows step in C where the plan runs generate's steps there (plan.c_step)
     eager_rows = functools.partial(EagerBatchEngine, kv_dtype=getattr(torch, plan.kv),
                                    c_step=getattr(built.engine, "c_step", None))
     worker = Scheduler(m, source.tokenizer, max_queue, compiled, parallel=parallel, chunk=chunk,

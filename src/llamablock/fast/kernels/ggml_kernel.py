@@ -115,9 +115,9 @@ def _open(path: Path) -> ctypes.CDLL:
                                         ctypes.c_void_p, ctypes.c_int]
         lib.lb_cache_values.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, *sizes, ctypes.c_void_p,
                                         ctypes.c_int]
-        lib.lb_decode_layers.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
-                                         ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]  # fast/decode_step.py
-        lib.lb_decode_work.argtypes, lib.lb_decode_work.restype = [ctypes.c_void_p], ctypes.c_int64
+        lib.lb_decode_layers.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
+                                         *[ctypes.c_void_p] * 4, ctypes.c_int]  # fast/decode_step.py
+        lib.lb_decode_work.argtypes, lib.lb_decode_work.restype = [ctypes.c_void_p, ctypes.c_int64], ctypes.c_int64
         check_table(lib)
     except AttributeError as e:
         build.unload(lib)

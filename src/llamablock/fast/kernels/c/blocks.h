@@ -155,10 +155,10 @@ int lb_cache_scores(int dtype, const float *q, const void *k, int64_t n_kv, int6
                     int64_t head_stride, int64_t n, float scale, float *scores, int threads);
 int lb_cache_values(int dtype, const float *p, const void *v, int64_t n_kv, int64_t g, int64_t hd,
                     int64_t head_stride, int64_t n, float *out, int threads);
-/* A decode step of one sequence through every layer of a LLaMA block (decode_step.c): the model as
-   the eager one holds it, each matrix its file's blocks (lb_linear's type, layout, rows; bias or 0),
-   each layer's norms' scales (D,) and its KV cache buffers (n_kv, L, hd) of kv_dtype (as
-   lb_cache_scores' dtype). fast/decode_step.py fills these once per cache. */
+/* A decode step of one or more sequences through every layer of a LLaMA block (decode_step.c): the
+   model as the eager one holds it, each matrix its file's blocks (lb_linear's type, layout, rows;
+   bias or 0), each layer's norms' scales (D,) and its KV cache buffers (P, n_kv, L, hd) of kv_dtype
+   (as lb_cache_scores' dtype), P >= the rows stepped. fast/decode_step.py fills these once per cache. */
 typedef struct {
     int type, layout;
     const uint8_t *w;
@@ -168,7 +168,7 @@ typedef struct {
 typedef struct {
     lb_matrix q, k, v, o, gate, up, down;
     const float *norm1, *norm2; /* (D,) float32: RMSNorm's scale (Gemma's 1 + w already added) */
-    void *keys, *values;        /* (n_kv, L, hd) */
+    void *keys, *values;        /* (P, n_kv, L, hd) */
 } lb_layer;
 typedef struct {
     int64_t dim, heads, kv_heads, head_dim, rotary, ffn, length; /* rotary: features rotated (<= hd); length: L */
@@ -178,12 +178,16 @@ typedef struct {
     const lb_layer *layers;
     double *seconds; /* 0, or 2 sums a call adds to: seconds in the block kernel's products, in attention */
 } lb_decoder;
-/* x (D,) float32, the residual stream of the token at `pos`, through every layer in place: its keys
-   and values written to slot pos, attention over slots 0..pos; cos, sin (rotary / 2,) its angles (with
-   any attention factor in them); `work` lb_decode_work(m) floats. An LB_ result. */
-int lb_decode_layers(const lb_decoder *m, float *x, int64_t pos, const float *cos, const float *sin, float *work,
-                     int threads);
-int64_t lb_decode_work(const lb_decoder *m);
+/* x (rows, D) float32, the residual streams of one new token per cache row 0..rows-1, through every
+   layer in place, as runtime/batch.py lays the rows out (left-padded): each row's key and value
+   written to slot `front`, row r's attention over slots front - pos[r] .. front (pos[r] its tokens
+   before this one, its position), its slots before them padding no step reads; one sequence is
+   rows 1, pos[0] = front. cos, sin (L, rotary / 2) the angles of every position (with any attention
+   factor in them); `work` lb_decode_work(m, rows) floats. Each matrix is read once for all the rows.
+   An LB_ result. */
+int lb_decode_layers(const lb_decoder *m, float *x, int64_t rows, int64_t front, const int64_t *pos, const float *cos,
+                     const float *sin, float *work, int threads);
+int64_t lb_decode_work(const lb_decoder *m, int64_t rows);
 int lb_block_bytes(int type);   /* LB_TYPES' bytes per block, 0 for a type not computed here */
 int lb_block_weights(int type); /* LB_TYPES' weights per block, 0 likewise */
 int lb_block_groups(int type);  /* 1 where the type has the grouped layout (LB_GROUPS), else 0 */

@@ -1,15 +1,17 @@
-/* lb_decode_layers: a decode step of one sequence through every layer of the LLaMA block in one
-   call, for the eager engine's steps (fast/decode_step.py). The eager model pays a Python call and
-   a dispatch for each of about a hundred ops a layer (`llamablock bench size` profiles the step, and
-   what they cost beside the block kernel's products); here the same layer is a few C calls:
-   RMSNorm, the block kernel (lb_linear) for each matrix, RoPE, the key and value written to the
-   cache, the attention read in place (lb_cache_scores, a softmax, lb_cache_values), the gated
-   feed-forward and the two residual adds.
+/* lb_decode_layers: a decode step of one sequence, or of a server's rows together, through every
+   layer of the LLaMA block in one call, for the eager engines' steps (fast/decode_step.py). The eager
+   model pays a Python call and a dispatch for each of about a hundred ops a layer (`llamablock bench
+   size` profiles the step, and what they cost beside the block kernel's products); here the same
+   layer is a few C calls: RMSNorm, the block kernel (lb_linear) for each matrix, RoPE, the key and
+   value written to the cache, the attention read in place (lb_cache_scores, a softmax,
+   lb_cache_values), the gated feed-forward and the two residual adds. Rows together share each
+   matrix's read (one lb_linear of all of them), which is what a batch is for at 1B, where a step
+   is the weights' read; attention is each row's own, over its own slots.
 
    The maths is the eager layer's (llamablock.model.Block, attention.py, norm.py, ffn.py), in float32
    as it computes: RMSNorm's x / sqrt(mean(x^2) + eps) times its scale; RoPE on the first `rotary`
    features of each head in the model's pair layout (rope.py apply_rope); the cache rounds k and v
-   to its dtype as torch's .to() does (nearest even); softmax(q k^T scale) over slots 0..pos times
+   to its dtype as torch's .to() does (nearest even); softmax(q k^T scale) over the row's slots times
    the reciprocal of its sum, as ATen's softmax; SiLU g / (1 + e^-g) or GELU's tanh form; each
    matrix's bias added after its product. The sums run in other orders than torch's kernels (the
    norm's sum of squares in double, exp by a polynomial), so logits agree with the eager step to
@@ -139,68 +141,81 @@ static double now(void) {
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
-/* y (mat->n,) = W x (+ bias), W's input k wide */
-static int product(const lb_matrix *mat, const float *x, int64_t k, float *y, int threads) {
-    const int status = lb_linear(mat->type, mat->layout, mat->w, mat->n, k, x, 1, y, threads);
+/* y (rows, mat->n) = x W^T (+ bias), x (rows, k): one lb_linear call, so each matrix is read once
+   for all the rows (a row's sums are the same as alone: linear.c splits weight rows, never a row) */
+static int product(const lb_matrix *mat, const float *x, int64_t k, int64_t rows, float *y, int threads) {
+    const int status = lb_linear(mat->type, mat->layout, mat->w, mat->n, k, x, rows, y, threads);
     if (status == LB_OK && mat->bias)
-        for (int64_t i = 0; i < mat->n; i++) y[i] += mat->bias[i];
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t i = 0; i < mat->n; i++) y[r * mat->n + i] += mat->bias[i];
     return status;
 }
 
-int64_t lb_decode_work(const lb_decoder *m) {
-    return 2 * m->dim + (2 * m->heads + 2 * m->kv_heads) * m->head_dim + 2 * m->ffn + m->heads * m->length;
+int64_t lb_decode_work(const lb_decoder *m, int64_t rows) {
+    return rows * (2 * m->dim + (2 * m->heads + 2 * m->kv_heads) * m->head_dim + 2 * m->ffn) + m->heads * m->length;
 }
 
-int lb_decode_layers(const lb_decoder *m, float *x, int64_t pos, const float *cos, const float *sin, float *work,
-                     int threads) {
-    const int64_t d = m->dim, h = m->heads, n_kv = m->kv_heads, hd = m->head_dim, n = pos + 1;
-    if (pos < 0 || pos >= m->length || h % n_kv || m->rotary > hd || m->rotary % 2 || (m->act != 0 && m->act != 1))
+int lb_decode_layers(const lb_decoder *m, float *x, int64_t rows, int64_t front, const int64_t *pos, const float *cos,
+                     const float *sin, float *work, int threads) {
+    const int64_t d = m->dim, h = m->heads, n_kv = m->kv_heads, hd = m->head_dim, half = m->rotary / 2;
+    if (rows < 1 || front < 0 || front >= m->length || h % n_kv || m->rotary > hd || m->rotary % 2 ||
+        (m->act != 0 && m->act != 1))
         return LB_BAD_SHAPE;
+    for (int64_t r = 0; r < rows; r++)
+        if (pos[r] < 0 || pos[r] > front) return LB_BAD_SHAPE;
     if (m->kv_dtype != LB_F32 && m->kv_dtype != LB_F16 && m->kv_dtype != LB_BF16) return LB_UNKNOWN;
-    float *xn = work, *q = xn + d, *k = q + h * hd, *v = k + n_kv * hd, *att = v + n_kv * hd, *out = att + h * hd;
-    float *gate = out + d, *up = gate + m->ffn, *scores = up + m->ffn; /* scores: (h, n) of (h, L) */
-    const int64_t size = m->kv_dtype == LB_F32 ? 4 : 2;
+    float *xn = work, *q = xn + rows * d, *k = q + rows * h * hd, *v = k + rows * n_kv * hd, *att = v + rows * n_kv * hd;
+    float *out = att + rows * h * hd, *gate = out + rows * d, *up = gate + rows * m->ffn;
+    float *scores = up + rows * m->ffn; /* (h, n) of (h, L): one row's at a time */
+    const int64_t size = m->kv_dtype == LB_F32 ? 4 : 2, stride = m->length * hd, row_bytes = n_kv * stride * size;
     int status = LB_OK;
     double *clock = m->seconds, t = 0.0;
 #define START do { if (clock) t = now(); } while (0)
 #define STOP(part) do { if (clock) clock[part] += now() - t; } while (0)
     for (int layer = 0; layer < m->n_layers && status == LB_OK; layer++) {
         const lb_layer *l = m->layers + layer;
-        rms_norm(x, l->norm1, d, m->eps, xn);
+        for (int64_t r = 0; r < rows; r++) rms_norm(x + r * d, l->norm1, d, m->eps, xn + r * d);
         START;
-        if ((status = product(&l->q, xn, d, q, threads)) || (status = product(&l->k, xn, d, k, threads)) ||
-            (status = product(&l->v, xn, d, v, threads)))
+        if ((status = product(&l->q, xn, d, rows, q, threads)) || (status = product(&l->k, xn, d, rows, k, threads)) ||
+            (status = product(&l->v, xn, d, rows, v, threads)))
             break;
         STOP(0);
-        rope(q, h, hd, m->rotary, m->interleaved, cos, sin);
-        rope(k, n_kv, hd, m->rotary, m->interleaved, cos, sin);
-        for (int64_t j = 0; j < n_kv; j++) { /* slot pos of each key-value head */
-            store(m->kv_dtype, k + j * hd, (char *)l->keys + (j * m->length + pos) * hd * size, hd);
-            store(m->kv_dtype, v + j * hd, (char *)l->values + (j * m->length + pos) * hd * size, hd);
+        for (int64_t r = 0; r < rows && status == LB_OK; r++) {
+            /* row r's slots: [front - pos[r], front], its padding before them; its new token at `front` */
+            float *qr = q + r * h * hd, *kr = k + r * n_kv * hd, *vr = v + r * n_kv * hd;
+            char *keys = (char *)l->keys + r * row_bytes, *values = (char *)l->values + r * row_bytes;
+            rope(qr, h, hd, m->rotary, m->interleaved, cos + pos[r] * half, sin + pos[r] * half);
+            rope(kr, n_kv, hd, m->rotary, m->interleaved, cos + pos[r] * half, sin + pos[r] * half);
+            for (int64_t j = 0; j < n_kv; j++) { /* slot `front` of each key-value head */
+                store(m->kv_dtype, kr + j * hd, keys + (j * m->length + front) * hd * size, hd);
+                store(m->kv_dtype, vr + j * hd, values + (j * m->length + front) * hd * size, hd);
+            }
+            const int64_t first = (front - pos[r]) * hd * size, n = pos[r] + 1;
+            START;
+            if ((status = lb_cache_scores(m->kv_dtype, qr, keys + first, n_kv, h / n_kv, hd, stride, n, m->scale,
+                                          scores, threads)))
+                break;
+            softmax_rows(scores, h, n, threads);
+            status = lb_cache_values(m->kv_dtype, scores, values + first, n_kv, h / n_kv, hd, stride, n,
+                                     att + r * h * hd, threads);
+            STOP(1);
         }
-        const int64_t stride = m->length * hd;
+        if (status) break;
         START;
-        if ((status = lb_cache_scores(m->kv_dtype, q, l->keys, n_kv, h / n_kv, hd, stride, n, m->scale, scores,
-                                      threads)))
-            break;
-        softmax_rows(scores, h, n, threads);
-        if ((status = lb_cache_values(m->kv_dtype, scores, l->values, n_kv, h / n_kv, hd, stride, n, att, threads)))
-            break;
-        STOP(1);
-        START;
-        if ((status = product(&l->o, att, h * hd, out, threads))) break;
+        if ((status = product(&l->o, att, h * hd, rows, out, threads))) break;
         STOP(0);
-        for (int64_t i = 0; i < d; i++) x[i] += out[i];
-        rms_norm(x, l->norm2, d, m->eps, xn);
+        for (int64_t i = 0; i < rows * d; i++) x[i] += out[i];
+        for (int64_t r = 0; r < rows; r++) rms_norm(x + r * d, l->norm2, d, m->eps, xn + r * d);
         START;
-        if ((status = product(&l->gate, xn, d, gate, threads)) || (status = product(&l->up, xn, d, up, threads)))
+        if ((status = product(&l->gate, xn, d, rows, gate, threads)) ||
+            (status = product(&l->up, xn, d, rows, up, threads)))
             break;
         STOP(0);
-        gated(gate, up, m->ffn, m->act);
+        gated(gate, up, rows * m->ffn, m->act);
         START;
-        if ((status = product(&l->down, gate, m->ffn, out, threads))) break;
+        if ((status = product(&l->down, gate, m->ffn, rows, out, threads))) break;
         STOP(0);
-        for (int64_t i = 0; i < d; i++) x[i] += out[i];
+        for (int64_t i = 0; i < rows * d; i++) x[i] += out[i];
     }
 #undef START
 #undef STOP
