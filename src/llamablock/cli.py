@@ -5,7 +5,8 @@ with `add_arguments(parser)` and `run(args) -> int`, and only the one that runs 
 Every command that computes takes `--threads N` (set here, once, for torch's intra-op pool and
 restored afterwards); the default is llamablock.util.threads.default_threads (the physical
 cores, as llama.cpp). The commands that run a model (INFERENCE) flush denormals to zero while
-they run (llamablock.util.denormals).
+they run (llamablock.util.denormals). `serve`, which steps its model from a second thread, keeps
+OpenMP's spin between parallel regions (llamablock.util.openmp), set before torch is imported.
 User mistakes (a ValueError or FileNotFoundError raised with a clear message) end the command
 with one line on stderr and exit status 2, never a traceback. Output piped into a reader that
 stops early (`| head`) ends quietly.
@@ -65,6 +66,11 @@ def _threads(text: str) -> int:
     return n
 
 
+def _command(argv: list[str]) -> str | None:
+    """The command `argv` names (its first word that is not a flag), before any parsing."""
+    return next((a for a in argv if not a.startswith("-")), None)
+
+
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     """The parser; only the command named in `argv` (None: every command) gets its arguments,
     which imports that command's module alone."""
@@ -73,7 +79,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
         description="The 2017 Transformer block and the 2024 LLaMA block: measured, run, trained and shown.")
     parser.add_argument("--version", action="version", version=f"llamablock {version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    chosen = next((a for a in (argv or []) if not a.startswith("-")), None) if argv is not None else None
+    chosen = _command(argv) if argv is not None else None
     for name, (module, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         p.set_defaults(_module=module)
@@ -86,10 +92,14 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if _command(argv) == "serve":  # steps from a second thread: OpenMP's spin kept (util/openmp.py), set
+        from llamablock.util.openmp import keep_spinning  # before torch's import reads it
+
+        keep_spinning()
     from llamablock.fast.compiled.compile_cache import use_persistent_cache
     from llamablock.fast.kernels.malloc import tune_allocator
 
-    argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser(argv).parse_args(argv)
     tune_allocator()  # glibc: keep large tensor buffers instead of refaulting them (llamablock.fast.kernels.malloc)
     use_persistent_cache()  # torch.compile's caches under ~/.cache, not /tmp (llamablock.fast.compiled.compile_cache)
