@@ -187,4 +187,8 @@ def test_a_position_past_the_bound_cache_is_refused(files):
     x = torch.zeros(model.cfg.d_model)
     with pytest.raises(ValueError, match="position 16 is outside the bound KV cache's 16 slots"):
         step(x, 16)
+    with pytest.raises(ValueError, match=r"2 rows of lengths \[3, 3\] do not fit the bound cache \(1 rows"):
+        step(torch.zeros(2, model.cfg.d_model), 3)  # one sequence's cache: no second row to write
+    with pytest.raises(ValueError, match=r"lengths \[5\] do not fit .* frontier 3"):
+        step(x, 3, torch.tensor([5]))  # more tokens before the frontier than it has slots
     assert torch.isfinite(step(x, 0)).all()
