@@ -152,12 +152,34 @@ static int product(const lb_matrix *mat, const float *x, int64_t k, int64_t rows
 }
 
 int64_t lb_decode_work(const lb_decoder *m, int64_t rows) {
-    return rows * (2 * m->dim + (2 * m->heads + 2 * m->kv_heads) * m->head_dim + 2 * m->ffn) + m->heads * m->length;
+    return rows * (2 * m->dim + (2 * m->heads + 2 * m->kv_heads) * m->head_dim + 2 * m->ffn + m->heads * m->length);
+}
+
+/* Row r's attention in layer l: RoPE on its q (h, hd) and k (n_kv, hd) at position pos, its k and v
+   written to slot `front` of its cache row, then its output att (h, hd) over its slots
+   front - pos .. front (its padding before them unread), scores (h, L) its scratch. An LB_ result. */
+static int attend(const lb_decoder *m, const lb_layer *l, int64_t r, float *q, float *k, const float *v, float *att,
+                  float *scores, int64_t front, int64_t pos, const float *cos, const float *sin, int threads) {
+    const int64_t h = m->heads, n_kv = m->kv_heads, hd = m->head_dim, half = m->rotary / 2;
+    const int64_t size = m->kv_dtype == LB_F32 ? 4 : 2, stride = m->length * hd, row_bytes = n_kv * stride * size;
+    char *keys = (char *)l->keys + r * row_bytes, *values = (char *)l->values + r * row_bytes;
+    rope(q, h, hd, m->rotary, m->interleaved, cos + pos * half, sin + pos * half);
+    rope(k, n_kv, hd, m->rotary, m->interleaved, cos + pos * half, sin + pos * half);
+    for (int64_t j = 0; j < n_kv; j++) { /* slot `front` of each key-value head */
+        store(m->kv_dtype, k + j * hd, keys + (j * m->length + front) * hd * size, hd);
+        store(m->kv_dtype, v + j * hd, values + (j * m->length + front) * hd * size, hd);
+    }
+    const int64_t first = (front - pos) * hd * size, n = pos + 1;
+    const int status = lb_cache_scores(m->kv_dtype, q, keys + first, n_kv, h / n_kv, hd, stride, n, m->scale, scores,
+                                       threads);
+    if (status) return status;
+    softmax_rows(scores, h, n, threads);
+    return lb_cache_values(m->kv_dtype, scores, values + first, n_kv, h / n_kv, hd, stride, n, att, threads);
 }
 
 int lb_decode_layers(const lb_decoder *m, float *x, int64_t rows, int64_t front, const int64_t *pos, const float *cos,
                      const float *sin, float *work, int threads) {
-    const int64_t d = m->dim, h = m->heads, n_kv = m->kv_heads, hd = m->head_dim, half = m->rotary / 2;
+    const int64_t d = m->dim, h = m->heads, n_kv = m->kv_heads, hd = m->head_dim;
     if (rows < 1 || front < 0 || front >= m->length || h % n_kv || m->rotary > hd || m->rotary % 2 ||
         (m->act != 0 && m->act != 1))
         return LB_BAD_SHAPE;
@@ -166,8 +188,7 @@ int lb_decode_layers(const lb_decoder *m, float *x, int64_t rows, int64_t front,
     if (m->kv_dtype != LB_F32 && m->kv_dtype != LB_F16 && m->kv_dtype != LB_BF16) return LB_UNKNOWN;
     float *xn = work, *q = xn + rows * d, *k = q + rows * h * hd, *v = k + rows * n_kv * hd, *att = v + rows * n_kv * hd;
     float *out = att + rows * h * hd, *gate = out + rows * d, *up = gate + rows * m->ffn;
-    float *scores = up + rows * m->ffn; /* (h, n) of (h, L): one row's at a time */
-    const int64_t size = m->kv_dtype == LB_F32 ? 4 : 2, stride = m->length * hd, row_bytes = n_kv * stride * size;
+    float *scores = up + rows * m->ffn; /* (rows, h, L): each row's (h, n) */
     int status = LB_OK;
     double *clock = m->seconds, t = 0.0;
 #define START do { if (clock) t = now(); } while (0)
@@ -180,26 +201,18 @@ int lb_decode_layers(const lb_decoder *m, float *x, int64_t rows, int64_t front,
             (status = product(&l->v, xn, d, rows, v, threads)))
             break;
         STOP(0);
-        for (int64_t r = 0; r < rows && status == LB_OK; r++) {
-            /* row r's slots: [front - pos[r], front], its padding before them; its new token at `front` */
-            float *qr = q + r * h * hd, *kr = k + r * n_kv * hd, *vr = v + r * n_kv * hd;
-            char *keys = (char *)l->keys + r * row_bytes, *values = (char *)l->values + r * row_bytes;
-            rope(qr, h, hd, m->rotary, m->interleaved, cos + pos[r] * half, sin + pos[r] * half);
-            rope(kr, n_kv, hd, m->rotary, m->interleaved, cos + pos[r] * half, sin + pos[r] * half);
-            for (int64_t j = 0; j < n_kv; j++) { /* slot `front` of each key-value head */
-                store(m->kv_dtype, kr + j * hd, keys + (j * m->length + front) * hd * size, hd);
-                store(m->kv_dtype, vr + j * hd, values + (j * m->length + front) * hd * size, hd);
+        START;
+        if (rows == 1) /* one sequence: its heads split over the threads */
+            status = attend(m, l, 0, q, k, v, att, scores, front, pos[0], cos, sin, threads);
+        else { /* rows together: a row a thread, one parallel region for all of them, not three a row */
+#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static) reduction(min : status)
+            for (int64_t r = 0; r < rows; r++) {
+                const int s = attend(m, l, r, q + r * h * hd, k + r * n_kv * hd, v + r * n_kv * hd, att + r * h * hd,
+                                     scores + r * h * m->length, front, pos[r], cos, sin, 1);
+                status = s < status ? s : status;
             }
-            const int64_t first = (front - pos[r]) * hd * size, n = pos[r] + 1;
-            START;
-            if ((status = lb_cache_scores(m->kv_dtype, qr, keys + first, n_kv, h / n_kv, hd, stride, n, m->scale,
-                                          scores, threads)))
-                break;
-            softmax_rows(scores, h, n, threads);
-            status = lb_cache_values(m->kv_dtype, scores, values + first, n_kv, h / n_kv, hd, stride, n,
-                                     att + r * h * hd, threads);
-            STOP(1);
         }
+        STOP(1);
         if (status) break;
         START;
         if ((status = product(&l->o, att, h * hd, rows, out, threads))) break;
