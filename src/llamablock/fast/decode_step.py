@@ -8,7 +8,8 @@ eager model's (its prompt is a few large products), and each step after it is th
 call of `lb_decode_layers` through every layer (the block kernel's products, RMSNorm, RoPE, the
 16-bit cache written and read in place, softmax, the gated feed-forward, the residual adds), then
 the final norm and head, in torch. The C reads the model's own tensors (its blocks, norms and KV
-cache), so it holds no weight twice.
+cache), so it holds no weight twice. The server's eager batch engine (runtime/batch.py) steps all its
+rows through the same call, each matrix read once for every row.
 
 `unsupported(model)` says what it does not take, and the plan (fast/plan.py `c_step`) gives the
 engine only to models it takes: the LLaMA block (static_decode.unsupported_reason: RoPE of fixed
@@ -162,13 +163,15 @@ class DecodeStep:
             raise ValueError(f"position {front} is outside the bound KV cache's {self.decoder.length} slots")
         rows = 1 if x.dim() == 1 else x.shape[0]
         pos = torch.full((rows,), front) if lengths is None else lengths.to(torch.int64).contiguous()
-        if rows > self.bound[1] or pos.shape != (rows,) or not bool(((pos >= 0) & (pos <= front)).all()):
-            raise ValueError(f"{rows} rows of lengths {pos.tolist()} do not fit the bound cache ({self.bound[1]} "
-                             f"rows, frontier {front})")
+        misfit = f"{rows} rows of lengths {{}} do not fit the bound cache ({self.bound[1]} rows, frontier {front})"
+        if rows > self.bound[1] or pos.shape != (rows,):  # the C would read or write past the buffers
+            raise ValueError(misfit.format(pos.tolist()))
         status = self.lib.lb_decode_layers(ctypes.byref(self.decoder), x.data_ptr(), rows, front, pos.data_ptr(),
                                            self.cos.data_ptr(), self.sin.data_ptr(), self.work.data_ptr(),
                                            threads or torch.get_num_threads())
-        if status:  # c/blocks.h's LB_ results: a shape or type the library refuses, or no memory
+        if status == -3:  # LB_BAD_SHAPE: the model's shapes are checked when it is built, so the lengths (the
+            raise ValueError(misfit.format(pos.tolist()))  # C checks 0 <= length <= front before any work)
+        if status:  # c/blocks.h's LB_ results: a type the library refuses, or no memory
             raise (MemoryError if status == -1 else ValueError)(f"the C decode step failed (status {status})")
         return x
 
