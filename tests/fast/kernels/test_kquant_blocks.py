@@ -176,6 +176,17 @@ def test_two_threads_compute_what_one_does():
                            ggml_kernel.matmul("Q4_K", raw, x, threads=1)), threads
 
 
+@pytest.mark.parametrize("type_name", ["Q4_K", "Q6_K"])
+def test_threads_split_a_prompt_as_one_thread_does(type_name):
+    """A prompt's rows in groups (the AVX-512 VNNI build's panels, x's copy made by every thread):
+    any thread count gives one thread's bits, in 5 groups, so some threads have a lone group, or none."""
+    raw = group_rows(type_name, torch.from_numpy(_random_blocks(type_name, 40, seed=7)))
+    x = _activations(rows=37)
+    one = ggml_kernel.matmul(type_name, raw, x, threads=1, grouped=True)
+    for threads in (2, 3, 16):
+        assert torch.equal(ggml_kernel.matmul(type_name, raw, x, threads=threads, grouped=True), one), threads
+
+
 def test_the_operator_and_the_ctypes_call_give_the_same_bits():
     """A layer's binding is either ggml_kernel.matmul or block_op.linear: the same outputs."""
     assert block_op.load(), block_op.why_not()

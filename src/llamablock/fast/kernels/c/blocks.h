@@ -204,7 +204,7 @@ int lb_block_groups(int type);  /* 1 where the type has the grouped layout (LB_G
 #define LB_HIDDEN
 #define LB_INLINE inline
 #endif
-LB_HIDDEN void lb_quantize(const float *x, int64_t m, const lb_acts *a);
+LB_HIDDEN void lb_quantize(const float *x, int64_t b0, int64_t b1, const lb_acts *a); /* blocks b0..b1-1 of x */
 LB_HIDDEN void lb_rows(const lb_traits *t, const uint8_t *w, int64_t i0, int64_t i1, const lb_acts *a, int64_t r0,
                        int64_t r1, float *y, int64_t n);
 LB_HIDDEN void lb_groups(const lb_traits *t, const uint8_t *w, int64_t i0, int64_t i1, const lb_acts *a, int64_t r0,

@@ -4,8 +4,8 @@
 
 #include "blocks.h"
 
-void lb_quantize(const float *x, int64_t m, const lb_acts *a) {
-    for (int64_t b = 0; b < m * a->nb; b++) lb_quantize_block(x + b * LB_QK, a, b);
+void lb_quantize(const float *x, int64_t b0, int64_t b1, const lb_acts *a) {
+    for (int64_t b = b0; b < b1; b++) lb_quantize_block(x + b * LB_QK, a, b);
 }
 
 /* sum q p over block j (of 32 weights) of the weight block blk and its activations p, the K types'

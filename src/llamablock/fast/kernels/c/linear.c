@@ -55,18 +55,27 @@ int lb_linear_bits(int type, int layout, const uint8_t *w, int64_t n, int64_t k,
     a.ps16 = a.ps + blocks;
     a.lo = (uint8_t *)(a.ps16 + blocks);
     a.hi = (int8_t *)(a.lo + values);
-    lb_quantize(x, m, &a);
     const int parts = threads > 1 ? threads : 1;
     const int64_t share = ((n + parts - 1) / parts + LB_GROUP - 1) / LB_GROUP * LB_GROUP;
-    for (int64_t r0 = 0; r0 < m; r0 += TILE) {
-        const int64_t r1 = r0 + TILE < m ? r0 + TILE : m;
-#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
+    const int64_t nblocks = m * a.nb, slice = nblocks > parts ? (nblocks + parts - 1) / parts : 1;
+    /* one parallel region a call: x's copy a slice of blocks a thread (the loop's barrier: all of it
+       is made before any product), then each thread's weight rows through every tile of x. A region
+       a tile made a long prompt's threads meet at a barrier after every tile (py-spy showed the
+       main thread waiting there), and one thread quantized all of x while the others waited. */
+#pragma omp parallel num_threads(threads) if (threads > 1)
+    {
+#pragma omp for schedule(static)
+        for (int64_t b = 0; b < nblocks; b += slice) lb_quantize(x, b, b + slice < nblocks ? b + slice : nblocks, &a);
+#pragma omp for schedule(static)
         for (int64_t i = 0; i < n; i += share) {
             const int64_t i1 = i + share < n ? i + share : n;
-            if (layout == LB_GROUPS)
-                lb_groups(t, w, i, i1, &a, r0, r1, y, n);
-            else
-                lb_rows(t, w, i, i1, &a, r0, r1, y, n);
+            for (int64_t r0 = 0; r0 < m; r0 += TILE) {
+                const int64_t r1 = r0 + TILE < m ? r0 + TILE : m;
+                if (layout == LB_GROUPS)
+                    lb_groups(t, w, i, i1, &a, r0, r1, y, n);
+                else
+                    lb_rows(t, w, i, i1, &a, r0, r1, y, n);
+            }
         }
     }
     free(scratch);

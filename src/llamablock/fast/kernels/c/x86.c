@@ -9,6 +9,7 @@
    (x86_super.h): its scales are decoded once for its 8 blocks, in either layout. */
 
 #include <immintrin.h>
+#include <stdlib.h>
 
 #include "blocks.h"
 
@@ -52,8 +53,8 @@ static inline int32_t hsum_epi32(__m256i a) {
 /* Block b of x's copy in AVX2, for its finite blocks (0 returned otherwise: blocks.h
    lb_quantize_block then does the block, NaN scale and all). The same values as that code: amax
    and 1/e are computed alike, cvtps rounds to nearest even as lrintf does, and the clamp and byte
-   split are exact. It runs before each call's parallel loop, on one thread, so it is worth
-   vectorizing. */
+   split are exact. A prefill's x is many blocks (linear.c splits them between the threads), so it
+   is worth vectorizing. */
 static inline int quantize_block(const float *v, const lb_acts *a, int64_t b) {
     const __m256 sign = _mm256_set1_ps(-0.0f);
     __m256 x[4], amax8 = _mm256_setzero_ps(), finite8 = _mm256_setzero_ps();
@@ -94,8 +95,8 @@ static inline int quantize_block(const float *v, const lb_acts *a, int64_t b) {
     return 1;
 }
 
-void lb_quantize(const float *x, int64_t m, const lb_acts *a) {
-    for (int64_t b = 0; b < m * a->nb; b++)
+void lb_quantize(const float *x, int64_t b0, int64_t b1, const lb_acts *a) {
+    for (int64_t b = b0; b < b1; b++)
         if (!quantize_block(x + b * LB_QK, a, b)) lb_quantize_block(x + b * LB_QK, a, b);
 }
 
@@ -340,6 +341,7 @@ static inline void dot_rows(const int R, const lb_traits *t, const uint8_t *w, c
 }
 
 #include "x86_super.h" /* dot_super: the K types, a super-block at a time */
+#include "x86_panel.h" /* panels: prefill in the AVX-512 VNNI build */
 
 /* One group's 8 weight rows against R activation rows from r: out[i * out_stride + 0..7]. Each
    block's 8 integer sums are exact; the float work per block is one product of scales and a fused
@@ -381,6 +383,9 @@ static LB_INLINE void rows(const lb_traits *t, const uint8_t *w, int64_t i0, int
 
 static LB_INLINE void groups(const lb_traits *t, const uint8_t *w, int64_t i0, int64_t i1, const lb_acts *a,
                              int64_t r0, int64_t r1, float *y, int64_t n) {
+#if defined(__AVX512VNNI__)
+    if (panel_type(t) && r1 - r0 >= panel_from(t) && panels(t, w, i0, i1, a, r0, r1, y, n)) return;
+#endif
     const int64_t row = lb_row_bytes(t, a->k);
     /* each kernel compiled twice, for 16-bit x and for 8-bit x (eight a constant: lo's work dropped) */
 #define GROUP_CALLS(kernel)                                                                           \

@@ -134,48 +134,56 @@ static inline __m256i head_words(const uint8_t *head, int f) {
     return _mm256_set_m128i(_mm_unpackhi_epi16(a, b), _mm_unpacklo_epi16(a, b));
 }
 
+/* Block j (of 32 weights) of a grouped Q4_K or Q5_K super-block at `head`, for its 8 rows (rows in
+   lanes): its chunks q[k], weights 4k..4k+3 of the 8 rows, a byte each (0..31), the rows' d sc (`f`)
+   and dmin m (`min`), decoded as blocks.h lb_k_scale does one row's (sc0, m0: groups 0..3; sc1, m1:
+   4..7). Shared by the decode kernel below and the prefill panels (x86_panel.h); with j a constant
+   the compiler keeps one decode of the scales for a super-block's 8 blocks. */
+static LB_INLINE void k_group_block(const lb_traits *t, const uint8_t *head, int j, __m256i q[8], __m256 *f,
+                                    __m256 *min) {
+    const int five = t->type == LB_Q5_K;
+    const uint8_t *qs = head + LB_GROUP * t->head;
+    const __m256i low6 = _mm256_set1_epi32(0x3f3f3f3f), low4 = _mm256_set1_epi32(0x0f0f0f0f),
+                  top2 = _mm256_set1_epi32(0x03030303), byte = _mm256_set1_epi32(255), nibble = _mm256_set1_epi8(15);
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)head));
+    const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(head + 16)));
+    const __m256i u0 = head_words(head, 2), u1 = head_words(head, 4), u2 = head_words(head, 6);
+    const __m256i sc0 = _mm256_and_si256(u0, low6), m0 = _mm256_and_si256(u1, low6);
+    const __m256i sc1 = _mm256_or_si256(_mm256_and_si256(u2, low4),
+                                        _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(u0, 6), top2), 4));
+    const __m256i m1 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(u2, 4), low4),
+                                       _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(u1, 6), top2), 4));
+    const int shift = 8 * (j & 3);
+    *f = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(j < 4 ? sc0 : sc1, shift), byte)));
+    *min = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(j < 4 ? m0 : m1, shift), byte)));
+    const uint8_t *nib = qs + 32 * (8 * five + 8 * (j >> 1)); /* Q5_K: 8 chunks of qh first */
+    for (int k = 0; k < 8; k++) {
+        const __m256i raw = _mm256_loadu_si256((const __m256i *)(nib + 32 * k));
+        q[k] = _mm256_and_si256(j & 1 ? _mm256_srli_epi16(raw, 4) : raw, nibble);
+        if (five) { /* bit j of qh byte i: weight i's fifth bit, worth 16 */
+            const __m256i h = _mm256_loadu_si256((const __m256i *)(qs + 32 * k));
+            q[k] = _mm256_or_si256(q[k], _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, j), _mm256_set1_epi8(1)), 4));
+        }
+    }
+}
+
 /* One group's 8 weight rows of Q4_K or Q5_K against R activation rows from r: out[i * out_stride +
-   0..7]. Per super-block the 8 rows' scales and mins are decoded together (rows in lanes, as
-   k_scales does one row's), each block's 8 bytes of nibbles (and Q5_K's fifth bits) are taken out
-   once for all R rows, and each block's integer sums get one conversion and one multiply-add by
-   d sc e, the mins' term one more by dmin m e P. */
+   0..7]. Per super-block the 8 rows' scales and mins are decoded together (k_group_block), each
+   block's 8 bytes of nibbles (and Q5_K's fifth bits) are taken out once for all R rows, and each
+   block's integer sums get one conversion and one multiply-add by d sc e, the mins' term one more
+   by dmin m e P. */
 static LB_INLINE void dot_group_super(const int R, const lb_traits *t, const uint8_t *g, const lb_acts *a,
                                       int64_t r, float *out, int64_t out_stride, const int eight) {
     const int64_t bytes = LB_GROUP * t->bytes;
-    const int five = t->type == LB_Q5_K;
-    const __m256i low6 = _mm256_set1_epi32(0x3f3f3f3f), low4 = _mm256_set1_epi32(0x0f0f0f0f),
-                  top2 = _mm256_set1_epi32(0x03030303), byte = _mm256_set1_epi32(255), nibble = _mm256_set1_epi8(15);
     __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
     for (int64_t sb = 0; sb < a->nb / 8; sb++) {
-        const uint8_t *head = g + sb * bytes, *qs = head + LB_GROUP * t->head;
+        const uint8_t *head = g + sb * bytes;
         prefetch_ahead(head, bytes);
-        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)head));
-        const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(head + 16)));
-        const __m256i u0 = head_words(head, 2), u1 = head_words(head, 4), u2 = head_words(head, 6);
-        /* blocks.h lb_k_scale for 8 rows: the scales and mins of groups 0..3 (sc0, m0) and 4..7 */
-        const __m256i sc0 = _mm256_and_si256(u0, low6), m0 = _mm256_and_si256(u1, low6);
-        const __m256i sc1 = _mm256_or_si256(_mm256_and_si256(u2, low4),
-                                            _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(u0, 6), top2), 4));
-        const __m256i m1 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(u2, 4), low4),
-                                           _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(u1, 6), top2), 4));
 #pragma GCC unroll 8
         for (int j = 0; j < 8; j++) {
-            const int shift = 8 * (j & 3);
-            const __m256 sc = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_and_si256(
-                                                   _mm256_srli_epi32(j < 4 ? sc0 : sc1, shift), byte)));
-            const __m256 m = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(_mm256_and_si256(
-                                                   _mm256_srli_epi32(j < 4 ? m0 : m1, shift), byte)));
             __m256i q[8];
-            const uint8_t *nib = qs + 32 * (8 * five + 8 * (j >> 1)); /* Q5_K: 8 chunks of qh first */
-            for (int k = 0; k < 8; k++) {
-                const __m256i raw = _mm256_loadu_si256((const __m256i *)(nib + 32 * k));
-                q[k] = _mm256_and_si256(j & 1 ? _mm256_srli_epi16(raw, 4) : raw, nibble);
-                if (five) { /* bit j of qh byte i: weight i's fifth bit, worth 16 */
-                    const __m256i h = _mm256_loadu_si256((const __m256i *)(qs + 32 * k));
-                    q[k] = _mm256_or_si256(q[k], _mm256_slli_epi16(
-                                                     _mm256_and_si256(_mm256_srli_epi16(h, j), _mm256_set1_epi8(1)), 4));
-                }
-            }
+            __m256 sc, m;
+            k_group_block(t, head, j, q, &sc, &m);
             for (int i = 0; i < R; i++) {
                 const int64_t b = 8 * sb + j, at = (r + i) * a->k + b * LB_QK;
                 const float *e = a->es + (r + i) * 2 * a->nb + 2 * b;
@@ -188,42 +196,50 @@ static LB_INLINE void dot_group_super(const int R, const lb_traits *t, const uin
     for (int i = 0; i < R; i++) _mm256_storeu_ps(out + i * out_stride, acc[i]);
 }
 
+/* Block j of a grouped Q6_K super-block at `head` for its 8 rows: its chunks q[k] (weights 4k..4k+3,
+   a byte each, 0..63) and the rows' d sc of its two halves of 16 (`f0`, `f1`). The grouped block
+   (blocks.h) is the file's rotated: fields 0..7 of its head are each row's two scales of block j,
+   field 8 its d, then ql's 32 chunks and qh's 16. Block j (quarter c of half h) takes its low 4
+   bits from ql chunks 16 h + 8 (c & 1) + k, nibble c >> 1, and its top 2 from qh chunks 8 h + k,
+   bits 2c, as in the file's order (quant_bytes). d sc is exact: 11 bits times 8. */
+static LB_INLINE void q6_group_block(const uint8_t *head, int j, __m256i q[8], __m256 *f0, __m256 *f1) {
+    const uint8_t *qs = head + LB_GROUP * 18;
+    const __m256i nibble = _mm256_set1_epi8(15), top = _mm256_set1_epi8(0x30);
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(head + 2 * LB_GROUP * 8)));
+    const int h = j / 4, c = j % 4;
+    /* each row's scales 2j and 2j + 1 as the int16 halves of its 32-bit lane */
+    const __m256i pair = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(head + 2 * LB_GROUP * j)));
+    *f0 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_slli_epi32(pair, 16), 16)));
+    *f1 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_srai_epi32(pair, 16)));
+    const uint8_t *ql = qs + 32 * (16 * h + 8 * (c & 1)), *qh = qs + 32 * (32 + 8 * h);
+    for (int k = 0; k < 8; k++) {
+        const __m256i l = _mm256_loadu_si256((const __m256i *)(ql + 32 * k));
+        const __m256i hb = _mm256_loadu_si256((const __m256i *)(qh + 32 * k));
+        /* bits 2c, 2c + 1 of each qh byte to bits 4, 5 (shifts in 16-bit lanes, then masked) */
+        const __m256i high2 = c < 2 ? _mm256_slli_epi16(hb, 4 - 2 * c) : _mm256_srli_epi16(hb, 2 * c - 4);
+        q[k] = _mm256_or_si256(_mm256_and_si256(c >> 1 ? _mm256_srli_epi16(l, 4) : l, nibble),
+                               _mm256_and_si256(high2, top));
+    }
+}
+
 /* One group's 8 weight rows of Q6_K against R activation rows from r: out[i * out_stride + 0..7].
-   The grouped block (blocks.h) is the file's rotated: fields 0..7 of its head are each row's two
-   scales of block j (16 weights each), field 8 its d, then ql's 32 chunks and qh's 16. Block j (32
-   weights, quarter c of half h) takes its low 4 bits from ql chunks 16 h + 8 (c & 1) + k, nibble
-   c >> 1, and its top 2 from qh chunks 8 h + k, bits 2c, as in the file's order (quant_bytes). Each
-   half's sum of (q - 32) p is sum q p - 32 P16 (lb_acts ps16), at most 16 * 32 * 32767 < 2^24, so
-   its conversion to float is exact; it is then multiplied by d sc e (d sc exact: 11 bits times 8)
-   in one fused multiply-add. Where the file's order (dot_super) multiplies the scales into the
-   integers, this keeps them apart, so the two layouts round differently: both within the 16-bit
-   activations' bound (test_kquant_blocks.py). */
+   Each half's sum of (q - 32) p is sum q p - 32 P16 (lb_acts ps16), at most 16 * 32 * 32767 < 2^24,
+   so its conversion to float is exact; it is then multiplied by d sc e in one fused multiply-add.
+   Where the file's order (dot_super) multiplies the scales into the integers, this keeps them
+   apart, so the two layouts round differently: both within the 16-bit activations' bound
+   (test_kquant_blocks.py). */
 static LB_INLINE void dot_group_q6(const int R, const lb_traits *t, const uint8_t *g, const lb_acts *a, int64_t r,
                                    float *out, int64_t out_stride, const int eight) {
     const int64_t bytes = LB_GROUP * t->bytes;
-    const __m256i nibble = _mm256_set1_epi8(15), top = _mm256_set1_epi8(0x30);
     __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
     for (int64_t sb = 0; sb < a->nb / 8; sb++) {
-        const uint8_t *head = g + sb * bytes, *qs = head + LB_GROUP * t->head;
+        const uint8_t *head = g + sb * bytes;
         prefetch_ahead(head, bytes);
-        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(head + 2 * LB_GROUP * 8)));
 #pragma GCC unroll 8
         for (int j = 0; j < 8; j++) {
-            const int h = j / 4, c = j % 4;
-            /* each row's scales 2j and 2j + 1 as the int16 halves of its 32-bit lane */
-            const __m256i pair = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(head + 2 * LB_GROUP * j)));
-            const __m256 dsc0 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_slli_epi32(pair, 16), 16)));
-            const __m256 dsc1 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_srai_epi32(pair, 16)));
-            const uint8_t *ql = qs + 32 * (16 * h + 8 * (c & 1)), *qh = qs + 32 * (32 + 8 * h);
             __m256i q[8];
-            for (int k = 0; k < 8; k++) {
-                const __m256i l = _mm256_loadu_si256((const __m256i *)(ql + 32 * k));
-                const __m256i hb = _mm256_loadu_si256((const __m256i *)(qh + 32 * k));
-                /* bits 2c, 2c + 1 of each qh byte to bits 4, 5 (shifts in 16-bit lanes, then masked) */
-                const __m256i high2 = c < 2 ? _mm256_slli_epi16(hb, 4 - 2 * c) : _mm256_srli_epi16(hb, 2 * c - 4);
-                q[k] = _mm256_or_si256(_mm256_and_si256(c >> 1 ? _mm256_srli_epi16(l, 4) : l, nibble),
-                                       _mm256_and_si256(high2, top));
-            }
+            __m256 dsc0, dsc1;
+            q6_group_block(head, j, q, &dsc0, &dsc1);
             for (int i = 0; i < R; i++) {
                 const int64_t b = 8 * sb + j, at = (r + i) * a->k + b * LB_QK, ib = (r + i) * a->nb + b;
                 const __m256 e = _mm256_broadcast_ss(a->es + 2 * ib);
