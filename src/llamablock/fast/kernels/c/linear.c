@@ -57,15 +57,19 @@ int lb_linear_bits(int type, int layout, const uint8_t *w, int64_t n, int64_t k,
     a.hi = (int8_t *)(a.lo + values);
     const int parts = threads > 1 ? threads : 1;
     const int64_t share = ((n + parts - 1) / parts + LB_GROUP - 1) / LB_GROUP * LB_GROUP;
-    const int64_t nblocks = m * a.nb, slice = nblocks > parts ? (nblocks + parts - 1) / parts : 1;
-    /* one parallel region a call: x's copy a slice of blocks a thread (the loop's barrier: all of it
-       is made before any product), then each thread's weight rows through every tile of x. A region
-       a tile made a long prompt's threads meet at a barrier after every tile (py-spy showed the
-       main thread waiting there), and one thread quantized all of x while the others waited. */
+    /* one parallel region a call: a prompt's x copied a slice of blocks a thread (the loop's barrier:
+       all of it is made before any product), then each thread's weight rows through every tile of x.
+       A region a tile made a long prompt's threads meet at a barrier after every tile (py-spy showed
+       the main thread waiting there), and one thread quantized all of x while the others waited. A
+       decode step's few rows are copied before the region: a barrier would cost more than the copy. */
+    const int64_t nblocks = m * a.nb, slice = m >= TILE ? (nblocks + parts - 1) / parts : nblocks;
+    if (slice == nblocks) lb_quantize(x, 0, nblocks, &a);
 #pragma omp parallel num_threads(threads) if (threads > 1)
     {
+        if (slice < nblocks) {
 #pragma omp for schedule(static)
-        for (int64_t b = 0; b < nblocks; b += slice) lb_quantize(x, b, b + slice < nblocks ? b + slice : nblocks, &a);
+            for (int64_t b = 0; b < nblocks; b += slice) lb_quantize(x, b, b + slice < nblocks ? b + slice : nblocks, &a);
+        }
 #pragma omp for schedule(static)
         for (int64_t i = 0; i < n; i += share) {
             const int64_t i1 = i + share < n ? i + share : n;
