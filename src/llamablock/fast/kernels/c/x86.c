@@ -6,7 +6,8 @@
    (blocks.h) for Q4_0, Q4_1, Q8_0 and the K types, the groups of 8 rows the faster (`llamablock
    bench file_blocks`), and the file's order for every type, Q5_0's and the K types' blocks of 32
    unpacked to bytes (quant_bytes) to meet x as Q8_0's do. The K types go a super-block at a time
-   (x86_super.h): its scales are decoded once for its 8 blocks, in either layout. */
+   (x86_super.h): its scales are decoded once for its 8 blocks, in either layout. In the VNNI build a
+   prompt's tiles of rows take the grouped 4- to 6-bit types through panels (x86_panel.h). */
 
 #include <immintrin.h>
 #include <stdlib.h>
