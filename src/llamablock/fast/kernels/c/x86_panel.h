@@ -24,11 +24,12 @@
 
 #if defined(__AVX512VNNI__)
 
-/* From how many activation rows (of a tile) a type takes the panels: below it the decode kernels'
-   own unpacking is cheap beside the few rows. Read off one thread's timings of both kernels on
-   2048 x 2048 matrices (the commit that added the panels has them): the K types gain from 4 rows
-   (a served batch's step), the blocks of 32 from 6. */
-static inline int panel_from(const lb_traits *t) { return t->weights == LB_QK ? 6 : 4; }
+/* From how many activation rows (of a tile) a type takes the panels: below it the decode kernels,
+   which unpack a block for at most 4 rows but stream their weights better, are faster. Read off
+   two threads' timings of both kernels with the weights coming from memory (75 and 128 MiB
+   matrices), as a served batch's step and a short prompt's reads come at 1B (the commit that set
+   them has the timings): Q6_K gains from 4 rows, Q4_K and Q5_K from 8, Q4_0 and Q4_1 from 12. */
+static inline int panel_from(const lb_traits *t) { return t->type == LB_Q6_K ? 4 : t->weights == LB_QK ? 12 : 8; }
 /* a panel's block: 8 chunks of 64 bytes, then the 16 rows' factors f and f2 (float32) */
 enum { PANEL_BLOCK = 8 * 64 + 2 * 64 };
 
