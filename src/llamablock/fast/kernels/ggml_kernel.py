@@ -45,11 +45,11 @@ GEMM_TILE = 256  # weight rows dequantized per float GEMM (matmul's gemm_from; b
 # kind (util/cpu.py); None: the kernel at every length. Read off `llamablock bench prefill_crossover`'s
 # blocks table (BENCHMARKS.md): on AVX2 MKL's float32 GEMM outruns the kernel's 16-bit integer
 # products, by 128 rows level with it on SmolLM2's small layers and ahead on the 1B shapes, further
-# ahead with every row after. On AVX-512 (its VNNI build's prefill panels) the kernel is ahead at
-# every row count measured, to 512, for every type and shape. AMX, not measured, runs the same
-# AVX-512 VNNI build and keeps the kernel until a run there says otherwise. Other CPUs (the portable
-# build, with no vector code of its own) follow GEMM_FROM_UNMEASURED, as quant.py's packed layers do
-# on CPUs not measured.
+# ahead with every row after. On an AVX-512 CPU with VNNI (its build's prefill panels) the kernel is
+# ahead at every row count measured, to 512, for every type and shape; one without VNNI (the plain
+# avx512 build, no panels) and AMX (the VNNI build) are not measured and keep the kernel until a run
+# there says otherwise. Other CPUs (the portable build, with no vector code of its own) follow
+# GEMM_FROM_UNMEASURED, as quant.py's packed layers do on CPUs not measured.
 GEMM_FROM_BY_CPU = {"AVX2": 128, "AVX-512": None, "AMX": None}
 GEMM_FROM_UNMEASURED = 32
 ROWS, GROUPED = 0, 1  # lb_linear's `layout`: the file's order, groups of 8 rows (c/blocks.h LB_ROWS, LB_GROUPS)

@@ -4,8 +4,8 @@
 
    Why a second kernel: the decode kernels (x86.c dot_group, x86_super.h) unpack a block's weights
    again for every 4 activation rows and meet them in 256-bit vectors; on a long prompt their
-   products ran at about half this kernel's rate (one thread, the 1B model's matrices: the commit
-   that added it has the timings, `llamablock bench size` the prefill beside llama.cpp's, whose
+   products ran well behind this kernel (the commit that added it has one thread's timings on the
+   1B model's matrices, `llamablock bench size` the prefill beside llama.cpp's, whose
    repacked gemm kernels, ggml-cpu/repack.cpp, also unpack once for many rows). Here two groups (16
    weight rows) are unpacked once per tile of x into a panel, every weight one byte (0..63, the
    types' offsets kept out as integers), each block's 8 chunks of 4 weights one 64-byte vector
@@ -26,9 +26,10 @@
 
 /* From how many activation rows (of a tile) a type takes the panels: below it the decode kernels,
    which unpack a block for at most 4 rows but stream their weights better, are faster. Read off
-   two threads' timings of both kernels with the weights coming from memory (75 and 128 MiB
-   matrices), as a served batch's step and a short prompt's reads come at 1B (the commit that set
-   them has the timings): Q6_K gains from 4 rows, Q4_K and Q5_K from 8, Q4_0 and Q4_1 from 12. */
+   two threads' timings of both kernels with the weights coming from memory (matrices past the
+   last-level cache), as a served batch's step and a short prompt read them at 1B (the commit that
+   set them has the timings, on one AMD Zen 5): Q6_K gains from 4 rows, Q4_K and Q5_K from 8, Q4_0
+   and Q4_1 from 12. */
 static inline int panel_from(const lb_traits *t) { return t->type == LB_Q6_K ? 4 : t->weights == LB_QK ? 12 : 8; }
 /* a panel's block: 8 chunks of 64 bytes, then the 16 rows' factors f and f2 (float32) */
 enum { PANEL_BLOCK = 8 * 64 + 2 * 64 };
@@ -85,8 +86,8 @@ static LB_INLINE void panel_unpack(const lb_traits *t, const uint8_t *g0, const 
    group). Per block and row: the chunks' exact integer sums (lo's and hi's), less the type's offset
    (Q4_0 8 P, Q6_K 32 P16), then the decode kernels' float steps. The block's two halves (chunks 0..3,
    4..7) add up in chains of their own, chunk c of each side by side: one chain of 8 dependent dpbusd
-   a row left the multiplier waiting (the halves' chains made Q6_K 1.25x and Q4_K 1.05x faster, one
-   thread, the commit has the timings); Q6_K keeps them apart anyway, its halves' scales differ. */
+   a row left the multiplier waiting on each one's latency (the commit that split them has the
+   timings); Q6_K keeps the halves apart anyway, its halves' scales differ. */
 static LB_INLINE void panel_dot(const int R, const lb_traits *t, const uint8_t *panel, const lb_acts *a, int64_t r,
                                 float *out, int64_t n, __mmask16 lanes, const int eight) {
     __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
