@@ -62,13 +62,13 @@ int lb_linear_bits(int type, int layout, const uint8_t *w, int64_t n, int64_t k,
        A region a tile made a long prompt's threads meet at a barrier after every tile (py-spy showed
        the main thread waiting there), and one thread quantized all of x while the others waited. A
        decode step's few rows are copied before the region: a barrier would cost more than the copy. */
-    const int64_t nblocks = m * a.nb, slice = m >= TILE ? (nblocks + parts - 1) / parts : nblocks;
-    if (slice == nblocks) lb_quantize(x, 0, nblocks, &a);
+    const int64_t all = (int64_t)blocks, slice = m >= TILE ? (all + parts - 1) / parts : all;
+    if (slice == all) lb_quantize(x, 0, all, &a);
 #pragma omp parallel num_threads(threads) if (threads > 1)
     {
-        if (slice < nblocks) {
+        if (slice < all) {
 #pragma omp for schedule(static)
-            for (int64_t b = 0; b < nblocks; b += slice) lb_quantize(x, b, b + slice < nblocks ? b + slice : nblocks, &a);
+            for (int64_t b = 0; b < all; b += slice) lb_quantize(x, b, b + slice < all ? b + slice : all, &a);
         }
 #pragma omp for schedule(static)
         for (int64_t i = 0; i < n; i += share) {

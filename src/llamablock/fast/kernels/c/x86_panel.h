@@ -47,7 +47,7 @@ static inline int panel_type(const lb_traits *t) {
 static LB_INLINE void group_block(const lb_traits *t, const uint8_t *g, int64_t b, __m256i q[8], __m256 *f,
                                   __m256 *f2) {
     const int64_t bytes = LB_GROUP * t->bytes;
-    if (t->type == LB_Q6_K) return q6_group_block(g + b / 8 * bytes, (int)(b % 8), q, f, f2);
+    if (t->type == LB_Q6_K) return q6_group_block(t, g + b / 8 * bytes, (int)(b % 8), q, f, f2);
     if (t->weights != LB_QK) return k_group_block(t, g + b / 8 * bytes, (int)(b % 8), q, f, f2);
     const uint8_t *blk = g + b * bytes, *qs = blk + LB_GROUP * t->head;
     const __m256i nibble = _mm256_set1_epi8(15);

@@ -202,8 +202,9 @@ static LB_INLINE void dot_group_super(const int R, const lb_traits *t, const uin
    field 8 its d, then ql's 32 chunks and qh's 16. Block j (quarter c of half h) takes its low 4
    bits from ql chunks 16 h + 8 (c & 1) + k, nibble c >> 1, and its top 2 from qh chunks 8 h + k,
    bits 2c, as in the file's order (quant_bytes). d sc is exact: 11 bits times 8. */
-static LB_INLINE void q6_group_block(const uint8_t *head, int j, __m256i q[8], __m256 *f0, __m256 *f1) {
-    const uint8_t *qs = head + LB_GROUP * 18;
+static LB_INLINE void q6_group_block(const lb_traits *t, const uint8_t *head, int j, __m256i q[8], __m256 *f0,
+                                    __m256 *f1) {
+    const uint8_t *qs = head + LB_GROUP * t->head;
     const __m256i nibble = _mm256_set1_epi8(15), top = _mm256_set1_epi8(0x30);
     const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(head + 2 * LB_GROUP * 8)));
     const int h = j / 4, c = j % 4;
@@ -239,7 +240,7 @@ static LB_INLINE void dot_group_q6(const int R, const lb_traits *t, const uint8_
         for (int j = 0; j < 8; j++) {
             __m256i q[8];
             __m256 dsc0, dsc1;
-            q6_group_block(head, j, q, &dsc0, &dsc1);
+            q6_group_block(t, head, j, q, &dsc0, &dsc1);
             for (int i = 0; i < R; i++) {
                 const int64_t b = 8 * sb + j, at = (r + i) * a->k + b * LB_QK, ib = (r + i) * a->nb + b;
                 const __m256 e = _mm256_broadcast_ss(a->es + 2 * ib);
