@@ -36,6 +36,7 @@ BENCHMARKS = {
     "prefill_crossover": "benchmarks.bench_prefill_crossover",
     "file_blocks": "benchmarks.bench_file_blocks",
     "cache_attention": "benchmarks.bench_cache_attention",
+    "prompt_attention": "benchmarks.bench_prompt_attention",
     "activations": "benchmarks.bench_activations",
     "kquants": "benchmarks.bench_kquants",
     "compile_cache": "benchmarks.bench_compile_cache",

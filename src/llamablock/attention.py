@@ -4,7 +4,8 @@ One implementation covers all three head layouts: n_kv == h is MHA, n_kv == 1 is
 is GQA with g = h / n_kv query heads per key-value head. Keys and values are never copied out
 to the query heads:
   * plain causal prefill: torch's scaled_dot_product_attention with enable_gqa=True, one fused
-    call whose memory grows linearly with t (`llamablock bench long_prefill`);
+    call whose memory grows linearly with t (`llamablock bench long_prefill`), or where the plan
+    gives a `prompt_reader` (the eager engine's) the same in chunks of queries (fast/prompt_attention.py);
   * decode (t == 1) and every masked case: the g query heads of a group are stacked along the
     sequence axis, q (b, n_kv, g*t, hd), and multiplied once against their key head
     (b, n_kv, hd, s): a grouped matmul that reads each cached key once per step (`llamablock
@@ -147,6 +148,9 @@ class Attention(nn.Module):
         # A decode step's attention read in place from a 16-bit cache, where the plan gives one
         # (fast/kernels/cache_attention.py, the eager engine's): else the cache is read upcast below.
         self.cache_reader = None
+        # A prompt's causal attention in chunks, where the plan gives a reader (fast/prompt_attention.py, the
+        # eager engine's): else torch's scaled_dot_product_attention below.
+        self.prompt_reader = None
 
     def forward(self, x: torch.Tensor, inputs: AttentionInputs, cache: Cache | None = None) -> torch.Tensor:
         """x (b, t, D) -> (b, t, D)."""
@@ -185,6 +189,8 @@ class Attention(nn.Module):
             if self.softcap is not None:
                 raise ValueError("soft-capped scores need the causal mask as a bias: build the inputs with "
                                  "attention_inputs(..., fused_causal=False), as the Decoder does")
+            if self.prompt_reader is not None and self.prompt_reader.covers(self, q, k):
+                return self.prompt_reader(q, k, v, self.scale)
             return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_kv != h,
                                                   scale=self.scale if self.query_scaled else None)
         g = h // self.n_kv

@@ -26,7 +26,7 @@ layers are handed what the plan says (tests/fast/test_plan.py states the rules a
   of 8 where this CPU's build is faster so; a prompt from Machine.prefill's blocks rows: a float GEMM.
 - KV cache (`kv_dtype`, --kv-dtype): the CPU's 16-bit type (Machine.kv16) for a quantized model with float32
   activations, else the activations' dtype; a 16-bit one read upcast to float32, but in place by eager decode
-  steps where the kernel built (`cache_reader`: fast/kernels/cache_attention.py).
+  steps where the kernel built (`cache_reader`: fast/kernels/cache_attention.py); prompts' in chunks (prompt_attention).
 - Decode steps in C (`c_step`): an eager engine over a GGUF whose layer matrices are all blocks, activations float32,
   steps through every layer in one C call (fast/decode_step.py; the LLaMA block: config_reason)."""
 
@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from llamablock.fast import decode_step
+from llamablock.fast import decode_step, prompt_attention
 from llamablock.fast import machine as machines
 from llamablock.fast.compiled import builds
 from llamablock.fast.formats import CHOICES, FORMATS, GGUF_TYPES, PACKED, dir_format, load_dtype
@@ -293,10 +293,10 @@ def build(source: ModelSource, plan: Plan, notify=None) -> Built:
     if plan.engine == "eager":
         if plan.cache_reader:
             cache_attention.attach(model)
+        prompt_attention.attach(model)  # a prompt's causal attention in chunks, where it covers the call
         engine = decode_step.DecodeStepEngine if plan.c_step else EagerEngine
         return Built(model, engine(model, what, kv_dtype=getattr(torch, plan.kv)))
     from llamablock.fast.compiled.aoti_engine import AOTIEngine
-
     return Built(model, AOTIEngine(model, plan.fmt, autotune=plan.autotune, notify=notify, batch=plan.batch,
                                    prefill=plan.prefill, kv_dtype=getattr(torch, plan.kv),
                                    weights_id=builds.weights_identity(source.path, plan.fmt, plan.grouped)))
