@@ -52,7 +52,7 @@ class TestQuickCompiles(_QuickPart):
 
 
 class TestQuickProcesses(_QuickPart):
-    names = ("passkey", "memory", "overflow", "huge_pages", "activations", "cache_attention")
+    names = ("passkey", "memory", "overflow", "huge_pages", "activations", "cache_attention", "prompt_attention")
 
 
 class TestQuickDecode(_QuickPart):
