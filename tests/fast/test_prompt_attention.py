@@ -139,18 +139,64 @@ def test_the_eager_engine_prefills_through_the_chunks_where_they_cover_the_promp
     assert torch.equal(prefill(ids[:, :40]), want[1]) and _Counting.calls == 0
 
 
-def test_the_plan_gives_the_eager_engine_s_layers_the_reader(tmp_path):
+def _tiny_gguf(tmp_path, max_len=512):
     from gguf_tiny import write_tiny_gguf
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from hf_reference import tiny_hf_model
 
+    f = tmp_path / "tiny.gguf"
+    write_tiny_gguf(f, tiny_hf_model("llama", n_heads=4, n_kv=2, hidden_size=64, intermediate_size=128, head_dim=16,
+                                     max_position_embeddings=max_len), qtype="Q4_1")
+    return f
+
+
+def test_the_plan_gives_the_eager_engine_s_layers_the_reader(tmp_path):
     from llamablock.fast.plan import build, decide
     from llamablock.io.source import open_source
 
-    torch.manual_seed(0)
-    hf = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
-                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512))
-    path = tmp_path / "tiny.gguf"
-    write_tiny_gguf(path, hf)
-    source = open_source(path, tokenizer=False)
+    source = open_source(_tiny_gguf(tmp_path), tokenizer=False)
     model = build(source, decide(source, "auto", "eager")).model
     assert all(isinstance(m.prompt_reader, PromptReader) for m in model.modules() if isinstance(m, Attention))
+
+
+@torch.inference_mode()
+def test_the_operator_computes_what_the_eager_chunks_do():
+    """torch.ops.llamablock.prompt_attention (block_op.cpp, what the compiled prefill calls): the same ATen
+    calls as chunked_causal for a prompt in FROM..UP_TO, so the same bits; outside it, SDPA's bits."""
+    from llamablock.fast.kernels import block_op
+
+    assert block_op.load(), block_op.why_not()
+    for t in (FROM, FROM + 37, FROM - 1, UP_TO + 1):
+        q, k, v = _case(2, 2, 3, 16, t, seed=t)
+        q = q.transpose(1, 2).contiguous().transpose(1, 2)  # (b, h, t, hd) viewed from (b, t, h, hd), as layers make it
+        got = torch.ops.llamablock.prompt_attention(q, k, v, 0.25, CHUNK, FROM, UP_TO)
+        want = chunked_causal(q, k, v, 0.25) if FROM <= t <= UP_TO else \
+            F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True, scale=0.25)
+        assert got.is_contiguous() and torch.equal(got, want), t
+    torch.library.opcheck(torch.ops.llamablock.prompt_attention, (q, k, v, 0.25, CHUNK, FROM, UP_TO))
+
+
+def test_the_static_layout_prefills_through_the_operator_as_the_eager_engine_does(tmp_path):
+    """Over a file's blocks, the static layout (what the compiled engine compiles, run eagerly here) calls
+    the operator, which takes the chunks for this prompt (torch.profiler sees its matmuls, not SDPA's
+    kernel), and the eager engine the Python chunks: the same logits, bit for bit, along the prompt and
+    its steps."""
+    from kv16_bound import logits_along
+    from torch.profiler import profile
+
+    from llamablock.fast.compiled.static_engine import StaticEngine
+    from llamablock.fast.kernels import cache_attention
+    from llamablock.fast.plan import load_gguf_native
+
+    model = load_gguf_native(_tiny_gguf(tmp_path), engine="compiled")[0].eval()
+    ids = torch.randint(0, model.cfg.vocab_size, (1, FROM + 8), generator=torch.Generator().manual_seed(5))
+    eager = EagerEngine(model, kv_dtype=torch.float16)
+    assert cache_attention.attach(model)
+    prompt_attention.attach(model)
+    static = StaticEngine(model, "blocks", kv_dtype=torch.float16)
+    assert static.in_place
+    with torch.no_grad():
+        with profile() as prof:
+            got = logits_along(static, ids, FROM + 3)
+        assert torch.equal(got, logits_along(eager, ids, FROM + 3))
+    names = {e.name for e in prof.events()}
+    assert "llamablock::prompt_attention" in names and not any("flash_attention" in n for n in names)

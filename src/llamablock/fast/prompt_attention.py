@@ -15,6 +15,11 @@ FROM tokens; past UP_TO a chunk's rows of scores outgrow the caches and torch's 
 the keys too, is level or ahead, so `covers` takes prompts of FROM to UP_TO tokens. The result equals
 SDPA's to float32 rounding (the sums run in another order), within the bound
 tests/fast/test_prompt_attention.py states against a float64 reference.
+
+The compiled engine over a file's blocks prefills with one program for every prompt length, which
+cannot loop over t in Python: it calls the kernel's operator (block_op.cpp prompt_attention), the
+same ATen calls in C++ with CHUNK, FROM and UP_TO passed in, which takes the chunks or SDPA by t at
+run time; the operator and `chunked_causal` give the same bits (the tests).
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ def chunked_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: flo
     b, h, t, hd = q.shape
     n_kv = k.shape[1]
     g = h // n_kv
-    out = torch.empty_like(q)
+    out = q.new_empty(q.shape)  # contiguous, as the compiled engine's operator returns it (block_op.cpp)
     qg = (q * scale).view(b, n_kv, g, t, hd)  # scaled once: scaling each chunk's scores costs a pass over them
     og = out.view(b, n_kv, g, t, hd)
     above = torch.ones(CHUNK, CHUNK, dtype=torch.bool, device=q.device).triu_(1)  # (CHUNK, CHUNK): key after query

@@ -20,7 +20,8 @@ Everything else is the block's own: its norms, output projections, down projecti
 RoPE rotation, embedding and head are shared with the Decoder, not copied.
 
 Prefill (t > 1 tokens) runs through the same fused layers from an empty cache, attention by
-scaled_dot_product_attention over the t tokens only, and fills the cache's first t slots. It has
+scaled_dot_product_attention over the t tokens only (with `in_place`, the kernel's operator, which
+takes the eager engine's chunks where they cover t: fast/prompt_attention.py), and fills the cache's first t slots. It has
 no branch on t, so one program compiled with t symbolic serves every prompt length, and it
 returns the logits of a position it is given, so that a caller may pad a prompt at its end.
 Equality with `llamablock.model.Decoder`: the same operations on the same numbers, except that
@@ -38,6 +39,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from llamablock.attention import allowed_slots
+from llamablock.fast.prompt_attention import CHUNK, FROM, UP_TO
 from llamablock.ffn import GatedFFN, gate_activation
 from llamablock.kv_cache import StaticKVCache
 from llamablock.rope_scaling import follows_length
@@ -173,15 +175,19 @@ class _Layer(nn.Module):
         k = self.rotary.rotate(k.view(b, t, self.n_kv, self.hd).transpose(1, 2), cos, sin)  # (b, n_kv, t, hd)
         return q, k, v.view(b, t, self.n_kv, self.hd).transpose(1, 2)
 
-    def prefill(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: StaticKVCache) -> torch.Tensor:
-        """x (b, t, D) at positions 0..t-1: fill slots 0..t-1 and return the block's output."""
+    def prefill(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: StaticKVCache,
+                in_place: bool = False) -> torch.Tensor:
+        """x (b, t, D) at positions 0..t-1: fill slots 0..t-1 and return the block's output. `in_place`: the
+        kernel's operators are loaded, so attention runs through prompt_attention's (the eager engine's chunks)."""
         b, t, _ = x.shape
         q, k, v = self._qkv(self.norm1(x), cos, sin)
         cache.fill(self.index, k, v)
         # Attend to the slots just filled, as the steps will read them (a 16-bit cache's rounding): read
         # back from the buffers, since inductor drops a round trip k.to(kv).to(q.dtype) from a program.
         k, v = (buf[:, :, :t].to(q.dtype) for buf in (cache.keys[self.index], cache.values[self.index]))
-        if self.window is None:
+        if self.window is None and in_place and q.dtype == torch.float32:  # the operator picks chunks or SDPA by t
+            out = torch.ops.llamablock.prompt_attention(q, k, v, self.hd**-0.5, CHUNK, FROM, UP_TO)
+        elif self.window is None:
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_kv != self.h)
         else:  # the window's mask at every length: a branch on t > window would fix t in a compiled program
             slot = torch.arange(t, device=x.device)
@@ -278,7 +284,7 @@ class StaticDecoder(nn.Module):
         x = self._embed(ids)
         cos, sin = self.cos[None, :t], self.sin[None, :t]  # (1, t, r/2)
         for layer in self.layers:
-            x = layer.prefill(x, cos, sin, self.cache)
+            x = layer.prefill(x, cos, sin, self.cache, self.in_place)
         return self._logits(x if last is None else x.index_select(1, last))
 
     def step(self, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:

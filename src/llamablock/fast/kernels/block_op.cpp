@@ -115,12 +115,40 @@ static at::Tensor cache_attention(const at::Tensor &q, const at::Tensor &k, cons
     return out;
 }
 
+// A prompt's causal attention in chunks of `chunk` queries, each kv group's query heads stacked into one
+// matmul (fast/prompt_attention.py, whose chunked_causal the eager engine calls: the same ATen calls in
+// the same order, so the same numbers), for a prompt of first..last tokens; any other length (or more
+// keys than queries) takes torch's SDPA kernel, as a compiled program's one prefill serves every length.
+// q (b, h, t, hd), k and v (b, n_kv, t, hd) float32 -> (b, h, t, hd) contiguous, either way (the layout
+// the fake kernel in block_op.py promises the program).
+static at::Tensor prompt_attention(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, double scale,
+                                   int64_t chunk, int64_t first, int64_t last) {
+    const int64_t b = q.size(0), h = q.size(1), t = q.size(2), hd = q.size(3), n_kv = k.size(1);
+    TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.sizes() == k.sizes() && h % n_kv == 0 && chunk > 0,
+                "prompt_attention: q (b, h, t, hd) and k, v (b, n_kv, t, hd) with h a multiple of n_kv");
+    if (t < first || t > last || k.size(2) != t || q.scalar_type() != at::kFloat)
+        return at::scaled_dot_product_attention(q, k, v, {}, 0.0, true, scale, n_kv != h).contiguous();
+    const int64_t g = h / n_kv;
+    at::Tensor out = at::empty(q.sizes(), q.options());
+    at::Tensor qg = at::mul(q, scale).view({b, n_kv, g, t, hd}), og = out.view({b, n_kv, g, t, hd});
+    at::Tensor above = at::ones({chunk, chunk}, q.options().dtype(at::kBool)).triu_(1);  // key after query
+    for (int64_t a = 0; a < t; a += chunk) {
+        const int64_t e = std::min(a + chunk, t), c = e - a;
+        at::Tensor scores = at::matmul(qg.slice(3, a, e).reshape({b, n_kv, g * c, hd}), k.slice(2, 0, e).transpose(-1, -2));
+        scores.view({b, n_kv, g, c, e}).slice(4, a, e).masked_fill_(above.slice(0, 0, c).slice(1, 0, c), -INFINITY);
+        og.slice(3, a, e).copy_(at::matmul(at::softmax(scores, -1), v.slice(2, 0, e)).view({b, n_kv, g, c, hd}));
+    }
+    return out;
+}
+
 TORCH_LIBRARY(llamablock, m) {
     m.def("block_linear(Tensor x, Tensor blocks, int type, int layout=0, int gemm_from=0) -> Tensor");
     m.def("cache_attention(Tensor q, Tensor k, Tensor v, Tensor allowed, float scale) -> Tensor");
+    m.def("prompt_attention(Tensor q, Tensor k, Tensor v, float scale, int chunk, int first, int last) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(llamablock, CPU, m) {
     m.impl("block_linear", &block_linear);
     m.impl("cache_attention", &cache_attention);
+    m.impl("prompt_attention", &prompt_attention);
 }

@@ -85,6 +85,10 @@ def _register() -> bool:
     def _(q, k, v, allowed, scale):  # (b, h, hd) against caches (b, n_kv, L, hd) -> (b, h, hd) float32
         return q.new_empty(q.shape, dtype=torch.float32)
 
+    @torch.library.register_fake("llamablock::prompt_attention")
+    def _(q, k, v, scale, chunk, first, last):  # q (b, h, t, hd) -> (b, h, t, hd) contiguous
+        return q.new_empty(q.shape)
+
     return True
 
 
