@@ -187,6 +187,34 @@ def test_threads_split_a_prompt_as_one_thread_does(type_name):
         assert torch.equal(ggml_kernel.matmul(type_name, raw, x, threads=threads, grouped=True), one), threads
 
 
+@pytest.mark.parametrize("isa", RUNS)
+def test_matrices_read_together_give_each_matrix_s_own_bits(isa, libs):
+    """lb_linear_many (c/linear.c: a decode step's q, k, v, or gate and up, in one parallel region) gives
+    each matrix what lb_linear gives it alone, bit for bit: mixed types and layouts, shares that end
+    inside a matrix or leave a thread none, at 1, 4 and 37 rows and 1 to 3 threads."""
+    import ctypes
+
+    from llamablock.fast.decode_step import _Matrix
+
+    lib = libs[isa]
+    lib.lb_linear_many.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
+                                   ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
+    mats = [("Q4_K", 40, True, 1), ("Q6_K", 8, True, 2), ("Q5_0", 24, False, 3), ("Q6_K", 16, False, 4)]
+    raws = [_laid_out(t, _random_blocks(t, n, seed=s), grouped) for t, n, grouped, s in mats]
+    structs = [_Matrix(ggml_kernel.TYPE_IDS[t], int(g), raw.data_ptr(), n, None)
+               for (t, n, g, _), raw in zip(mats, raws, strict=True)]
+    pointers = (ctypes.POINTER(_Matrix) * len(structs))(*(ctypes.pointer(m) for m in structs))
+    x = _activations(rows=37)
+    for rows in (x[:1], x[:4], x):
+        for threads in (1, 2, 3):
+            ys = [torch.full((len(rows), n), float("nan")) for _, n, _, _ in mats]
+            outs = (ctypes.c_void_p * len(ys))(*(y.data_ptr() for y in ys))
+            assert lib.lb_linear_many(pointers, len(mats), K, rows.data_ptr(), len(rows), outs, threads, 16) == 0
+            for (t, _, grouped, _), raw, y in zip(mats, raws, ys, strict=True):
+                want = ggml_kernel.matmul(t, raw, rows, threads=1, lib=lib, grouped=grouped)
+                assert torch.equal(y, want), (t, len(rows), threads)
+
+
 def test_the_operator_and_the_ctypes_call_give_the_same_bits():
     """A layer's binding is either ggml_kernel.matmul or block_op.linear: the same outputs."""
     assert block_op.load(), block_op.why_not()

@@ -165,6 +165,12 @@ typedef struct {
     int64_t n;         /* output rows; the input is the matrix's place in the layer (D, h hd or ffn) */
     const float *bias; /* (n,) float32, or 0 */
 } lb_matrix;
+/* Several matrices against one x, y_j (m, n_j) = x (m, k) W_j^T, in one parallel region (linear.c): each
+   thread takes its share of every matrix, as lb_linear would, with no barrier between the matrices, so
+   each y_j is lb_linear's bit for bit. At most LB_MANY matrices; their biases are the caller's. */
+enum { LB_MANY = 4 };
+int lb_linear_many(const lb_matrix *const *mats, int count, int64_t k, const float *x, int64_t m, float *const *ys,
+                   int threads, int bits);
 typedef struct {
     lb_matrix q, k, v, o, gate, up, down;
     const float *norm1, *norm2; /* (D,) float32: RMSNorm's scale (Gemma's 1 + w already added) */

@@ -141,14 +141,22 @@ static double now(void) {
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
-/* y (rows, mat->n) = x W^T (+ bias), x (rows, k): one lb_linear call, so each matrix is read once
-   for all the rows (a row's sums are the same as alone: linear.c splits weight rows, never a row) */
-static int product(const lb_matrix *mat, const float *x, int64_t k, int64_t rows, float *y, int threads) {
-    const int status = lb_linear(mat->type, mat->layout, mat->w, mat->n, k, x, rows, y, threads);
-    if (status == LB_OK && mat->bias)
-        for (int64_t r = 0; r < rows; r++)
-            for (int64_t i = 0; i < mat->n; i++) y[r * mat->n + i] += mat->bias[i];
+/* ys[j] (rows, mats[j]->n) = x W_j^T (+ bias_j), x (rows, k), for matrices that read the same x: one
+   lb_linear_many call, so each matrix is read once for all the rows and the matrices share one parallel
+   region (q, k and v; gate and up) (a row's sums are the same as alone: linear.c splits weight rows,
+   never a row) */
+static int products(const lb_matrix *const *mats, int count, const float *x, int64_t k, int64_t rows,
+                    float *const *ys, int threads) {
+    const int status = lb_linear_many(mats, count, k, x, rows, ys, threads, 16);
+    for (int j = 0; status == LB_OK && j < count; j++)
+        if (mats[j]->bias)
+            for (int64_t r = 0; r < rows; r++)
+                for (int64_t i = 0; i < mats[j]->n; i++) ys[j][r * mats[j]->n + i] += mats[j]->bias[i];
     return status;
+}
+
+static int product(const lb_matrix *mat, const float *x, int64_t k, int64_t rows, float *y, int threads) {
+    return products(&mat, 1, x, k, rows, &y, threads);
 }
 
 int64_t lb_decode_work(const lb_decoder *m, int64_t rows) {
@@ -197,9 +205,9 @@ int lb_decode_layers(const lb_decoder *m, float *x, int64_t rows, int64_t front,
         const lb_layer *l = m->layers + layer;
         for (int64_t r = 0; r < rows; r++) rms_norm(x + r * d, l->norm1, d, m->eps, xn + r * d);
         START;
-        if ((status = product(&l->q, xn, d, rows, q, threads)) || (status = product(&l->k, xn, d, rows, k, threads)) ||
-            (status = product(&l->v, xn, d, rows, v, threads)))
-            break;
+        const lb_matrix *qkv[3] = {&l->q, &l->k, &l->v}, *gate_up[2] = {&l->gate, &l->up};
+        float *qkv_out[3] = {q, k, v}, *gate_up_out[2] = {gate, up};
+        if ((status = products(qkv, 3, xn, d, rows, qkv_out, threads))) break;
         STOP(0);
         START;
         if (rows == 1) /* one sequence: its heads split over the threads */
@@ -220,9 +228,7 @@ int lb_decode_layers(const lb_decoder *m, float *x, int64_t rows, int64_t front,
         for (int64_t i = 0; i < rows * d; i++) x[i] += out[i];
         for (int64_t r = 0; r < rows; r++) rms_norm(x + r * d, l->norm2, d, m->eps, xn + r * d);
         START;
-        if ((status = product(&l->gate, xn, d, rows, gate, threads)) ||
-            (status = product(&l->up, xn, d, rows, up, threads)))
-            break;
+        if ((status = products(gate_up, 2, xn, d, rows, gate_up_out, threads))) break;
         STOP(0);
         gated(gate, up, rows * m->ffn, m->act);
         START;
