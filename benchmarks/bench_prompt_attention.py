@@ -1,6 +1,6 @@
 """A prompt's causal attention in chunks of grouped queries against torch's SDPA, by length and head shape.
 
-fast/prompt_attention.py gives the eager engine's attention layers a reader that computes a causal
+fast/kernels/prompt_attention.py gives the eager engine's attention layers a reader that computes a causal
 prefill in chunks of CHUNK queries, the g query heads of a group stacked into one matmul against the
 keys up to the chunk's end; it takes prompts of FROM to UP_TO tokens, read off the first table here.
 Three tables: attention alone, the two interleaved in this process (llamablock.util.timing), random
@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.common import Section, ms
-from llamablock.fast import prompt_attention
+from llamablock.fast.kernels import prompt_attention
 from llamablock.util.timing import time_calls
 
 NAME = "prompt_attention"
@@ -83,7 +83,7 @@ def run(quick: bool = False) -> list[Section]:
             alone.rows.append([name, str(t), f"{ms(a['median'])} ({ms(a['min'])})", f"{ms(b['median'])} ({ms(b['min'])})",
                                f"{a['median'] / b['median']:.2f}x"])
     alone.notes.append(f"The eager engine takes the chunks for prompts of {prompt_attention.FROM} to "
-                       f"{prompt_attention.UP_TO} tokens (fast/prompt_attention.py FROM, UP_TO); SDPA is torch's "
+                       f"{prompt_attention.UP_TO} tokens (fast/kernels/prompt_attention.py FROM, UP_TO); SDPA is torch's "
                        "CPU flash kernel, one query head at a time, which splits a long prompt's keys too.")
     chunk = Section(f"The chunk's size, Llama-3.2-1B's heads at 512 tokens, ms (medians of {repeats})",
                     ["CHUNK", "SDPA", "chunks", "SDPA / chunks"])

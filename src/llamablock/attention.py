@@ -5,7 +5,7 @@ is GQA with g = h / n_kv query heads per key-value head. Keys and values are nev
 to the query heads:
   * plain causal prefill: torch's scaled_dot_product_attention with enable_gqa=True, one fused
     call whose memory grows linearly with t (`llamablock bench long_prefill`), or where the plan
-    gives a `prompt_reader` (the eager engine's) the same in chunks of queries (fast/prompt_attention.py);
+    gives a `prompt_reader` (the eager engine's) the same in chunks of queries (fast/kernels/prompt_attention.py);
   * decode (t == 1) and every masked case: the g query heads of a group are stacked along the
     sequence axis, q (b, n_kv, g*t, hd), and multiplied once against their key head
     (b, n_kv, hd, s): a grouped matmul that reads each cached key once per step (`llamablock
@@ -148,7 +148,7 @@ class Attention(nn.Module):
         # A decode step's attention read in place from a 16-bit cache, where the plan gives one
         # (fast/kernels/cache_attention.py, the eager engine's): else the cache is read upcast below.
         self.cache_reader = None
-        # A prompt's causal attention in chunks, where the plan gives a reader (fast/prompt_attention.py, the
+        # A prompt's causal attention in chunks, where the plan gives a reader (fast/kernels/prompt_attention.py, the
         # eager engine's): else torch's scaled_dot_product_attention below.
         self.prompt_reader = None
 

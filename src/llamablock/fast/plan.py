@@ -41,11 +41,11 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from llamablock.fast import decode_step, prompt_attention
+from llamablock.fast import decode_step
 from llamablock.fast import machine as machines
 from llamablock.fast.compiled import builds
 from llamablock.fast.formats import CHOICES, FORMATS, GGUF_TYPES, PACKED, dir_format, load_dtype
-from llamablock.fast.kernels import cache_attention
+from llamablock.fast.kernels import cache_attention, prompt_attention
 from llamablock.fast.kernels.ggml_kernel import BLOCK_BYTES, GROUPABLE
 from llamablock.fast.kernels.native import native_decoder
 from llamablock.fast.kernels.quant import apply_dtype

@@ -20,9 +20,8 @@ import torch
 from gguf_tiny import write_tiny_gguf
 from hf_reference import tiny_hf_model
 
-from llamablock.fast import prompt_attention
 from llamablock.fast.compiled.aoti_engine import AOTIEngine
-from llamablock.fast.kernels import block_op, ggml_kernel
+from llamablock.fast.kernels import block_op, ggml_kernel, prompt_attention
 from llamablock.fast.plan import load_gguf_native, load_in_format, own_format
 from llamablock.io.source import open_source
 from llamablock.runtime.engine import EagerEngine
@@ -66,7 +65,7 @@ def test_the_compiled_blocks_follow_the_eager_blocks(tmp_path):
     engine = AOTIEngine(model, "blocks", autotune=False)
     gen = torch.Generator().manual_seed(0)
     with torch.no_grad():
-        # padded; and one the prefill's attention takes in chunks (fast/prompt_attention.py: the operator's)
+        # padded; and one the prefill's attention takes in chunks (fast/kernels/prompt_attention.py: the operator's)
         for ids in (torch.tensor([PROMPT]), torch.randint(0, 97, (1, prompt_attention.FROM + 44), generator=gen)):
             for g, r in zip(_logits(engine, ids, 6), _logits(EagerEngine(model), ids, 6), strict=True):
                 torch.testing.assert_close(g, r, atol=1e-3 * r.abs().max().item(), rtol=0)
@@ -77,7 +76,7 @@ def test_the_compiled_blocks_follow_the_eager_blocks(tmp_path):
 FRESH = r"""
 import sys, torch
 from llamablock.fast.compiled import aoti_step, builds
-from llamablock.fast import prompt_attention
+from llamablock.fast.kernels import prompt_attention
 from llamablock.fast.compiled.aoti_engine import AOTIEngine
 from llamablock.fast.machine import this_machine
 from llamablock.fast.plan import load_gguf_native

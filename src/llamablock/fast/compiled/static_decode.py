@@ -20,10 +20,11 @@ Everything else is the block's own: its norms, output projections, down projecti
 RoPE rotation, embedding and head are shared with the Decoder, not copied.
 
 Prefill (t > 1 tokens) runs through the same fused layers from an empty cache, attention by
-scaled_dot_product_attention over the t tokens only (with `in_place`, the kernel's operator, which
-takes the eager engine's chunks where they cover t: fast/prompt_attention.py), and fills the cache's first t slots. It has
-no branch on t, so one program compiled with t symbolic serves every prompt length, and it
-returns the logits of a position it is given, so that a caller may pad a prompt at its end.
+scaled_dot_product_attention over the t tokens only (with `in_place`, the kernel's operator,
+which takes the eager engine's chunks where they cover t: fast/kernels/prompt_attention.py), and
+fills the cache's first t slots. It has no branch on t, so one program compiled with t symbolic
+serves every prompt length, and it returns the logits of a position it is given, so that a caller
+may pad a prompt at its end.
 Equality with `llamablock.model.Decoder`: the same operations on the same numbers, except that
 the step's softmax sums over the filled slots (in a batch, zeros past a shorter row's `pos`) and the fused matmuls may block their
 sums differently, so logits agree to float rounding, not bit for bit (tests state the tolerance).
@@ -39,7 +40,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from llamablock.attention import allowed_slots
-from llamablock.fast.prompt_attention import CHUNK, FROM, UP_TO
+from llamablock.fast.kernels.prompt_attention import CHUNK, FROM, UP_TO
 from llamablock.ffn import GatedFFN, gate_activation
 from llamablock.kv_cache import StaticKVCache
 from llamablock.rope_scaling import follows_length

@@ -116,7 +116,7 @@ static at::Tensor cache_attention(const at::Tensor &q, const at::Tensor &k, cons
 }
 
 // A prompt's causal attention in chunks of `chunk` queries, each kv group's query heads stacked into one
-// matmul (fast/prompt_attention.py, whose chunked_causal the eager engine calls: the same ATen calls in
+// matmul (fast/kernels/prompt_attention.py, whose chunked_causal the eager engine calls: the same ATen calls in
 // the same order, so the same numbers), for a prompt of first..last tokens; any other length (or more
 // keys than queries) takes torch's SDPA kernel, as a compiled program's one prefill serves every length.
 // q (b, h, t, hd), k and v (b, n_kv, t, hd) float32 -> (b, h, t, hd) contiguous, either way (the layout

@@ -1,4 +1,4 @@
-"""A prompt's causal attention in chunks of queries (fast/prompt_attention.py), and the eager engine that uses it.
+"""A prompt's causal attention in chunks of queries (fast/kernels/prompt_attention.py), and the eager engine that uses it.
 
 Reference, independent of the code under test: float64 attention, each query over the keys up to its
 own position. The bound, from float32's unit u = 2^-24 and Higham's gamma_n = n u / (1 - n u) for a
@@ -21,8 +21,8 @@ import torch.nn.functional as F
 
 from llamablock.attention import Attention
 from llamablock.config import ModelConfig
-from llamablock.fast import prompt_attention
-from llamablock.fast.prompt_attention import CHUNK, FROM, UP_TO, PromptReader, chunked_causal
+from llamablock.fast.kernels import prompt_attention
+from llamablock.fast.kernels.prompt_attention import CHUNK, FROM, UP_TO, PromptReader, chunked_causal
 from llamablock.model import Decoder
 from llamablock.runtime.engine import EagerEngine
 
