@@ -172,7 +172,7 @@ def test_a_row_is_the_same_alone_and_among_others(isa, grouped, libs):
     for type_name in TYPES:
         raw = torch.from_numpy(_random_blocks(type_name, 24, 96, seed=4))
         raw = group_rows(type_name, raw) if grouped else raw
-        x = torch.randn(37, 96)  # a tile of 32 (eight groups of four) and five more, four and one alone
+        x = torch.randn(69, 96)  # a tile of 64 (sixteen groups of four) and five more, four and one alone
         for bits in (16, 8):
             together = ggml_kernel.matmul(type_name, raw, x, lib=lib, grouped=grouped, bits=bits)
             alone = torch.cat([ggml_kernel.matmul(type_name, raw, x[i:i + 1], lib=lib, grouped=grouped, bits=bits)
@@ -292,7 +292,7 @@ def test_a_file_loads_into_its_own_blocks_bit_for_bit(tmp_path, qtype, tied):
     assert isinstance(native.embed, BlockEmbedding) and hasattr(native.embed, "rows") != tied
     vocab = exact.embed.weight.shape[0]
     assert torch.equal(native.embed(torch.arange(vocab)), exact.embed.weight)
-    ids = torch.randint(0, vocab, (1, 40), generator=torch.Generator().manual_seed(0))  # more than a tile of 32
+    ids = torch.randint(0, vocab, (1, 72), generator=torch.Generator().manual_seed(0))  # more than a tile of 64
     with torch.no_grad():
         got, want = native(ids), exact(ids)
     # 16-bit activations put a relative error of about 2^-16 on each product; 1e-3 of the largest

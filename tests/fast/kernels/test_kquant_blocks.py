@@ -143,7 +143,7 @@ def test_a_row_is_the_same_alone_and_among_others(isa, grouped, libs):
     """Prefill takes rows four at a time and decode one: bit for bit the same result either way."""
     if isa not in RUNS:
         pytest.skip(f"this CPU does not run the {isa} build")
-    x = _activations(rows=37)  # a tile of 32 (eight groups of four) and five more, four and one alone
+    x = _activations(rows=69)  # a tile of 64 (sixteen groups of four) and five more, four and one alone
     for type_name in [t for t in TYPES if not grouped or t in ggml_kernel.GROUPABLE]:
         raw = _laid_out(type_name, np.concatenate([_random_blocks(type_name, 8, seed=4), _extremes(type_name)]), grouped)
         for bits in (16, 8):

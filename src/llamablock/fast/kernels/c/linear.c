@@ -26,8 +26,10 @@ int lb_block_groups(int type) {
 /* x is taken TILE rows at a time, and within a tile the weight rows are the outer loop: a weight
    row is read from memory once per tile and stays in the L1 cache for the tile's rows, whose 16-bit
    copy (TILE k 2 bytes) stays in L2. Each thread takes one contiguous share of the weight rows (a
-   multiple of LB_GROUP rows), one kernel call a tile, as OpenMP's static schedule would share them. */
-#define TILE 32
+   multiple of LB_GROUP rows), one kernel call a tile, as OpenMP's static schedule would share them.
+   64 rows: the AVX-512 VNNI panels (x86_panel.h) unpack a panel once a tile, and 32 left that a
+   larger part of the tile's work (the commit that set it has the timings; the AVX2 build level). */
+#define TILE 64
 
 int lb_linear(int type, int layout, const uint8_t *w, int64_t n, int64_t k, const float *x, int64_t m, float *y,
               int threads) {
