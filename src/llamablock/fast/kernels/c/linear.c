@@ -25,11 +25,15 @@ int lb_block_groups(int type) {
 
 /* x is taken TILE rows at a time, and within a tile the weight rows are the outer loop: a weight
    row is read from memory once per tile and stays in the L1 cache for the tile's rows, whose 16-bit
-   copy (TILE k 2 bytes) stays in L2. Each thread takes one contiguous share of the weight rows (a
-   multiple of LB_GROUP rows), one kernel call a tile, as OpenMP's static schedule would share them.
-   64 rows: the AVX-512 VNNI panels (x86_panel.h) unpack a panel once a tile, and 32 left that a
-   larger part of the tile's work (the commit that set it has the timings; the AVX2 build level). */
+   copy is TILE k 2 bytes (256 KiB at k 2048), meant to stay in L2. Each thread takes one contiguous share
+   of the weight rows (a multiple of LB_GROUP rows), one kernel call a tile, as OpenMP's static
+   schedule would share them. 64 rows, not 32: the AVX-512 VNNI panels (x86_panel.h) unpack weights
+   once a tile, half as often (the commit that set it has the timings; the AVX2 build ran level). */
 #define TILE 64
+/* From how many rows of x the threads split its copy between them (inside the region, after a
+   barrier); below it the calling thread copies it before the region, as a decode step's few rows
+   cost less to copy than a barrier (measured at 32 rows, the tile's size then: baafe50). */
+#define SPLIT_COPY_FROM 32
 
 int lb_linear(int type, int layout, const uint8_t *w, int64_t n, int64_t k, const float *x, int64_t m, float *y,
               int threads) {
@@ -77,7 +81,7 @@ int lb_linear_many(const lb_matrix *const *mats, int count, int64_t k, const flo
        prompt's threads meet at a barrier after every tile (py-spy showed the main thread waiting
        there), and one thread quantized all of x while the others waited. A decode step's few rows are
        copied before the region: a barrier would cost more than the copy. */
-    const int64_t all = (int64_t)blocks, slice = m >= TILE ? (all + parts - 1) / parts : all;
+    const int64_t all = (int64_t)blocks, slice = m >= SPLIT_COPY_FROM ? (all + parts - 1) / parts : all;
     if (slice == all) lb_quantize(x, 0, all, &a);
 #pragma omp parallel num_threads(threads) if (threads > 1)
     {
