@@ -6,8 +6,8 @@ keys up to the chunk's end; it takes prompts of FROM to UP_TO tokens, read off t
 Three tables: attention alone, the two interleaved in this process (llamablock.util.timing), random
 float32 q, k, v of real models' head shapes, medians and minima; the chunk's size at 512 tokens; and,
 full runs only, the whole eager prefill of 512 tokens (the plan's engine, the readers on and off
-between rounds) of the embedded SmolLM2-135M and the 1B Q4_K_M file `bench size` writes, where the
-attention is a tenth to a third of the prefill (`bench size`'s step profile).
+between rounds) of the embedded SmolLM2-135M and the 1B Q4_K_M file `bench size` writes (`bench
+size`'s step profile says how much of each prefill is attention).
 --quick: two shapes at two lengths, no whole prefill.
 """
 

@@ -189,7 +189,7 @@ class Attention(nn.Module):
             if self.softcap is not None:
                 raise ValueError("soft-capped scores need the causal mask as a bias: build the inputs with "
                                  "attention_inputs(..., fused_causal=False), as the Decoder does")
-            if self.prompt_reader is not None and self.prompt_reader.covers(self, q, k):
+            if self.prompt_reader is not None and self.prompt_reader.covers(q, k):
                 return self.prompt_reader(q, k, v, self.scale)
             return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_kv != h,
                                                   scale=self.scale if self.query_scaled else None)

@@ -79,11 +79,6 @@ def test_a_query_never_reads_a_later_key_or_value():
         assert not torch.equal(got[:, :, p:], want[:, :, p:])  # the changed slots are read from p on
 
 
-def _layer():
-    cfg = ModelConfig(vocab_size=8, d_model=64, n_layers=1, n_heads=4, n_kv_heads=2)
-    return Attention(cfg)
-
-
 @pytest.mark.parametrize("t, dtype, grad, keys, covered", [
     (FROM, torch.float32, False, 0, True), (UP_TO, torch.float32, False, 0, True),
     (FROM - 1, torch.float32, False, 0, False), (UP_TO + 1, torch.float32, False, 0, False),
@@ -94,7 +89,7 @@ def _layer():
 def test_covers_a_float32_prompt_in_its_range_only(t, dtype, grad, keys, covered):
     q, k = torch.zeros(1, 4, t, 16, dtype=dtype), torch.zeros(1, 2, t + keys, 16, dtype=dtype)
     with torch.set_grad_enabled(grad):
-        assert PromptReader().covers(_layer(), q, k) is covered
+        assert PromptReader().covers(q, k) is covered
 
 
 def _model():

@@ -186,7 +186,7 @@ class _Layer(nn.Module):
         # Attend to the slots just filled, as the steps will read them (a 16-bit cache's rounding): read
         # back from the buffers, since inductor drops a round trip k.to(kv).to(q.dtype) from a program.
         k, v = (buf[:, :, :t].to(q.dtype) for buf in (cache.keys[self.index], cache.values[self.index]))
-        if self.window is None and in_place and q.dtype == torch.float32:  # the operator picks chunks or SDPA by t
+        if self.window is None and in_place:  # the operator picks chunks or SDPA by t (and dtype)
             out = torch.ops.llamablock.prompt_attention(q, k, v, self.hd**-0.5, CHUNK, FROM, UP_TO)
         elif self.window is None:
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_kv != self.h)

@@ -54,12 +54,12 @@ def chunked_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: flo
 class PromptReader:
     """What `attach` gives an Attention layer: `covers` says whether a causal call is one it takes."""
 
-    def covers(self, layer: nn.Module, q: torch.Tensor, k: torch.Tensor) -> bool:
+    def covers(self, q: torch.Tensor, k: torch.Tensor) -> bool:
         """A float32 prompt on the CPU of FROM..UP_TO tokens from the cache's start (keys as many as queries), no
-        gradient (a training step keeps SDPA's backward), not under torch.compile (a loop over t)."""
+        gradient (a training step keeps SDPA's backward), not under torch.compile (a loop over t). (A layer
+        that soft-caps its scores never asks: Attention.attend refuses its causal call first.)"""
         return (FROM <= q.shape[2] <= UP_TO and k.shape[2] == q.shape[2] and q.device.type == "cpu"
-                and q.dtype == torch.float32
-                and k.dtype == torch.float32 and not torch.is_grad_enabled() and layer.softcap is None
+                and q.dtype == torch.float32 and k.dtype == torch.float32 and not torch.is_grad_enabled()
                 and not torch.compiler.is_compiling())
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
