@@ -143,6 +143,34 @@ def test_the_same_bits_whatever_the_threads(files):
     assert torch.equal(*runs)
 
 
+@pytest.mark.parametrize("isa", RUNS)
+@pytest.mark.parametrize("grouped", [True, False], ids=["grouped", "rows"])
+@pytest.mark.parametrize("mix", MIXES)
+def test_the_step_s_embedding_is_the_model_s_bit_for_bit(mix, grouped, isa, files, libs):
+    """The step reads each id's table row by one C call (DecodeStep.embed): the same float32 values as
+    the model's BlockEmbedding, for ids at every place in a group of 8 rows and both ends of the table,
+    in either layout (the loader groups these tables; an ungroupable type, Q5_0, stays in rows); an id
+    out of range gets the model's own error."""
+    from llamablock.fast.kernels.file_blocks import BlockEmbedding, BlockLinear
+
+    model = load_gguf_native(files[mix])[0]
+    table = model.embed.head[0]
+    assert table.grouped
+    if not grouped:  # the same bytes in the file's order (untied: the head keeps its grouped copy)
+        model.embed = BlockEmbedding(BlockLinear(table.type_name, table.file_rows(), table.in_features), owned=True)
+    step = DecodeStep(model, lib=libs[isa])
+    assert step.table is model.embed.head[0] and step.table.grouped == grouped
+    v = model.cfg.vocab_size
+    ids = torch.tensor([[0], [1], [7], [8], [13], [v - 9], [v - 2], [v - 1]])
+    lengths = torch.arange(ids.shape[0])
+    with torch.no_grad():
+        want = model.embed_tokens(ids, lengths[:, None]).reshape(ids.shape[0], -1)
+        got = step.embed(ids, lengths)
+    assert got.is_contiguous() and torch.equal(got, want)
+    with pytest.raises(ValueError, match=f"token id {v} is out of range"):
+        step.embed(torch.tensor([[v]]), torch.tensor([0]))
+
+
 @pytest.mark.parametrize("change, reason", [
     (dict(sliding_window=64), "a sliding window"),
     (dict(norm="layernorm"), "a norm other than RMSNorm"),
