@@ -24,7 +24,9 @@ Peak memory is each process's resident high-water mark (VmHWM, read while it run
 interpreter included on our side (the row "python + torch" shows that floor). The bandwidth share is decode
 tok/s x the bytes a step reads (every tensor but an untied embedding) over a plain read's rate:
 the faster of a C read and a float32 matrix-vector product over 1 GiB on the same threads
-(benchmarks/read_ceiling.py), the fastest of those taken before the run and after every round.
+(benchmarks/read_ceiling.py), taken just before and just after each decode run, the faster of the
+two: this host's read rate drifts by a third over minutes, so a run is held to the read of its own
+moment, not to the fastest of the whole run (which held every run to the best minute's memory).
 --quick: a tiny file, one round, eager only.
 """
 
@@ -166,10 +168,17 @@ def run(quick: bool = False) -> list[Section]:
 
         paths = {EMBEDDED: resolve_model(None), **paths}
     binary = None if quick else llama_cpp_tool("llama-bench")
-    # The read ceiling is taken again after every round and the fastest kept: on a shared machine one
-    # read at a busy moment understated it (a decode then streamed "123%" of it).
-    mib = 64 if quick else 1024
-    reads = [read_rate(mib)]
+    # Each decode run is held to the faster of the reads just before and after it: one read at a busy
+    # moment understated the ceiling (a decode then streamed "123%" of it), and the fastest of the whole
+    # run overstated it for every run made in a slower minute of this host's memory.
+    mib, reads = (64 if quick else 1024), []
+
+    def bracketed(fn):
+        """fn()'s result with 'read': the faster plain read (bytes/s) just before and just after it."""
+        before, result = reads[-1], fn()
+        reads.append(read_rate(mib, repeats=3)[0])
+        return {**result, "read": max(before, reads[-1])}
+
     long_prompt = _prompt(prompt_tokens)
     sec = Section("", ["file", "MiB", "side", "decode tok/s", f"prefill tok/s ({prompt_tokens})", "vs llama.cpp (decode / prefill)",
                    "bandwidth share", "peak MiB", "peak / (file + KV)", "peak less python + torch, / (file + KV)"])
@@ -196,12 +205,13 @@ def run(quick: bool = False) -> list[Section]:
                 sides["llama.cpp llama-bench"] = lambda p=path: _theirs(binary, p, threads)
             results = {name: [] for name in sides}
             prefill = {name: [] for name in flags}
+            reads.append(read_rate(mib)[0])  # the first decode run's read before (not one from before the build)
             for _ in range(rounds):  # in turn, so that a change in load hits every side
                 for name, fn in sides.items():
-                    results[name].append(fn())
+                    results[name].append(bracketed(fn))
                     if name in prefill:
                         prefill[name].append(_ours(path, long_prompt, 1, threads, env, *flags[name])["prefill"])
-                reads.append(read_rate(mib, repeats=3))
+                        reads.append(read_rate(mib, repeats=3)[0])  # the next decode run's read before
             cpp = results.get("llama.cpp llama-bench")
             for name, rs in results.items():  # a build that generate did not use (another source, a damaged
                 if name.startswith("llamablock (after") and not all(r["compiled"] for r in rs):  # package) ran eagerly
@@ -216,17 +226,16 @@ def run(quick: bool = False) -> list[Section]:
                     vs = (f"{dec / statistics.median(r['decode'] for r in cpp):.2f}x / "
                           f"{pre / statistics.median(r['prefill'] for r in cpp):.2f}x")
                 beyond = f"{(peak - floor) / (size + kv):.2f}" if name in prefill else ""
-                sec.rows.append([mix, f"{size / 2**20:.0f}", name, f"{dec:.1f}", f"{pre:.1f}", vs,
-                                 dec * step,  # bytes per second, made a share of the read ceiling below
+                share = statistics.median(r["decode"] * step / r["read"] for r in rs)
+                sec.rows.append([mix, f"{size / 2**20:.0f}", name, f"{dec:.1f}", f"{pre:.1f}", vs, f"{share:.0%}",
                                  f"{peak / 2**20:.0f}", f"{peak / (size + kv):.2f}", beyond])
-    rate, read_how = max(reads)
-    for row in sec.rows:
-        row[6] = f"{row[6] / rate:.0%}"
+    read_how = read_rate(64, repeats=1)[1]
     sec.title = (f"{'Tiny files' if quick else 'The embedded SmolLM2-135M file and Llama-3.2-1B-shaped files'} "
                  f"({'x'.join(map(str, QUICK_SHAPE if quick else SHAPE))}: width x layers x heads x kv heads x ffn), "
                  f"{threads} thread(s), medians of {rounds} fresh process(es) per side"
                  f"{'' if COMPILE or quick else ', no `llamablock compile` in this run'}; a plain read streams "
-                 f"{rate / 1e9:.1f} GB/s on these threads ({read_how}; the fastest of {len(reads)} taken through the run)")
+                 f"{min(reads) / 1e9:.1f}-{max(reads) / 1e9:.1f} GB/s on these threads over the run ({read_how}; "
+                 f"{len(reads)} reads, each decode run's share against the faster read just before and after it)")
     sec.rows.append(["", "", "python + torch + llamablock.cli imported", "", "", "", "", f"{floor / 2**20:.0f}", "", ""])
     notes.append("Peak is the whole process's; ours includes the interpreter row above (llama-bench's has no such floor); "
                  "the last column takes that floor away. KV: the cache at prompt + new tokens in the plan's --kv-dtype "
@@ -249,29 +258,34 @@ def run(quick: bool = False) -> list[Section]:
         if cpp and mix != EMBEDDED:  # the same reference read on llama.cpp's side: what its kernel reaches here
             notes.append(f"{mix}: llama.cpp's own decode streams {cpp} of the plain read on the same threads.")
     sec.notes = notes
-    profiled, profiles = _profile_section(paths, prompt_tokens, threads)
-    profiled.notes += _gaps(sec.rows, profiles, step_bytes, rate, floor)
+    profiled, profiles = _profile_section(paths, prompt_tokens, threads, mib)
+    profiled.notes += _gaps(sec.rows, profiles, step_bytes, floor)
     return [sec, profiled]
 
 
-def _profile_section(paths: dict, prompt_tokens: int, threads: int) -> tuple[Section, dict]:
+def _profile_section(paths: dict, prompt_tokens: int, threads: int, mib: int) -> tuple[Section, dict]:
     """Where the plain command's step goes, per file (benchmarks/step_profile.py): the measured reason
-    behind each decode and prefill ratio above; the section and {file: its profile} (for _gaps)."""
+    behind each decode and prefill ratio above; the section and {file: its profile}, each with 'read':
+    the faster plain read just before and after it (for _gaps)."""
+    from benchmarks.read_ceiling import read_rate
     from benchmarks.step_profile import profile, rows
 
     sec = Section(f"Where the plain command's step goes (eager, {threads} thread(s), in this process, the median of "
                   "16 decode steps)", ["file", "step", "ms", "block kernel ms (share)", "attention ms (share)",
                                        "the rest ms (share)"])
-    profiles = {mix: profile(path, prompt_tokens, 16) for mix, path in paths.items()}
-    for mix, prof in profiles.items():
-        sec.rows += rows(mix, prof, prompt_tokens)
+    profiles = {}
+    for mix, path in paths.items():
+        before = read_rate(mib, repeats=3)[0]
+        profiles[mix] = profile(path, prompt_tokens, 16)
+        profiles[mix]["read"] = max(before, read_rate(mib, repeats=3)[0])
+        sec.rows += rows(mix, profiles[mix], prompt_tokens)
     sec.notes.append("The block kernel is every matrix product over the file's blocks (the weights' reads and their "
                      "integer sums); attention is the core over the cache (scores, softmax, values); the rest is the "
                      "step less both: norms, RoPE, the cache's writes, the embedding and Python per layer.")
     return sec, profiles
 
 
-def _gaps(rows: list[list[str]], profiles: dict, step_bytes: dict, rate: float, floor: int) -> list[str]:
+def _gaps(rows: list[list[str]], profiles: dict, step_bytes: dict, floor: int) -> list[str]:
     """What would close each miss of the eager rows (the profiled engine), from benchmarks/size_gaps.py."""
     from benchmarks.size_gaps import bandwidth_gap, memory_gap, rate_gap
 
@@ -287,6 +301,6 @@ def _gaps(rows: list[list[str]], profiles: dict, step_bytes: dict, rate: float, 
             out.append(rate_gap(f"{mix} prefill, eager", p, 1.0, prof["prefill"]))
         if mix != EMBEDDED:
             out.append(bandwidth_gap(f"{mix} bandwidth share, eager", float(row[6].rstrip("%")) / 100, 0.85,
-                                     prof["decode"], step_bytes[mix], rate))
+                                     prof["decode"], step_bytes[mix], prof["read"]))
             out.append(memory_gap(f"{mix} peak, eager", float(row[8]), float(row[9]), 1.2, floor / 2**20))
     return [f"What would close it: {g}" for g in out if g]
