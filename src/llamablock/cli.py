@@ -15,6 +15,7 @@ stops early (`| head`) ends quietly.
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib
 import os
 import sys
@@ -92,6 +93,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    own_process = argv is None  # the command line's process, not a program or a test calling main(argv)
     argv = sys.argv[1:] if argv is None else list(argv)
     if _command(argv) == "serve":  # steps from a second thread: OpenMP's spin kept (util/openmp.py), set
         from llamablock.util.openmp import keep_spinning  # before torch's import reads it
@@ -100,11 +102,22 @@ def main(argv: list[str] | None = None) -> int:
     from llamablock.fast.compiled.compile_cache import use_persistent_cache
     from llamablock.fast.kernels.malloc import tune_allocator
 
-    args = build_parser(argv).parse_args(argv)
-    tune_allocator()  # glibc: keep large tensor buffers instead of refaulting them (llamablock.fast.kernels.malloc)
-    use_persistent_cache()  # torch.compile's caches under ~/.cache, not /tmp (llamablock.fast.compiled.compile_cache)
+    # In the command's own process, no collection while its modules (torch's among them) are imported,
+    # then those objects frozen: they live as long as the process, and each collection walked every one
+    # of them, during the imports and again after (`llamablock bench startup` times the stages). Not for
+    # a caller's process, whose garbage of the moment freezing would keep for good.
+    if own_process:
+        gc.disable()
     try:
+        args = build_parser(argv).parse_args(argv)
+        tune_allocator()  # glibc: keep large tensor buffers instead of refaulting them (fast.kernels.malloc)
+        use_persistent_cache()  # torch.compile's caches under ~/.cache, not /tmp (fast.compiled.compile_cache)
         module = importlib.import_module(args._module)
+    finally:
+        if own_process:
+            gc.freeze()
+            gc.enable()
+    try:
         if args.command not in COMPUTES:
             return int(module.run(args) or 0)
         import torch

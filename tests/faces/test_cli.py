@@ -31,6 +31,18 @@ def test_version_and_help_answer_without_importing_torch():
     assert torch_loaded.strip() == "False"
 
 
+def test_the_command_s_own_process_freezes_its_imports_and_a_caller_s_is_left_alone():
+    """main() as the process's command (no argv) imports with the collector off, then freezes what the
+    imports made and turns it back on; main(argv), a program's or a test's call, changes neither."""
+    code = ("import gc, sys\nimport llamablock.cli as c\n"
+            "from llamablock.commands import models\nmodels.run = lambda args: 0\n"
+            "print(c.main(['models']), gc.get_freeze_count(), gc.isenabled())\n"
+            "sys.argv = ['llamablock', 'models']\n"
+            "print(c.main(), gc.get_freeze_count() > 1000, gc.isenabled())")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert r.stdout.split("\n")[:2] == ["0 0 True", "0 True True"], r.stdout
+
+
 @pytest.mark.parametrize("command", cli.COMPUTES)
 def test_threads_reach_torch_in_every_computing_command(command, monkeypatch):
     module = __import__(cli.COMMANDS[command][0], fromlist=["run"])
