@@ -25,7 +25,7 @@ interpreter included on our side (the row "python + torch" shows that floor). Th
 tok/s x the bytes a step reads (every tensor but an untied embedding) over a plain read's rate:
 the faster of a C read and a float32 matrix-vector product over 1 GiB on the same threads
 (benchmarks/read_ceiling.py), taken just before and just after each decode run, the faster of the
-two ("runs"). This host's read rate drifts by a third within minutes, so our engines' share, the
+two ("runs"). This host's read rate drifts within minutes, so our engines' share, the
 one the target judges, is also measured side by side: in a child process with the same cache,
 each of PAIRS steps straight after a plain read of the step's bytes (benchmarks/step_share.py; the
 median, and the pairs' range). llama-bench, a process of its own, has the per-run share only.

@@ -1,7 +1,7 @@
 """A decode step's bandwidth share, side by side with a plain read of the bytes it streams.
 
 Issue 45's target: at 1B the step streams its weights at >= 85% of a plain read of the same bytes
-on the same threads. This host's read rate drifts by a third within minutes, and a fresh process's
+on the same threads. This host's read rate drifts within minutes, and a fresh process's
 decode rate and a read taken a few seconds away from it can fall in different phases. So here, in
 one process, each of `pairs` steps comes straight after a plain read of the step's bytes
 (benchmarks/read_ceiling.py's C read), and the share is the median of read time / step time over

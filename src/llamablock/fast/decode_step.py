@@ -111,7 +111,8 @@ class DecodeStep:
                                 int(model.rotary.layout == "interleaved"), act, 0, cfg.n_layers, self.layers, 0)
         self.cache = self.bound = None
         # the rows of a block table read by one C call each (c/dequant.c) where the model adds nothing to
-        # them: BlockEmbedding's torch ops (ungroup, dequantize) took 0.1-0.4 ms a step, 2-4% of one at 1B
+        # them: BlockEmbedding's torch ops (ungroup a group of 8 rows, dequantize) cost a step more (the
+        # commit that added this has the interleaved timings)
         plain = cfg.embed_scale is None and model.positions is None
         self.table = model.embed.head[0] if plain and isinstance(model.embed, BlockEmbedding) else None
 
