@@ -108,16 +108,14 @@ def main(argv: list[str] | None = None) -> int:
     # a caller's process, whose garbage of the moment freezing would keep for good.
     if own_process:
         gc.disable()
+    args = build_parser(argv).parse_args(argv)
+    tune_allocator()  # glibc: keep large tensor buffers instead of refaulting them (llamablock.fast.kernels.malloc)
+    use_persistent_cache()  # torch.compile's caches under ~/.cache, not /tmp (llamablock.fast.compiled.compile_cache)
     try:
-        args = build_parser(argv).parse_args(argv)
-        tune_allocator()  # glibc: keep large tensor buffers instead of refaulting them (fast.kernels.malloc)
-        use_persistent_cache()  # torch.compile's caches under ~/.cache, not /tmp (fast.compiled.compile_cache)
         module = importlib.import_module(args._module)
-    finally:
         if own_process:
             gc.freeze()
             gc.enable()
-    try:
         if args.command not in COMPUTES:
             return int(module.run(args) or 0)
         import torch
