@@ -163,13 +163,19 @@ def run(quick: bool = False) -> list[Section]:
     # Each decode run is held to the faster of the reads just before and after it: one read at a busy
     # moment understated the ceiling (a decode then streamed "123%" of it), and the fastest of the whole
     # run overstated it for every run made in a slower minute of this host's memory.
-    mib, reads = (64 if quick else 1024), []
+    mib, reads, read_how = (64 if quick else 1024), [], set()
+
+    def read(repeats: int = 3) -> float:
+        """A plain read's bytes/s now, kept in `reads` (and how it was read, for the title)."""
+        rate, how = read_rate(mib, repeats=repeats)
+        reads.append(rate)
+        read_how.add(how)
+        return rate
 
     def bracketed(fn):
         """fn()'s result with 'read': the faster plain read (bytes/s) just before and just after it."""
         before, result = reads[-1], fn()
-        reads.append(read_rate(mib, repeats=3)[0])
-        return {**result, "read": max(before, reads[-1])}
+        return {**result, "read": max(before, read())}
 
     long_prompt = _prompt(prompt_tokens)
     sec = Section("", ["file", "MiB", "side", "decode tok/s", f"prefill tok/s ({prompt_tokens})", "vs llama.cpp (decode / prefill)",
@@ -197,13 +203,13 @@ def run(quick: bool = False) -> list[Section]:
                 sides["llama.cpp llama-bench"] = lambda p=path: _theirs(binary, p, threads)
             results = {name: [] for name in sides}
             prefill = {name: [] for name in flags}
-            reads.append(read_rate(mib)[0])  # the first decode run's read before (not one from before the build)
+            read(7)  # the first decode run's read before (not one from before the build)
             for _ in range(rounds):  # in turn, so that a change in load hits every side
                 for name, fn in sides.items():
                     results[name].append(bracketed(fn))
                     if name in prefill:
                         prefill[name].append(_ours(path, long_prompt, 1, threads, env, *flags[name])["prefill"])
-                        reads.append(read_rate(mib, repeats=3)[0])  # the next decode run's read before
+                        read()  # the next decode run's read before
             cpp = results.get("llama.cpp llama-bench")
             for name, rs in results.items():  # a build that generate did not use (another source, a damaged
                 if name.startswith("llamablock (after") and not all(r["compiled"] for r in rs):  # package) ran eagerly
@@ -228,12 +234,11 @@ def run(quick: bool = False) -> list[Section]:
                          else f"{per_run:.0%}")
                 sec.rows.append([mix, f"{size / 2**20:.0f}", name, f"{dec:.1f}", f"{pre:.1f}", vs, share,
                                  f"{peak / 2**20:.0f}", f"{peak / (size + kv):.2f}", beyond])
-    read_how = read_rate(64, repeats=1)[1]
     sec.title = (f"{'Tiny files' if quick else 'The embedded SmolLM2-135M file and Llama-3.2-1B-shaped files'} "
                  f"({'x'.join(map(str, QUICK_SHAPE if quick else SHAPE))}: width x layers x heads x kv heads x ffn), "
                  f"{threads} thread(s), medians of {rounds} fresh process(es) per side"
                  f"{'' if COMPILE or quick else ', no `llamablock compile` in this run'}; a plain read streams "
-                 f"{min(reads) / 1e9:.1f}-{max(reads) / 1e9:.1f} GB/s on these threads over the run ({read_how}; "
+                 f"{min(reads) / 1e9:.1f}-{max(reads) / 1e9:.1f} GB/s on these threads over the run ({'; '.join(sorted(read_how))}; "
                  f"{len(reads)} reads); bandwidth share: ours, each of {2 if quick else PAIRS} steps straight after a plain read "
                  "of its bytes in one process (the median, the pairs' range), then as 'runs' (each decode run against "
                  "the faster read just before and after it, the median), llama-bench's as 'runs' only")

@@ -1,8 +1,8 @@
 """A decode step's bandwidth share, side by side with a plain read of the bytes it streams.
 
-Issue 45's target: at 1B the step streams its weights at >= 85% of a plain read of the same bytes
-on the same threads. This host's read rate drifts within minutes, and a fresh process's
-decode rate and a read taken a few seconds away from it can fall in different phases. So here, in
+The target (`bench size`'s claim): at 1B the step streams its weights at >= 85% of a plain read
+of the same bytes on the same threads. This host's read rate drifts within minutes, and a fresh
+process's decode rate and a read taken a few seconds away from it can fall in different phases. So here, in
 one process, each of `pairs` steps comes straight after a plain read of the step's bytes
 (benchmarks/read_ceiling.py's C read), and the share is the median of read time / step time over
 the pairs. `bench size` runs it in a child process per engine, with the same cache as its

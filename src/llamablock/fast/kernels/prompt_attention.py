@@ -14,7 +14,7 @@ prefill beside llama.cpp's is `bench size`'s): the chunks ran ahead of torch's k
 FROM tokens; past UP_TO a chunk's rows of scores outgrow the caches and torch's kernel, which splits
 the keys too, is level or ahead, so `covers` takes prompts of FROM to UP_TO tokens. The result equals
 SDPA's to float32 rounding (the sums run in another order), within the bound
-tests/fast/test_prompt_attention.py states against a float64 reference.
+tests/fast/kernels/test_prompt_attention.py states against a float64 reference.
 
 The compiled engine over a file's blocks prefills with one program for every prompt length, which
 cannot loop over t in Python: it calls the kernel's operator (block_op.cpp prompt_attention), the
